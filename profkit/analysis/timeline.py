@@ -1,0 +1,259 @@
+"""GPU busy/idle from the union of kernel and memory-operation intervals, per device.
+
+One window-function pass over all GPU operations (sorted by start per device) writes every idle
+gap into a TEMP table; everything else (utilization of any window, the gap list, phases for the
+automatic window, utilization over time) is read from that much smaller table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from profkit.analysis.window import PHASE_GAP_NS, Window
+from profkit.traces.model import Trace
+
+# Gaps shorter than this are the launch-to-launch spacing of back-to-back kernels.
+LAUNCH_GAP_NS = 20_000
+# Idle time is also reported by gap size class: these are the upper bounds.
+GAP_CLASSES = [(20_000, "lt_20us"), (1_000_000, "20us_1ms"), (100_000_000, "1ms_100ms"), (None, "ge_100ms")]
+
+
+def build_gap_table(trace: Trace) -> None:
+    """Write temp.gpu_gaps(device, start, end, before_id, before_op, after_id, after_op) once."""
+    trace.conn.executescript(
+        """
+        DROP TABLE IF EXISTS temp.gpu_gaps;
+        DROP TABLE IF EXISTS temp.gpu_spans;
+        CREATE TEMP TABLE gpu_gaps AS
+        WITH ops AS (
+            SELECT device, start, end, name_id, NULL AS op FROM kernels
+            UNION ALL
+            SELECT device, start, end, NULL, operation FROM memops
+        ),
+        ordered AS (
+            SELECT device, start, name_id, op,
+                   max(end) OVER (PARTITION BY device ORDER BY start
+                                  ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end,
+                   lag(name_id) OVER (PARTITION BY device ORDER BY start) AS before_id,
+                   lag(op) OVER (PARTITION BY device ORDER BY start) AS before_op
+            FROM ops
+        )
+        SELECT device, prev_end AS start, start AS end, before_id, before_op,
+               name_id AS after_id, op AS after_op
+        FROM ordered WHERE start > prev_end;
+        CREATE TEMP TABLE gpu_spans AS
+        SELECT device, min(s) AS first_start, max(e) AS last_end FROM (
+            SELECT device, min(start) AS s, max(end) AS e FROM kernels GROUP BY device
+            UNION ALL SELECT device, min(start), max(end) FROM memops GROUP BY device
+        ) GROUP BY device;
+        """
+    )
+
+
+def phases(trace: Trace, split_ns: int = PHASE_GAP_NS) -> list[dict[str, Any]]:
+    """GPU-active phases of the whole trace (all devices), split at gaps >= split_ns."""
+    first, last = trace.query("SELECT min(first_start), max(last_end) FROM gpu_spans")[0]
+    # A gap splits phases only where every device is idle; with one device that is every gap.
+    n_devices = trace.query("SELECT count(*) FROM gpu_spans")[0][0]
+    if n_devices == 1:
+        cuts = trace.query("SELECT start, end FROM gpu_gaps WHERE end - start >= ? ORDER BY start", (split_ns,))
+    else:
+        cuts = _common_idle(trace, split_ns)
+    bounds, cursor = [], first
+    for gap_start, gap_end in cuts:
+        bounds.append((cursor, gap_start))
+        cursor = gap_end
+    bounds.append((cursor, last))
+    result = []
+    for start, end in bounds:
+        idle = _idle_in(trace, start, end)
+        busy = sum((end - start) - idle.get(d, 0) for d in _devices(trace))
+        result.append({"start_ns": start, "end_ns": end, "busy_ns": busy})
+    return result
+
+
+def _common_idle(trace: Trace, split_ns: int) -> list[tuple[int, int]]:
+    # Intersect long gaps across devices: a sweep over the (few) long gaps, done in pandas.
+    df = pd.read_sql_query(
+        "SELECT device, start, end FROM gpu_gaps WHERE end - start >= ?", trace.conn, params=(split_ns,)
+    )
+    devices = _devices(trace)
+    if df.empty:
+        return []
+    events = pd.concat([
+        pd.DataFrame({"t": df.start, "d": 1}), pd.DataFrame({"t": df.end, "d": -1}),
+    ]).sort_values(["t", "d"])
+    level, out, opened = 0, [], None
+    for t, d in zip(events.t, events.d, strict=True):
+        level += d
+        if level == len(devices) and opened is None:
+            opened = t
+        elif level < len(devices) and opened is not None:
+            if t - opened >= split_ns:
+                out.append((int(opened), int(t)))
+            opened = None
+    return out
+
+
+def _devices(trace: Trace) -> list[int]:
+    return [r[0] for r in trace.query("SELECT device FROM gpu_spans ORDER BY device")]
+
+
+def _idle_in(trace: Trace, w0: int, w1: int) -> dict[int, int]:
+    """Idle ns per device inside [w0, w1]: gaps clipped to the window plus time outside the span."""
+    rows = trace.query(
+        """SELECT s.device,
+                  coalesce((SELECT sum(min(g.end, :w1) - max(g.start, :w0)) FROM gpu_gaps g
+                            WHERE g.device = s.device AND g.end > :w0 AND g.start < :w1), 0)
+                  + max(0, min(s.first_start, :w1) - :w0) + max(0, :w1 - max(s.last_end, :w0))
+           FROM gpu_spans s""",
+        {"w0": w0, "w1": w1},
+    )
+    return {int(d): min(int(v), w1 - w0) for d, v in rows}
+
+
+@dataclass
+class Timeline:
+    """Busy/idle of the window, per device and in total, plus the gaps and utilization over time."""
+
+    window_ns: int
+    devices: list[dict[str, Any]]
+    busy_ns: int
+    idle_ns: int
+    utilization: float
+    gaps: list[dict[str, Any]] = field(default_factory=list)
+    gap_classes: dict[str, dict[str, int]] = field(default_factory=dict)
+    buckets: dict[str, Any] = field(default_factory=dict)
+
+
+def gpu_timeline(trace: Trace, window: Window, gap_threshold_ns: int = 100_000, max_gaps: int = 50,
+                 n_buckets: int = 100) -> Timeline:
+    """Busy/idle, gap list and utilization-over-time of `window` (gap table must be built)."""
+    w0, w1 = window.start_ns, window.end_ns
+    idle = _idle_in(trace, w0, w1)
+    length = max(1, w1 - w0)
+    devices = [
+        {"device": d, "busy_ns": length - idle.get(d, 0), "idle_ns": idle.get(d, 0),
+         "utilization": (length - idle.get(d, 0)) / length}
+        for d in _devices(trace)
+    ]
+    busy = sum(d["busy_ns"] for d in devices)
+    idle_total = sum(d["idle_ns"] for d in devices)
+    return Timeline(
+        window_ns=length,
+        devices=devices,
+        busy_ns=busy,
+        idle_ns=idle_total,
+        utilization=busy / max(1, busy + idle_total),
+        gaps=_gap_list(trace, w0, w1, gap_threshold_ns, max_gaps),
+        gap_classes=_gap_classes(trace, w0, w1),
+        buckets=_buckets(trace, w0, w1, n_buckets),
+    )
+
+
+def _gap_classes(trace: Trace, w0: int, w1: int) -> dict[str, dict[str, int]]:
+    cases, lower = [], 0
+    for upper, label in GAP_CLASSES:
+        cond = f"d >= {lower}" + (f" AND d < {upper}" if upper else "")
+        cases.append(f"sum(CASE WHEN {cond} THEN 1 ELSE 0 END) AS n_{label}, "
+                     f"sum(CASE WHEN {cond} THEN d ELSE 0 END) AS t_{label}")
+        lower = upper or 0
+    row = trace.conn.execute(
+        f"""SELECT {', '.join(cases)} FROM (
+              SELECT min(end, :w1) - max(start, :w0) AS d FROM gpu_gaps WHERE end > :w0 AND start < :w1)""",
+        {"w0": w0, "w1": w1},
+    ).fetchone()
+    out = {}
+    for i, (_, label) in enumerate(GAP_CLASSES):
+        out[label] = {"count": int(row[2 * i] or 0), "idle_ns": int(row[2 * i + 1] or 0)}
+    return out
+
+
+def _gap_list(trace: Trace, w0: int, w1: int, threshold: int, limit: int) -> list[dict[str, Any]]:
+    trace.conn.executescript("DROP TABLE IF EXISTS temp.top_gaps;")
+    trace.conn.execute(
+        """CREATE TEMP TABLE top_gaps AS
+           SELECT g.device, max(g.start, :w0) AS start, min(g.end, :w1) AS end,
+                  coalesce(bs.value, g.before_op) AS before, coalesce(as_.value, g.after_op) AS after
+           FROM gpu_gaps g
+           LEFT JOIN strings bs ON bs.id = g.before_id
+           LEFT JOIN strings as_ ON as_.id = g.after_id
+           WHERE g.end > :w0 AND g.start < :w1 AND min(g.end, :w1) - max(g.start, :w0) >= :t
+           ORDER BY min(g.end, :w1) - max(g.start, :w0) DESC LIMIT :n""",
+        {"w0": w0, "w1": w1, "t": threshold, "n": limit},
+    )
+    gaps = pd.read_sql_query(
+        "SELECT rowid AS gid, device, start, end, before, after FROM top_gaps ORDER BY end - start DESC",
+        trace.conn,
+    )
+    if gaps.empty:
+        return []
+    # What the host was doing in CUDA during each gap: API calls overlapping it, by overlap time.
+    host = pd.read_sql_query(
+        """SELECT g.rowid AS gid, s.value AS api, count(*) AS calls,
+                  sum(min(a.end, g.end) - max(a.start, g.start)) AS overlap_ns
+           FROM top_gaps g JOIN api a ON a.start < g.end AND a.end > g.start
+           JOIN strings s ON s.id = a.name_id
+           GROUP BY g.rowid, a.name_id ORDER BY g.rowid, overlap_ns DESC""",
+        trace.conn,
+    )
+    by_gap = {gid: grp for gid, grp in host.groupby("gid")}
+    out = []
+    for g in gaps.itertuples(index=False):
+        dur = int(g.end - g.start)
+        calls = by_gap.get(g.gid)
+        api = []
+        if calls is not None:
+            api = [{"name": strip_api_version(r.api), "calls": int(r.calls), "overlap_ns": int(r.overlap_ns)}
+                   for r in calls.head(3).itertuples(index=False)]
+        out.append({
+            "device": int(g.device), "start_ns": int(g.start), "duration_ns": dur,
+            "before": g.before, "after": g.after, "host_api": api,
+            "host_api_share": (api[0]["overlap_ns"] / dur) if api else 0.0,
+        })
+    return out
+
+
+def _buckets(trace: Trace, w0: int, w1: int, n: int) -> dict[str, Any]:
+    """Busy fraction per equal time bucket of the window, per device."""
+    width = max(1, -(-(w1 - w0) // n))
+    trace.conn.executescript(
+        "DROP TABLE IF EXISTS temp.buckets; CREATE TEMP TABLE buckets (b INTEGER PRIMARY KEY);"
+    )
+    trace.conn.executemany("INSERT INTO temp.buckets VALUES (?)", [(i,) for i in range(n)])
+    # Idle per bucket from the gaps (each clipped to the window, split across the buckets it spans),
+    # plus the time before a device's first and after its last operation.
+    rows = trace.query(
+        """WITH idle AS (
+               SELECT device, max(start, :w0) AS s, min(end, :w1) AS e FROM gpu_gaps
+               WHERE end > :w0 AND start < :w1
+               UNION ALL SELECT device, :w0, min(first_start, :w1) FROM gpu_spans WHERE first_start > :w0
+               UNION ALL SELECT device, max(last_end, :w0), :w1 FROM gpu_spans WHERE last_end < :w1
+           )
+           SELECT i.device, b.b,
+                  sum(min(i.e, :w0 + (b.b + 1) * :bw) - max(i.s, :w0 + b.b * :bw)) AS idle
+           FROM idle i JOIN buckets b ON b.b BETWEEN (i.s - :w0) / :bw AND (i.e - 1 - :w0) / :bw
+           GROUP BY i.device, b.b""",
+        {"w0": w0, "w1": w1, "bw": width},
+    )
+    idle = {(int(d), int(b)): int(v) for d, b, v in rows}
+    per_device = {}
+    for d in _devices(trace):
+        series = []
+        for b in range(n):
+            lo, hi = w0 + b * width, min(w1, w0 + (b + 1) * width)
+            if hi <= lo:
+                break
+            series.append(round(1.0 - idle.get((d, b), 0) / (hi - lo), 4))
+        per_device[str(d)] = series
+    return {"start_ns": w0, "bucket_ns": width, "busy_fraction": per_device}
+
+
+def strip_api_version(name: str) -> str:
+    """`cudaLaunchKernel_v7000` -> `cudaLaunchKernel`, exactly as nsys's cuda_api_sum names them."""
+    if name and len(name) > 6 and name[-6:-4] == "_v":
+        return name[:-6]
+    return name

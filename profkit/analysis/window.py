@@ -1,0 +1,114 @@
+"""Which slice of the trace the report covers, and how it was chosen.
+
+`all` is what `nsys stats` covers (every event). `auto` (the default) finds the benchmark phase
+of a whole-process vLLM trace: start-up (weight loading, torch.compile, CUDA-graph capture) and
+the benchmark are separated by long GPU-idle stretches, and the benchmark runs last. The phases
+are split at GPU gaps of at least 500 ms, the default gap threshold of NVIDIA's `nsys analyze
+gpu_gaps` rule; the window is the last phase holding a real share of the GPU work.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from profkit.errors import ProfkitError
+from profkit.traces.model import Trace
+
+PHASE_GAP_NS = 500_000_000  # nsys analyze gpu_gaps default threshold
+# A phase must hold this share of the busiest phase's GPU time to count as "the benchmark";
+# smaller late phases are shutdown or warm-up blips.
+PHASE_MIN_BUSY_SHARE = 0.10
+
+
+@dataclass(frozen=True)
+class Window:
+    """A time window in trace nanoseconds; `bounded` False means every event (window `all`)."""
+
+    start_ns: int
+    end_ns: int
+    how: str
+    detail: str = ""
+    bounded: bool = True
+
+    @property
+    def duration_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+    def where(self, start_col: str = "start") -> str:
+        """SQL condition selecting events that start inside the window (named params :w0, :w1)."""
+        if not self.bounded:
+            return "1"
+        return f"({start_col} >= :w0 AND {start_col} < :w1)"
+
+    @property
+    def params(self) -> dict[str, int]:
+        return {"w0": self.start_ns, "w1": self.end_ns}
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "start_ns": self.start_ns,
+            "end_ns": self.end_ns,
+            "duration_ns": self.duration_ns,
+            "how": self.how,
+            "detail": self.detail,
+        }
+
+
+def gpu_span(trace: Trace) -> tuple[int, int]:
+    """First GPU operation start and last GPU operation end over the whole trace."""
+    row = trace.query(
+        "SELECT min(s), max(e) FROM (SELECT min(start) AS s, max(end) AS e FROM kernels "
+        "UNION ALL SELECT min(start), max(end) FROM memops)"
+    )[0]
+    return int(row[0]), int(row[1])
+
+
+def choose_window(trace: Trace, spec: str, phases: list[dict] | None = None) -> Window:
+    """Parse `--window` (all | auto | nvtx:NAME | START_NS:END_NS) into a `Window`."""
+    spec = (spec or "auto").strip()
+    first, last = gpu_span(trace)
+    if spec == "all":
+        return Window(first, last, "whole", "every event in the trace, as nsys stats counts them",
+                      bounded=False)
+    if spec == "auto":
+        return _auto_window(first, last, phases or [])
+    if spec.startswith("nvtx:"):
+        return _nvtx_window(trace, spec[5:])
+    m = re.fullmatch(r"(\d+)\s*:\s*(\d+)", spec)
+    if m:
+        start, end = int(m.group(1)), int(m.group(2))
+        if end <= start:
+            raise ProfkitError(f"--window {spec}: the end must come after the start")
+        return Window(start, end, "explicit", f"{start} ns to {end} ns as given")
+    raise ProfkitError(f"--window {spec!r}: expected all, auto, nvtx:NAME or START_NS:END_NS")
+
+
+def _auto_window(first: int, last: int, phases: list[dict]) -> Window:
+    if len(phases) <= 1:
+        return Window(first, last, "steady-state",
+                      "one GPU-active phase: from the first to the last GPU operation")
+    top = max(p["busy_ns"] for p in phases)
+    real = [p for p in phases if p["busy_ns"] >= PHASE_MIN_BUSY_SHARE * top]
+    chosen = real[-1]
+    skipped = phases.index(chosen)
+    return Window(
+        chosen["start_ns"], chosen["end_ns"], "steady-state",
+        f"last GPU-active phase ({skipped} earlier phase(s) of start-up skipped; phases split at GPU "
+        f"gaps >= {PHASE_GAP_NS // 1_000_000} ms, the nsys analyze gpu_gaps default)",
+    )
+
+
+def _nvtx_window(trace: Trace, name: str) -> Window:
+    if not name:
+        raise ProfkitError("--window nvtx:NAME needs a range name")
+    # Accept both "decode_step" and nsys's "domain:decode_step" spelling.
+    row = trace.query(
+        "SELECT min(start), max(end), count(*) FROM nvtx WHERE name = :n OR name = ':' || :n",
+        {"n": name},
+    )[0]
+    if not row[2]:
+        raise ProfkitError(f"--window nvtx:{name}: no NVTX range of that name in the trace")
+    return Window(int(row[0]), int(row[1]), f"nvtx:{name}",
+                  f"from the first to the last of {row[2]} NVTX range(s) named {name!r}")

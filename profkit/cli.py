@@ -1,0 +1,118 @@
+"""The `profkit` command: a thin Click layer over the library (profkit.report, profkit.render)."""
+
+from __future__ import annotations
+
+import os
+import re
+import sqlite3
+import sys
+from pathlib import Path
+
+import click
+
+from profkit import __version__
+from profkit.errors import ProfkitError
+
+_UNITS = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
+
+
+def parse_duration(text: str) -> int:
+    """'100us', '1.5ms', '2s', '500000' (ns) -> integer nanoseconds."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(ns|us|ms|s)?\s*", text)
+    if not m:
+        raise click.BadParameter(f"{text!r}: expected a duration such as 100us, 2ms or 1s")
+    return int(float(m.group(1)) * _UNITS[m.group(2) or "ns"])
+
+
+@click.group()
+@click.version_option(__version__, prog_name="profkit")
+def cli() -> None:
+    """Profile vLLM inference and turn traces into concrete flag changes."""
+
+
+@cli.command()
+@click.argument("trace", type=click.Path(path_type=Path))
+@click.option("--window", default="auto", show_default=True,
+              help="all | auto (the benchmark phase) | nvtx:NAME | START_NS:END_NS")
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "md"]), default="text", show_default=True)
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="write here, not stdout")
+@click.option("--gap-threshold", default="100us", show_default=True,
+              help="list GPU gaps at least this long (e.g. 100us, 1ms, 500ms)")
+@click.option("--top", default=10, show_default=True, help="rows per table in text and Markdown")
+@click.option("--progress/--no-progress", default=None, help="progress on stderr (default: when a terminal)")
+def report(trace: Path, window: str, fmt: str, output: Path | None, gap_threshold: str, top: int,
+           progress: bool | None) -> None:
+    """Analyse TRACE (nsys SQLite export or capture folder) and print the report."""
+    from profkit.render.json import render_json
+    from profkit.render.markdown import render_markdown
+    from profkit.render.text import render_text
+    from profkit.report import build_report
+
+    show = sys.stderr.isatty() if progress is None else progress
+    with _Steps(show) as steps:
+        doc = build_report(trace, window=window, gap_threshold_ns=parse_duration(gap_threshold),
+                           progress=steps.step)
+    renderers = {"json": render_json, "md": lambda d: render_markdown(d, top=top),
+                 "text": lambda d: render_text(d, top=top)}
+    text = renderers[fmt](doc)
+    if output:
+        output.write_text(text, encoding="utf-8")
+        click.echo(f"wrote {output}", err=True)
+    else:
+        click.echo(text, nl=False)
+
+
+class _Steps:
+    """A click progress bar over the analysis stages (shown only on a terminal)."""
+
+    STAGES = ["open trace", "GPU timeline", "kernels", "memory operations", "CUDA API", "NVTX",
+              "launch latency"]
+
+    def __init__(self, show: bool) -> None:
+        self.bar = click.progressbar(length=len(self.STAGES), label="analysing", file=sys.stderr) if show else None
+        self.done = 0
+
+    def __enter__(self) -> _Steps:
+        if self.bar:
+            self.bar.__enter__()
+        return self
+
+    def step(self, name: str) -> None:
+        if self.bar:
+            self.bar.label = name.ljust(18)
+            if self.done:
+                self.bar.update(1)
+            self.done += 1
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar:
+            self.bar.update(len(self.STAGES) - self.bar.pos)
+            self.bar.__exit__(*exc)
+
+
+def main() -> None:
+    """Console entry point: bad input becomes one clear line on stderr and a non-zero exit."""
+    try:
+        cli.main(standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("profkit: interrupted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except ProfkitError as exc:
+        click.echo(f"profkit: error: {exc}", err=True)
+        sys.exit(1)
+    except sqlite3.DatabaseError as exc:
+        click.echo(f"profkit: error: damaged or unreadable trace database ({exc})", err=True)
+        sys.exit(1)
+    except Exception as exc:  # noqa: BLE001 - last resort: never a traceback unless asked
+        if os.environ.get("PROFKIT_DEBUG"):
+            raise
+        click.echo(f"profkit: internal error: {type(exc).__name__}: {exc} "
+                   "(set PROFKIT_DEBUG=1 for the traceback)", err=True)
+        sys.exit(3)
+
+
+if __name__ == "__main__":
+    main()

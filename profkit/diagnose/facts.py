@@ -1,0 +1,166 @@
+"""Flatten the analyses into the fact namespace rules read (`gpu.utilization`, `launch.api_share`, ...).
+
+Every fact is a plain number (or None when the trace cannot tell), derived only from the report's
+sections: a rule never recomputes a metric, and this module never reads the trace.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from profkit.analysis.api import GRAPH_LAUNCH_APIS, LAUNCH_APIS, SYNC_APIS
+from profkit.analysis.categories import categories
+
+# What each fact means, for `profkit rules explain` and for validating rule files.
+FACT_DOCS: dict[str, str] = {
+    "window.duration_ns": "length of the analysed window",
+    "gpu.utilization": "share of the window some kernel or memory operation ran (union over streams; "
+                       "mean over devices)",
+    "gpu.idle_share": "1 - gpu.utilization",
+    "gpu.busy_ns": "GPU busy time in the window (summed over devices)",
+    "gpu.idle_ns": "GPU idle time in the window (summed over devices)",
+    "gpu.devices": "number of GPUs with activity",
+    "kernels.count": "kernels that started in the window",
+    "kernels.total_ns": "summed kernel durations",
+    "kernels.distinct": "distinct kernel names",
+    "kernels.avg_ns": "mean kernel duration",
+    "kernels.short_share": "share of kernels shorter than 10 us",
+    "kernels.graph_share": "share of kernels replayed from CUDA graphs",
+    "launch.calls": "kernel launch API calls (cudaLaunchKernel, cuLaunchKernelEx, ...)",
+    "launch.api_ns": "host time inside kernel launch API calls",
+    "launch.api_share": "launch API host time as a share of the window",
+    "launch.graph_launches": "cudaGraphLaunch calls",
+    "launch.latency_median_ns": "median launch call start -> kernel start (eager kernels)",
+    "launch.latency_p90_ns": "90th percentile launch call start -> kernel start",
+    "gaps.launch_idle_share": "GPU idle in gaps < 20 us (launch spacing) as a share of the window",
+    "gaps.mid_idle_share": "GPU idle in gaps of 20 us - 1 ms as a share of the window",
+    "gaps.host_idle_share": "GPU idle in gaps >= 1 ms as a share of the window",
+    "gaps.long_idle_share": "GPU idle in gaps >= 100 ms as a share of the window",
+    "gaps.count_ge_1ms": "number of GPU gaps of 1 ms or more",
+    "gaps.max_ns": "longest GPU gap in the window",
+    "gaps.listed_host_api_share": "for the listed gaps, the mean share of the gap covered by CUDA API calls",
+    "sync.calls": "synchronizing API calls (cudaDeviceSynchronize, cudaStreamSynchronize, ...)",
+    "sync.api_ns": "host time inside synchronizing API calls",
+    "sync.api_share": "synchronizing API host time as a share of the window",
+    "sync.records": "CUPTI synchronization records",
+    "memops.count": "memory operations (copies and memsets)",
+    "memops.total_ns": "summed memory operation durations",
+    "memops.share": "memory operation time as a share of the window",
+    "memops.htod_bytes": "bytes copied host to device",
+    "memops.dtoh_bytes": "bytes copied device to host",
+    "memops.pageable_count": "copies from or to pageable (unpinned) host memory",
+    "memops.pageable_bytes": "bytes copied from or to pageable host memory",
+    "memops.pageable_ns": "GPU time of copies from or to pageable host memory",
+    "memops.pageable_share": "pageable copy time as a share of the window",
+    "memops.pageable_copy_share": "pageable copy time as a share of all copy time",
+    "nvtx.ranges": "NVTX ranges in the window",
+}
+for _c in categories():
+    FACT_DOCS[f"category.{_c}.share"] = f"share of kernel time in {_c} kernels"
+
+
+def compute_facts(report: dict[str, Any]) -> dict[str, float | int | None]:
+    win = report["window"]["duration_ns"] or 1
+    gpu = report["gpu"]
+    facts: dict[str, float | int | None] = {
+        "window.duration_ns": report["window"]["duration_ns"],
+        "gpu.utilization": gpu["utilization"],
+        "gpu.idle_share": 1.0 - gpu["utilization"],
+        "gpu.busy_ns": gpu["busy_ns"],
+        "gpu.idle_ns": gpu["idle_ns"],
+        "gpu.devices": len(gpu["devices"]),
+    }
+    facts.update(_kernel_facts(report))
+    facts.update(_launch_facts(report, win))
+    facts.update(_gap_facts(report, win))
+    facts.update(_memop_facts(report, win))
+    facts["nvtx.ranges"] = sum(r["count"] for r in report["nvtx"])
+    return facts
+
+
+def _kernel_facts(report: dict[str, Any]) -> dict[str, Any]:
+    ks = report["kernels"]
+    count = sum(k["count"] for k in ks)
+    total = sum(k["total_ns"] for k in ks)
+    out: dict[str, Any] = {
+        "kernels.count": count,
+        "kernels.total_ns": total,
+        "kernels.distinct": len(ks),
+        "kernels.avg_ns": total / count if count else None,
+        "kernels.short_share": sum(k["short_count"] for k in ks) / count if count else None,
+        "kernels.graph_share": sum(k["graph_count"] for k in ks) / count if count else None,
+    }
+    shares = {c["category"]: c["share"] for c in report["categories"]}
+    for c in categories():
+        out[f"category.{c}.share"] = shares.get(c, 0.0)
+    return out
+
+
+def _api_total(report: dict[str, Any], names: tuple[str, ...]) -> tuple[int, int]:
+    # nsys keeps 7-character version suffixes (`cudaLaunchKernelExC_v11060`): match on the base name.
+    rows = [a for a in report["api"] if re.sub(r"_v\d+$", "", a["name"]) in names]
+    return sum(a["count"] for a in rows), sum(a["total_ns"] for a in rows)
+
+
+def _launch_facts(report: dict[str, Any], win: int) -> dict[str, Any]:
+    calls, ns = _api_total(report, LAUNCH_APIS)
+    graph_calls, _ = _api_total(report, GRAPH_LAUNCH_APIS)
+    sync_calls, sync_ns = _api_total(report, SYNC_APIS)
+    has_api = bool(report["api"])
+    launch = report["launch"]
+    return {
+        "launch.calls": calls if has_api else None,
+        "launch.api_ns": ns if has_api else None,
+        "launch.api_share": ns / win if has_api else None,
+        "launch.graph_launches": graph_calls if has_api else None,
+        "launch.latency_median_ns": launch.get("median_ns"),
+        "launch.latency_p90_ns": launch.get("p90_ns"),
+        "sync.calls": sync_calls if has_api else None,
+        "sync.api_ns": sync_ns if has_api else None,
+        "sync.api_share": sync_ns / win if has_api else None,
+        "sync.records": sum(s["count"] for s in report["sync"]),
+    }
+
+
+def _gap_facts(report: dict[str, Any], win: int) -> dict[str, Any]:
+    classes = report["gap_classes"]
+    devices = max(1, len(report["gpu"]["devices"]))
+
+    def share(*labels: str) -> float:
+        return sum(classes[label]["idle_ns"] for label in labels) / (win * devices)
+
+    listed = report["gaps"]
+    return {
+        "gaps.launch_idle_share": share("lt_20us"),
+        "gaps.mid_idle_share": share("20us_1ms"),
+        "gaps.host_idle_share": share("1ms_100ms", "ge_100ms"),
+        "gaps.long_idle_share": share("ge_100ms"),
+        "gaps.count_ge_1ms": classes["1ms_100ms"]["count"] + classes["ge_100ms"]["count"],
+        "gaps.max_ns": max((g["duration_ns"] for g in listed), default=0),
+        "gaps.listed_host_api_share": (sum(g["host_api_share"] for g in listed) / len(listed)) if listed else None,
+    }
+
+
+def _memop_facts(report: dict[str, Any], win: int) -> dict[str, Any]:
+    ops = report["memops"]
+    kinds = report["memory_kinds"]
+    pageable = [k for k in kinds if "Pageable" in (k["src_kind"], k["dst_kind"])]
+    copy_ns = sum(k["total_ns"] for k in kinds)
+    pageable_ns = sum(k["total_ns"] for k in pageable)
+
+    def bytes_of(op: str) -> int:
+        return sum(o["bytes"] for o in ops if o["operation"] == op)
+
+    return {
+        "memops.count": sum(o["count"] for o in ops),
+        "memops.total_ns": sum(o["total_ns"] for o in ops),
+        "memops.share": sum(o["total_ns"] for o in ops) / win,
+        "memops.htod_bytes": bytes_of("[CUDA memcpy Host-to-Device]"),
+        "memops.dtoh_bytes": bytes_of("[CUDA memcpy Device-to-Host]"),
+        "memops.pageable_count": sum(k["count"] for k in pageable),
+        "memops.pageable_bytes": sum(k["bytes"] for k in pageable),
+        "memops.pageable_ns": pageable_ns,
+        "memops.pageable_share": pageable_ns / win,
+        "memops.pageable_copy_share": pageable_ns / copy_ns if copy_ns else 0.0,
+    }

@@ -1,0 +1,37 @@
+"""`--format md`: a Markdown summary that pastes into a GitHub or Jira ticket."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jinja2
+
+from profkit.render import units
+from profkit.resources import shipped_dir
+
+_MD_SPECIAL = str.maketrans({"|": "\\|", "<": "&lt;", ">": "&gt;", "&": "&amp;", "`": "'", "\n": " ",
+                             "*": "\\*", "_": "\\_", "[": "\\[", "]": "\\]"})
+
+
+def md_escape(value: Any) -> Any:
+    """Every value a template prints is escaped: kernel names and NVTX text come from the trace."""
+    if isinstance(value, str):
+        return value.translate(_MD_SPECIAL)
+    return value
+
+
+def environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(shipped_dir("templates"))),
+        finalize=md_escape,
+        autoescape=False,  # Markdown, not HTML: escaping is done by `finalize` above
+        trim_blocks=True,
+        lstrip_blocks=True,
+        undefined=jinja2.StrictUndefined,
+    )
+    env.filters.update(ns=units.ns, pct=units.pct, size=units.size, clip=units.clip)
+    return env
+
+
+def render_markdown(report: dict[str, Any], top: int = 10) -> str:
+    return environment().get_template("report.md.j2").render(r=report, top=top)

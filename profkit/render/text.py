@@ -1,0 +1,96 @@
+"""The terminal summary of `profkit report` (default format)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from profkit.render.units import clip, ns, pct, size
+
+
+def _table(rows: list[dict[str, Any]], columns: dict[str, Any], limit: int) -> str:
+    if not rows:
+        return "  (none)"
+    df = pd.DataFrame([{title: str(fmt(r)) for title, fmt in columns.items()} for r in rows[:limit]])
+    widths = {c: max(len(c), int(df[c].str.len().max())) for c in df.columns}
+    lines = ["  ".join(c.ljust(widths[c]) for c in df.columns).rstrip()]
+    lines += ["  ".join(v.ljust(widths[c]) for c, v in row.items()).rstrip() for row in df.to_dict("records")]
+    more = f"\n  ... {len(rows) - limit} more" if len(rows) > limit else ""
+    return "\n".join("  " + line for line in lines) + more
+
+
+def _host_api(gap: dict[str, Any]) -> str:
+    """What the host was doing in CUDA during a GPU gap: the top call and its share of the gap."""
+    if not gap["host_api"]:
+        return "none (host busy outside CUDA)"
+    top = gap["host_api"][0]
+    return f"{pct(gap['host_api_share'])} {top['name']}"
+
+
+def render_text(report: dict[str, Any], top: int = 10, name_width: int = 70) -> str:
+    src, win, gpu, facts = report["source"], report["window"], report["gpu"], report["facts"]
+    out = [
+        f"profkit report: {src['path']}",
+        f"  {src.get('tool', src['kind'])} {src.get('tool_version') or ''} | GPU {src.get('gpu') or '?'}"
+        f" | driver {src.get('driver') or '?'}",
+        f"  window: {ns(win['duration_ns'])} ({win['how']}: {win['detail']})",
+        f"  GPU utilization {pct(gpu['utilization'])}: busy {ns(gpu['busy_ns'])}, idle {ns(gpu['idle_ns'])}",
+        f"  kernels {facts['kernels.count']:,} ({pct(facts['kernels.graph_share'])} from CUDA graphs, "
+        f"{pct(facts['kernels.short_share'])} shorter than 10 us); launch latency median "
+        f"{ns(facts['launch.latency_median_ns'])}",
+        "",
+    ]
+    if report.get("findings"):
+        out.append("Findings")
+        for f in report["findings"]:
+            out.append(f"  [{f['severity']}] {f['title']}: {f['summary']}")
+            for c in f.get("changes", []):
+                out.append(f"      {c['flag']}: {c.get('from')} -> {c.get('to')}  ({c.get('why', '')})")
+        out.append("")
+    out += [
+        "Time by kernel category",
+        _table(report["categories"], {"category": lambda r: r["category"], "kernels": lambda r: r["count"],
+                                      "time": lambda r: ns(r["total_ns"]), "share": lambda r: pct(r["share"])},
+               20),
+        "",
+        f"Top kernels (of {len(report['kernels'])})",
+        _table(report["kernels"], {
+            "time": lambda r: ns(r["total_ns"]), "share": lambda r: pct(r["share"]),
+            "count": lambda r: r["count"], "avg": lambda r: ns(r["avg_ns"]), "med": lambda r: ns(r["median_ns"]),
+            "category": lambda r: r["category"], "name": lambda r: clip(r["short_name"], name_width),
+        }, top),
+        "",
+        "GPU idle by gap size",
+        _table([{"class": k, **v} for k, v in report["gap_classes"].items()], {
+            "gap size": lambda r: r["class"].replace("_", " "), "gaps": lambda r: r["count"],
+            "idle": lambda r: ns(r["idle_ns"]), "of window": lambda r: pct(r["idle_ns"] / max(1, win["duration_ns"])),
+        }, 10),
+        "",
+        "Longest GPU gaps",
+        _table(report["gaps"], {
+            "at": lambda r: ns(r["start_ns"] - win["start_ns"]), "gap": lambda r: ns(r["duration_ns"]),
+            "host in CUDA API": _host_api,
+            "after": lambda r: clip(r["after"], 50),
+        }, min(top, 5)),
+        "",
+        "Memory operations",
+        _table(report["memops"], {
+            "operation": lambda r: r["operation"], "count": lambda r: r["count"], "time": lambda r: ns(r["total_ns"]),
+            "bytes": lambda r: size(r["bytes"]),
+            "GB/s": lambda r: "-" if r["bandwidth_gbps"] is None else f"{r['bandwidth_gbps']:.1f}",
+        }, top),
+        "",
+        "CUDA API",
+        _table(report["api"], {
+            "name": lambda r: r["name"], "calls": lambda r: r["count"], "time": lambda r: ns(r["total_ns"]),
+            "avg": lambda r: ns(r["avg_ns"]), "max": lambda r: ns(r["max_ns"]),
+        }, top),
+        "",
+        "NVTX ranges",
+        _table(report["nvtx"], {
+            "range": lambda r: clip(r["range"], name_width), "count": lambda r: r["count"],
+            "time": lambda r: ns(r["total_ns"]), "avg": lambda r: ns(r["avg_ns"]),
+        }, top),
+    ]
+    return "\n".join(out) + "\n"

@@ -1,0 +1,121 @@
+"""Build the `profkit.report/1` document: open -> window -> analyses -> facts.
+
+This is the library entry point behind `profkit report`; everything here is usable from Python:
+
+    from profkit.report import build_report
+    report = build_report("trace.sqlite", window="auto")
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from profkit import __version__
+from profkit.analysis import api as api_analysis
+from profkit.analysis import timeline
+from profkit.analysis.categories import category_breakdown
+from profkit.analysis.kernels import kernel_summary
+from profkit.analysis.launch import launch_latency
+from profkit.analysis.nvtx import nvtx_summary
+from profkit.analysis.stats import records
+from profkit.analysis.transfers import memop_summary, memory_kinds
+from profkit.analysis.window import choose_window
+from profkit.diagnose.facts import compute_facts
+from profkit.errors import TraceError
+from profkit.traces import open_trace
+
+SCHEMA = "profkit.report/1"
+STAT_RENAMES = {"total": "total_ns", "avg": "avg_ns", "median": "median_ns", "min": "min_ns",
+                "max": "max_ns", "stddev": "stddev_ns"}
+
+Progress = Callable[[str], None]
+
+
+def build_report(path: str | os.PathLike, window: str = "auto", gap_threshold_ns: int = 100_000,
+                 buckets: int = 100, progress: Progress | None = None) -> dict[str, Any]:
+    """Analyse one trace and return the report document (JSON-ready dict)."""
+    try:
+        return _build(path, window, gap_threshold_ns, buckets, progress or (lambda _name: None))
+    except sqlite3.DatabaseError as exc:
+        # A truncated or corrupt export can open fine and fail deep inside a query.
+        raise TraceError(f"{path}: damaged or unreadable trace database ({exc})") from None
+
+
+def _build(path: str | os.PathLike, window: str, gap_threshold_ns: int, buckets: int,
+           step: Progress) -> dict[str, Any]:
+    step("open trace")
+    with open_trace(path) as trace:
+        step("GPU timeline")
+        timeline.build_gap_table(trace)
+        phases = timeline.phases(trace) if window.strip() == "auto" else []
+        win = choose_window(trace, window, phases)
+        tl = timeline.gpu_timeline(trace, win, gap_threshold_ns=gap_threshold_ns, n_buckets=buckets)
+        step("kernels")
+        kernels = kernel_summary(trace, win)
+        step("memory operations")
+        memops = memop_summary(trace, win)
+        kinds = memory_kinds(trace, win)
+        step("CUDA API")
+        api = api_analysis.api_summary(trace, win)
+        sync = api_analysis.sync_summary(trace, win)
+        step("NVTX")
+        nvtx = nvtx_summary(trace, win)
+        step("launch latency")
+        eager = int((kernels["count"] - kernels["graph"]).sum()) if not kernels.empty else 0
+        launch = launch_latency(trace, win, eager)
+        source = {"path": str(Path(path)), "kind": trace.kind, **trace.meta}
+
+    report: dict[str, Any] = {
+        "schema": SCHEMA,
+        "profkit_version": __version__,
+        "source": source,
+        "window": {**win.as_json(), "phases": phases},
+        "gpu": {"busy_ns": tl.busy_ns, "idle_ns": tl.idle_ns, "utilization": tl.utilization,
+                "devices": tl.devices},
+        "timeline": tl.buckets,
+        "kernels": _kernel_records(kernels),
+        "categories": records(category_breakdown(kernels)),
+        "memops": _memop_records(memops),
+        "memory_kinds": records(kinds),
+        "api": _stat_records(api.drop(columns=["name_id"], errors="ignore"), first="name"),
+        "sync": records(sync),
+        "nvtx": _stat_records(nvtx.rename(columns={"name": "range"}), first="range"),
+        "gaps": tl.gaps,
+        "gap_classes": tl.gap_classes,
+        "launch": launch,
+        "vllm": {},
+        "findings": [],
+    }
+    report["facts"] = compute_facts(report)
+    return report
+
+
+def _stat_records(df: pd.DataFrame, first: str) -> list[dict[str, Any]]:
+    if df.empty:
+        return []
+    df = df.rename(columns=STAT_RENAMES)
+    cols = [first] + [c for c in df.columns if c != first]
+    return records(df[cols])
+
+
+def _kernel_records(kernels: pd.DataFrame) -> list[dict[str, Any]]:
+    if kernels.empty:
+        return []
+    df = kernels.rename(columns={**STAT_RENAMES, "graph": "graph_count", "short": "short_count"})
+    df["share"] = df["total_ns"] / df["total_ns"].sum()
+    cols = ["name", "short_name", "category", "count", "total_ns", "share", "avg_ns", "median_ns", "min_ns",
+            "max_ns", "stddev_ns", "graph_count", "short_count"]
+    return records(df[cols])
+
+
+def _memop_records(memops: pd.DataFrame) -> list[dict[str, Any]]:
+    if memops.empty:
+        return []
+    df = memops.rename(columns={**STAT_RENAMES, "bytes_total": "bytes"})
+    return _stat_records(df, first="operation")

@@ -1,0 +1,60 @@
+"""The normalized trace every analysis reads.
+
+A `Trace` is a SQLite connection in which these relations exist (views over an nsys export,
+tables for a torch trace), all timestamps integer nanoseconds on one clock:
+
+  kernels(start, end, device, stream, correlation, pid, name_id, short_id, graph_node)
+  memops (start, end, device, stream, correlation, pid, operation, bytes, src_kind, dst_kind, graph_node)
+  api    (start, end, tid, pid, correlation, name_id)
+  sync   (start, end, device, stream, correlation, pid, sync_type)
+  nvtx   (start, end, tid, name, style)
+  strings(id, value)                      -- kernel and API names, joined after aggregation
+
+`operation` uses nsys's own labels (`[CUDA memcpy Host-to-Device]`, `[CUDA memset]`) and the
+memory kinds are `Pageable`, `Pinned`, `Device`, ... so both readers give the same tables.
+Analyses aggregate with SQL over these names and never touch the source file again.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+RELATIONS = ("kernels", "memops", "api", "sync", "nvtx", "strings")
+
+
+@dataclass
+class Trace:
+    """An opened trace: a read-only connection exposing the normalized relations."""
+
+    conn: sqlite3.Connection
+    path: Path
+    kind: str  # "nsys-sqlite" | "torch-trace"
+    meta: dict[str, Any] = field(default_factory=dict)
+    # Relations that hold data in this trace (an nsys export may lack MEMCPY, NVTX_EVENTS, ...).
+    present: frozenset[str] = frozenset()
+
+    def has(self, relation: str) -> bool:
+        return relation in self.present
+
+    def query(self, sql: str, params: dict[str, Any] | tuple = ()) -> list[tuple]:
+        return self.conn.execute(sql, params).fetchall()
+
+    def strings(self, ids: Iterable[int]) -> dict[int, str]:
+        """Names for string ids (kernel and API names are joined after aggregation, not per event)."""
+        wanted = ",".join(str(int(i)) for i in set(ids))
+        if not wanted:
+            return {}
+        return dict(self.conn.execute(f"SELECT id, value FROM strings WHERE id IN ({wanted})"))
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> Trace:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,269 @@
+"""Nsight Systems SQLite exports (`nsys export --type sqlite`) as a normalized `Trace`.
+
+The file is opened read-only (`mode=ro`, `immutable=1`: no lock files, no journal, nothing
+written next to the user's evidence). The normalized relations are TEMP views, so every
+aggregation runs inside SQLite over the original tables. Column and table lookups are
+dynamic because the export schema changes between nsys versions.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from urllib.parse import quote
+
+from profkit.errors import TraceError
+from profkit.traces.model import Trace
+
+KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
+MEMCPY = "CUPTI_ACTIVITY_KIND_MEMCPY"
+MEMSET = "CUPTI_ACTIVITY_KIND_MEMSET"
+RUNTIME = "CUPTI_ACTIVITY_KIND_RUNTIME"
+SYNC = "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION"
+NVTX = "NVTX_EVENTS"
+
+REQUIRED_KERNEL_COLUMNS = ("start", "end", "deviceId", "streamId", "demangledName", "shortName")
+
+# Fallbacks for exports that lack the ENUM_* tables (labels as nsys prints them).
+MEMCPY_KIND_LABELS = {
+    0: "Unknown", 1: "Host-to-Device", 2: "Device-to-Host", 3: "Host-to-Array", 4: "Array-to-Host",
+    5: "Array-to-Array", 6: "Array-to-Device", 7: "Device-to-Array", 8: "Device-to-Device",
+    9: "Host-to-Host", 10: "Peer-to-Peer", 11: "Unified Host-to-Device", 12: "Unified Device-to-Host",
+    13: "Unified Device-to-Device",
+}
+MEM_KIND_LABELS = {
+    0: "Pageable", 1: "Pinned", 2: "Device", 3: "Array", 4: "Managed", 5: "Device Static",
+    6: "Managed Static", 7: "Unknown",
+}
+SYNC_TYPE_LABELS = {0: "Unknown", 1: "Event sync", 2: "Stream wait sync", 3: "Stream sync", 4: "Context sync"}
+NVTX_EVENT_TYPES = {
+    "NvtxPushPopRange": 59, "NvtxStartEndRange": 60, "NvtxtPushPopRange": 70,
+    "NvtxtStartEndRange": 71, "NvtxDomainCreate": 75,
+}
+
+# The pid inside nsys's serialized GlobalId (bits 24..47), as nsys's own reports extract it.
+PID_OF = "(({col} >> 24) & 16777215)"
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def open_nsys(path: Path) -> Trace:
+    """Open an nsys SQLite export read-only and expose the normalized relations."""
+    conn = _connect_read_only(path)
+    try:
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        _check_is_nsys_export(path, tables)
+        meta = _read_meta(conn, tables)
+        columns = {t: _columns(conn, t) for t in (KERNEL, MEMCPY, MEMSET, RUNTIME, SYNC, NVTX) if t in tables}
+        missing = [c for c in REQUIRED_KERNEL_COLUMNS if c not in columns[KERNEL]]
+        if missing:
+            raise TraceError(
+                f"{path}: unsupported nsys export schema {meta.get('schema_version', '(unknown)')}: "
+                f"{KERNEL} has no column {missing[0]!r}; re-export it with nsys 2021.2 or newer"
+            )
+        present = _create_views(conn, tables, columns)
+        if conn.execute(f"SELECT 1 FROM main.{KERNEL} LIMIT 1").fetchone() is None:
+            raise TraceError(f"{path}: the trace has no CUDA kernels (was it recorded with `-t cuda`?)")
+    except sqlite3.DatabaseError as exc:
+        conn.close()
+        raise TraceError(f"{path}: damaged or unreadable SQLite file ({exc})") from None
+    except TraceError:
+        conn.close()
+        raise
+    return Trace(conn=conn, path=path, kind="nsys-sqlite", meta=meta, present=frozenset(present))
+
+
+def _connect_read_only(path: Path) -> sqlite3.Connection:
+    # immutable=1: SQLite takes no locks and never creates -journal/-wal/-shm files beside the trace.
+    uri = f"file:{quote(str(path.resolve()))}?mode=ro&immutable=1"
+    conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
+    # Sorting millions of rows is the main cost: keep temp b-trees in memory (bounded by cache_size).
+    conn.execute("PRAGMA temp_store = MEMORY")
+    conn.execute("PRAGMA cache_size = -262144")  # 256 MiB
+    return conn
+
+
+def _check_is_nsys_export(path: Path, tables: set[str]) -> None:
+    if "StringIds" not in tables or not ({"META_DATA_EXPORT", KERNEL, RUNTIME} & tables):
+        raise TraceError(f"{path}: SQLite file is not an Nsight Systems export (no StringIds/CUPTI tables)")
+    if KERNEL not in tables:
+        raise TraceError(
+            f"{path}: the nsys export has no CUDA kernel table (was it recorded with `-t cuda`?)"
+        )
+
+
+def _columns(conn: sqlite3.Connection, table: str) -> set[str]:
+    return {r[1] for r in conn.execute(f"PRAGMA main.table_info({table})")}
+
+
+def _col(columns: set[str], name: str, alias: str, expr: str | None = None) -> str:
+    return f"{expr or name} AS {alias}" if name in columns else f"NULL AS {alias}"
+
+
+def _label_case(column: str, labels: dict[int, str], prefix: str = "", suffix: str = "") -> str:
+    whens = " ".join(f"WHEN {k} THEN '{prefix}{v}{suffix}'" for k, v in labels.items())
+    return f"CASE {column} {whens} ELSE '{prefix}Unknown{suffix}' END"
+
+
+def _enum_labels(conn: sqlite3.Connection, tables: set[str], table: str, default: dict[int, str]) -> dict:
+    if table not in tables:
+        return default
+    return {int(i): str(label).replace("'", "") for i, label in conn.execute(f"SELECT id, label FROM {table}")}
+
+
+def _create_views(conn: sqlite3.Connection, tables: set[str], columns: dict[str, set[str]]) -> set[str]:
+    present = {"kernels", "strings"}
+    k = columns[KERNEL]
+    conn.execute("CREATE TEMP VIEW strings AS SELECT id, value FROM main.StringIds")
+    conn.execute(
+        f"""CREATE TEMP VIEW kernels AS SELECT start, end, deviceId AS device, streamId AS stream,
+        {_col(k, 'correlationId', 'correlation')}, {_col(k, 'globalPid', 'pid', PID_OF.format(col='globalPid'))},
+        demangledName AS name_id, shortName AS short_id, {_col(k, 'graphNodeId', 'graph_node')}
+        FROM main.{KERNEL}"""
+    )
+
+    copy_kinds = _enum_labels(conn, tables, "ENUM_CUDA_MEMCPY_OPER", MEMCPY_KIND_LABELS)
+    mem_kinds = _enum_labels(conn, tables, "ENUM_CUDA_MEM_KIND", MEM_KIND_LABELS)
+    parts = []
+    for table in (MEMCPY, MEMSET):
+        if table not in tables:
+            continue
+        c = columns[table]
+        common = (
+            f"start, end, deviceId AS device, streamId AS stream, {_col(c, 'correlationId', 'correlation')}, "
+            f"{_col(c, 'globalPid', 'pid', PID_OF.format(col='globalPid'))}"
+        )
+        if table == MEMCPY:
+            parts.append(
+                f"SELECT {common}, {_label_case('copyKind', copy_kinds, '[CUDA memcpy ', ']')} AS operation, "
+                f"bytes, {_col(c, 'srcKind', 'src_kind', _label_case('srcKind', mem_kinds))}, "
+                f"{_col(c, 'dstKind', 'dst_kind', _label_case('dstKind', mem_kinds))}, "
+                f"{_col(c, 'graphNodeId', 'graph_node')} FROM main.{MEMCPY}"
+            )
+        else:
+            parts.append(
+                f"SELECT {common}, '[CUDA memset]' AS operation, bytes, NULL AS src_kind, "
+                f"{_col(c, 'memKind', 'dst_kind', _label_case('memKind', mem_kinds))}, "
+                f"{_col(c, 'graphNodeId', 'graph_node')} FROM main.{MEMSET}"
+            )
+    if parts:
+        conn.execute("CREATE TEMP VIEW memops AS " + " UNION ALL ".join(parts))
+        present.add("memops")
+    else:
+        conn.execute(
+            "CREATE TEMP VIEW memops AS SELECT 0 AS start, 0 AS end, 0 AS device, 0 AS stream, "
+            "0 AS correlation, 0 AS pid, '' AS operation, 0 AS bytes, NULL AS src_kind, NULL AS dst_kind, "
+            "NULL AS graph_node WHERE 0"
+        )
+
+    if RUNTIME in tables:
+        r = columns[RUNTIME]
+        conn.execute(
+            f"""CREATE TEMP VIEW api AS SELECT start, end, {_col(r, 'globalTid', 'tid')},
+            {_col(r, 'globalTid', 'pid', PID_OF.format(col='globalTid'))},
+            {_col(r, 'correlationId', 'correlation')}, nameId AS name_id FROM main.{RUNTIME}"""
+        )
+        present.add("api")
+    else:
+        conn.execute(
+            "CREATE TEMP VIEW api AS SELECT 0 AS start, 0 AS end, 0 AS tid, 0 AS pid, 0 AS correlation, "
+            "0 AS name_id WHERE 0"
+        )
+
+    if SYNC in tables:
+        s = columns[SYNC]
+        sync_types = _enum_labels(conn, tables, "ENUM_CUPTI_SYNC_TYPE", SYNC_TYPE_LABELS)
+        conn.execute(
+            f"""CREATE TEMP VIEW sync AS SELECT start, end, deviceId AS device, streamId AS stream,
+            {_col(s, 'correlationId', 'correlation')}, {_col(s, 'globalPid', 'pid', PID_OF.format(col='globalPid'))},
+            {_col(s, 'syncType', 'sync_type', _label_case('syncType', sync_types))} FROM main.{SYNC}"""
+        )
+        present.add("sync")
+    else:
+        conn.execute(
+            "CREATE TEMP VIEW sync AS SELECT 0 AS start, 0 AS end, 0 AS device, 0 AS stream, "
+            "0 AS correlation, 0 AS pid, '' AS sync_type WHERE 0"
+        )
+
+    if NVTX in tables:
+        _create_nvtx_view(conn, tables, columns[NVTX])
+        present.add("nvtx")
+    else:
+        conn.execute("CREATE TEMP VIEW nvtx AS SELECT 0 AS start, 0 AS end, 0 AS tid, '' AS name, "
+                     "'' AS style WHERE 0")
+
+    # A table that exists but holds no rows is as good as absent for the report.
+    return {rel for rel in present if conn.execute(f"SELECT 1 FROM temp.{rel} LIMIT 1").fetchone()}
+
+
+def _create_nvtx_view(conn: sqlite3.Connection, tables: set[str], cols: set[str]) -> None:
+    types = dict(NVTX_EVENT_TYPES)
+    if "ENUM_NSYS_EVENT_TYPE" in tables:
+        names = ",".join(f"'{n}'" for n in NVTX_EVENT_TYPES)
+        types.update(dict(conn.execute(f"SELECT name, id FROM ENUM_NSYS_EVENT_TYPE WHERE name IN ({names})")))
+    pushpop = (types["NvtxPushPopRange"], types["NvtxtPushPopRange"])
+    startend = (types["NvtxStartEndRange"], types["NvtxtStartEndRange"])
+    text = "coalesce(sid.value, ne.text, '')" if "textId" in cols else "coalesce(ne.text, '')"
+    domain_join = ""
+    domain_name = "''"
+    if "domainId" in cols and "textId" in cols:
+        # Same rule as nsys's nvtx_sum: a range is named "<domain>:<text>", the domain matched per process.
+        conn.execute(
+            f"""CREATE TEMP TABLE nvtx_domains AS SELECT ne.domainId AS id, ne.globalTid & 281474959933440 AS gp,
+            coalesce(sid.value, ne.text) AS name FROM main.{NVTX} ne LEFT JOIN main.StringIds sid
+            ON ne.textId = sid.id WHERE ne.eventType = {types['NvtxDomainCreate']} GROUP BY 1, 2"""
+        )
+        domain_join = (
+            "LEFT JOIN temp.nvtx_domains d ON ne.domainId = d.id "
+            "AND (ne.globalTid & 281474959933440) = d.gp"
+        )
+        domain_name = "coalesce(d.name, '')"
+    sid_join = "LEFT JOIN main.StringIds sid ON ne.textId = sid.id" if "textId" in cols else ""
+    all_types = ",".join(str(t) for t in pushpop + startend)
+    conn.execute(
+        f"""CREATE TEMP VIEW nvtx AS SELECT ne.start AS start,
+        coalesce(ne.end, (SELECT max(max(start), max(end)) FROM main.{NVTX})) AS end,
+        ne.globalTid AS tid, {domain_name} || ':' || {text} AS name,
+        CASE WHEN ne.eventType IN ({pushpop[0]}, {pushpop[1]}) THEN 'PushPop' ELSE 'StartEnd' END AS style
+        FROM main.{NVTX} ne {domain_join} {sid_join} WHERE ne.eventType IN ({all_types})"""
+    )
+
+
+def _read_meta(conn: sqlite3.Connection, tables: set[str]) -> dict:
+    meta: dict = {"tool": "Nsight Systems"}
+    if "META_DATA_EXPORT" in tables:
+        export = dict(conn.execute("SELECT name, value FROM META_DATA_EXPORT"))
+        meta["tool_version"] = export.get("EXPORT_PRODUCT_VERSION")
+        meta["schema_version"] = export.get("EXPORT_SCHEMA_VERSION")
+    if "TARGET_INFO_GPU" in tables:
+        gpus = conn.execute(
+            "SELECT id, name, totalMemory, smCount, memoryBandwidth FROM TARGET_INFO_GPU ORDER BY id"
+        ).fetchall()
+        meta["gpus"] = [
+            {"id": g[0], "name": g[1], "memory_bytes": g[2], "sm_count": g[3], "memory_bandwidth": g[4]}
+            for g in gpus
+        ]
+        meta["gpu"] = gpus[0][1] if gpus else None
+    if "TARGET_INFO_SYSTEM_ENV" in tables:
+        env = dict(conn.execute(
+            "SELECT name, value FROM TARGET_INFO_SYSTEM_ENV WHERE name IN "
+            "('NvDriverVersion', 'CudaDriverVersion', 'OsDescription', 'Hostname')"
+        ))
+        meta["driver"] = env.get("NvDriverVersion")
+        if env.get("CudaDriverVersion", "").isdigit():
+            v = int(env["CudaDriverVersion"])
+            meta["cuda_driver"] = f"{v // 1000}.{v % 1000 // 10}"
+        meta["os"] = env.get("OsDescription")
+    if "META_DATA_CAPTURE" in tables:
+        rows = conn.execute(
+            "SELECT name, value FROM META_DATA_CAPTURE WHERE name LIKE 'PROCESS_0:COMMAND' "
+            "OR name LIKE 'PROCESS_0:ARGUMENT_%' ORDER BY rowid"
+        ).fetchall()
+        if rows:
+            meta["command"] = [v for _, v in rows]
+    if "TARGET_INFO_SESSION_START_TIME" in tables:
+        row = conn.execute("SELECT * FROM TARGET_INFO_SESSION_START_TIME LIMIT 1").fetchone()
+        if row:
+            meta["session_start_utc"] = row[1]
+    return json.loads(json.dumps(meta, default=str))

@@ -1,0 +1,48 @@
+"""Sniff what a path is and open it with the right reader."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from profkit.errors import TraceError
+from profkit.traces.model import Trace
+from profkit.traces.nsys import SQLITE_MAGIC, open_nsys
+
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def open_trace(path: str | os.PathLike) -> Trace:
+    """Open an nsys SQLite export (or a capture folder holding one) as a normalized `Trace`."""
+    p = Path(path)
+    if not p.exists():
+        raise TraceError(f"{p}: no such file or directory")
+    if p.is_dir():
+        return open_trace(find_trace_in_folder(p))
+    if not os.access(p, os.R_OK):
+        raise TraceError(f"{p}: permission denied")
+    with p.open("rb") as f:
+        head = f.read(len(SQLITE_MAGIC))
+    if not head:
+        raise TraceError(f"{p}: empty file, not a trace")
+    if head == SQLITE_MAGIC:
+        return open_nsys(p)
+    if head.startswith(GZIP_MAGIC) or head.lstrip()[:1] in (b"{", b"["):
+        raise TraceError(f"{p}: torch.profiler (Kineto JSON) traces are not supported yet")
+    if p.suffix == ".nsys-rep" or head.startswith(b"\x00\x00"):
+        raise TraceError(f"{p}: an .nsys-rep report; export it first: nsys export --type sqlite {p}")
+    raise TraceError(f"{p}: not a trace (expected an nsys SQLite export or a torch.profiler JSON)")
+
+
+def find_trace_in_folder(folder: Path) -> Path:
+    """The trace inside a capture folder: trace.sqlite first, then any single *.sqlite."""
+    preferred = folder / "trace.sqlite"
+    if preferred.is_file():
+        return preferred
+    found = sorted(folder.glob("*.sqlite"))
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise TraceError(f"{folder}: folder holds no trace (*.sqlite)")
+    names = ", ".join(f.name for f in found)
+    raise TraceError(f"{folder}: folder holds several traces ({names}); name one")

@@ -1,0 +1,61 @@
+"""Shared test fixtures: the real H100 traces in ../shared/fixtures, decompressed once per session."""
+
+from __future__ import annotations
+
+import lzma
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = Path(os.environ.get("PROFKIT_FIXTURES", REPO.parent / "shared" / "fixtures"))
+GROUND_TRUTH = Path(__file__).resolve().parent / "ground_truth"
+TOY = ["chunked_prefill", "eager_b1", "eager_b64", "graphs_b1", "graphs_b64", "hostgap_b16",
+       "prefill_long", "swap_b16", "sync_b16"]
+
+
+def fixture_xz(name: str) -> Path:
+    if name == "thr_graphs":
+        return FIXTURES / "h100_vllm" / "thr_graphs.sqlite.xz"
+    return FIXTURES / "h100_toy" / name / f"{name}.sqlite.xz"
+
+
+@pytest.fixture(scope="session")
+def trace_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if not FIXTURES.is_dir():
+        pytest.fail(f"fixtures not found at {FIXTURES} (set PROFKIT_FIXTURES)")
+    return tmp_path_factory.mktemp("traces")
+
+
+@pytest.fixture(scope="session")
+def sqlite_path(trace_dir: Path):
+    """Function giving the decompressed path of a fixture trace, decompressing on first use."""
+
+    def get(name: str) -> Path:
+        out = trace_dir / f"{name}.sqlite"
+        if not out.exists():
+            tmp = out.with_suffix(".part")
+            with lzma.open(fixture_xz(name)) as src, tmp.open("wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+            tmp.rename(out)
+            out.chmod(0o444)  # the reader must never need to write
+        return out
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def report_all(sqlite_path):
+    """Cached `build_report(..., window='all')` per fixture."""
+    from profkit.report import build_report
+
+    cache: dict[str, dict] = {}
+
+    def get(name: str) -> dict:
+        if name not in cache:
+            cache[name] = build_report(sqlite_path(name), window="all")
+        return cache[name]
+
+    return get

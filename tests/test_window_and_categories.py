@@ -1,0 +1,76 @@
+"""Automatic steady-state window on a real whole-process vLLM trace; kernel categories on real names."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from profkit.analysis.categories import categorize
+from profkit.report import build_report
+from tests.conftest import FIXTURES, GROUND_TRUTH
+
+
+@pytest.fixture(scope="module")
+def vllm_auto(sqlite_path) -> dict:
+    return build_report(sqlite_path("thr_graphs"), window="auto")
+
+
+def test_auto_window_finds_the_benchmark_phase(vllm_auto: dict, report_all) -> None:
+    bench = json.loads((FIXTURES / "h100_vllm" / "thr_graphs.json").read_text())
+    win = vllm_auto["window"]
+    whole = report_all("thr_graphs")["window"]
+    assert win["how"] == "steady-state"
+    assert len(win["phases"]) > 5  # start-up: loading, profiling run, compile, graph capture, warm-up
+    # The benchmark's own elapsed time (1.77 s) against a 157 s whole-process trace.
+    assert abs(win["duration_ns"] / 1e9 - bench["elapsed_time"]) < 0.15 * bench["elapsed_time"]
+    assert win["end_ns"] == whole["end_ns"]  # the benchmark runs last
+    # Inside the benchmark vLLM replays CUDA graphs; over the whole trace most kernels are start-up.
+    assert vllm_auto["facts"]["kernels.graph_share"] > 0.8
+    assert report_all("thr_graphs")["facts"]["kernels.graph_share"] < vllm_auto["facts"]["kernels.graph_share"]
+    assert vllm_auto["gpu"]["utilization"] > 5 * report_all("thr_graphs")["gpu"]["utilization"]
+
+
+def test_auto_window_on_a_capture_range_trace_is_the_whole_gpu_span(report_all, sqlite_path) -> None:
+    auto = build_report(sqlite_path("hostgap_b16"), window="auto")
+    assert auto["window"]["start_ns"] == report_all("hostgap_b16")["window"]["start_ns"]
+    assert auto["window"]["duration_ns"] == report_all("hostgap_b16")["window"]["duration_ns"]
+
+
+REAL_NAMES = {
+    "nvjet_sm90_tst_192x192_64x4_2x1_v_bz_coopB_TNN": "gemm",
+    "void cublasLt::splitKreduce_kernel<(int)32, (int)16, int, float, __nv_bfloat16, float>": "gemm",
+    "triton_poi_fused_mul_silu_slice_1": "activation/elementwise",
+    "triton_red_fused_fused_add_rms_norm_2": "norm",
+    "_gumbel_sample_kernel": "sampling",
+    "_combine_sampled_and_draft_tokens_kernel": "sampling",
+    "_gather_block_tables_kernel": "memory",
+    "void at::native::vectorized_elementwise_kernel<(int)4, at::native::FillFunctor<int>, "
+    "std::array<char *, (unsigned long)1>>(int, T2, T3)": "memory",
+}
+
+
+@pytest.mark.parametrize(("name", "category"), REAL_NAMES.items())
+def test_category_of_real_vllm_names(name: str, category: str) -> None:
+    assert categorize(name) == category
+
+
+def test_categories_over_the_real_vllm_kernels() -> None:
+    rows = list(csv.DictReader((GROUND_TRUTH / "thr_graphs_cuda_gpu_kern_sum.csv").open()))
+    by_name = {r["Name"]: categorize(r["Name"]) for r in rows}
+    flash = [n for n in by_name if "FlashAttnFwd" in n]
+    assert flash and all(by_name[n] == "attention" for n in flash)  # FA3 cutlass::device_kernel, not gemm
+    cache = [n for n in by_name if "reshape_and_cache_flash" in n]
+    assert cache and all(by_name[n] == "memory" for n in cache)  # a KV-cache write, though named "flash"
+    other = sum(float(r["Time (%)"]) for r in rows if by_name[r["Name"]] == "other")
+    assert other < 1.0  # the table names where (almost) all of vLLM's GPU time goes
+
+
+def test_categories_over_the_toy_engine(report_all) -> None:
+    cats = {c["category"]: c["share"] for c in report_all("prefill_long")["categories"]}
+    assert cats["gemm"] > 0.4 and cats["attention"] > 0.05
+    names = {k["name"]: k["category"] for k in report_all("eager_b1")["kernels"]}
+    sdpa = [n for n in names if "sdpa" in n]
+    assert sdpa and all(names[n] == "attention" for n in sdpa)
+    assert all(names[n] == "norm" for n in names if "layer_norm" in n)
