@@ -65,8 +65,7 @@ def report(trace: Path, window: str, fmt: str, output: Path | None, gap_threshol
 class _Steps:
     """A click progress bar over the analysis stages (shown only on a terminal)."""
 
-    STAGES = ["open trace", "GPU timeline", "kernels", "memory operations", "CUDA API", "NVTX",
-              "launch latency"]
+    STAGES = ["open trace", "GPU timeline", "kernels", "CUDA API"]
 
     def __init__(self, show: bool) -> None:
         self.bar = click.progressbar(length=len(self.STAGES), label="analysing", file=sys.stderr) if show else None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sqlite3
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from profkit.analysis.launch import launch_latency
 from profkit.analysis.nvtx import nvtx_summary
 from profkit.analysis.stats import records
 from profkit.analysis.transfers import memop_summary, memory_kinds
-from profkit.analysis.window import choose_window
+from profkit.analysis.window import Window, choose_window
 from profkit.diagnose.facts import compute_facts
 from profkit.errors import TraceError
 from profkit.traces import open_trace
@@ -55,20 +56,16 @@ def _build(path: str | os.PathLike, window: str, gap_threshold_ns: int, buckets:
         timeline.build_gap_table(trace)
         phases = timeline.phases(trace) if window.strip() == "auto" else []
         win = choose_window(trace, window, phases)
-        tl = timeline.gpu_timeline(trace, win, gap_threshold_ns=gap_threshold_ns, n_buckets=buckets)
-        step("kernels")
-        kernels = kernel_summary(trace, win)
-        step("memory operations")
-        memops = memop_summary(trace, win)
-        kinds = memory_kinds(trace, win)
-        step("CUDA API")
-        api = api_analysis.api_summary(trace, win)
-        sync = api_analysis.sync_summary(trace, win)
-        step("NVTX")
-        nvtx = nvtx_summary(trace, win)
-        step("launch latency")
-        eager = int((kernels["count"] - kernels["graph"]).sum()) if not kernels.empty else 0
-        launch = launch_latency(trace, win, eager)
+        # The per-table summaries are independent scans: run them on their own connections while
+        # this one finishes the timeline (sqlite3 releases the GIL while a query runs).
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            gpu_side = pool.submit(_gpu_side, trace.path, win)
+            host_side = pool.submit(_host_side, trace.path, win)
+            tl = timeline.gpu_timeline(trace, win, gap_threshold_ns=gap_threshold_ns, n_buckets=buckets)
+            step("kernels")
+            kernels, memops, kinds, nvtx, launch = gpu_side.result()
+            step("CUDA API")
+            api, sync = host_side.result()
         source = {"path": str(Path(path)), "kind": trace.kind, **trace.meta}
 
     report: dict[str, Any] = {
@@ -94,6 +91,22 @@ def _build(path: str | os.PathLike, window: str, gap_threshold_ns: int, buckets:
     }
     report["facts"] = compute_facts(report)
     return report
+
+
+def _gpu_side(path: Path, win: Window) -> tuple:
+    with open_trace(path) as trace:
+        kernels = kernel_summary(trace, win)
+        memops = memop_summary(trace, win)
+        kinds = memory_kinds(trace, win)
+        nvtx = nvtx_summary(trace, win)
+        eager = int((kernels["count"] - kernels["graph"]).sum()) if not kernels.empty else 0
+        launch = launch_latency(trace, win, eager)
+    return kernels, memops, kinds, nvtx, launch
+
+
+def _host_side(path: Path, win: Window) -> tuple:
+    with open_trace(path) as trace:
+        return api_analysis.api_summary(trace, win), api_analysis.sync_summary(trace, win)
 
 
 def _stat_records(df: pd.DataFrame, first: str) -> list[dict[str, Any]]:

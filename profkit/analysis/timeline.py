@@ -22,28 +22,25 @@ GAP_CLASSES = [(20_000, "lt_20us"), (1_000_000, "20us_1ms"), (100_000_000, "1ms_
 
 
 def build_gap_table(trace: Trace) -> None:
-    """Write temp.gpu_gaps(device, start, end, before_id, before_op, after_id, after_op) once."""
+    """Write temp.gpu_gaps(device, start, end) and temp.gpu_spans(device, first_start, last_end) once."""
     trace.conn.executescript(
         """
         DROP TABLE IF EXISTS temp.gpu_gaps;
         DROP TABLE IF EXISTS temp.gpu_spans;
         CREATE TEMP TABLE gpu_gaps AS
         WITH ops AS (
-            SELECT device, start, end, name_id, NULL AS op FROM kernels
+            SELECT device, start, end FROM kernels
             UNION ALL
-            SELECT device, start, end, NULL, operation FROM memops
+            SELECT device, start, end FROM memops
         ),
         ordered AS (
-            SELECT device, start, name_id, op,
+            -- Only the running max: extra window columns (lag of names) would double this pass.
+            SELECT device, start,
                    max(end) OVER (PARTITION BY device ORDER BY start
-                                  ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end,
-                   lag(name_id) OVER (PARTITION BY device ORDER BY start) AS before_id,
-                   lag(op) OVER (PARTITION BY device ORDER BY start) AS before_op
+                                  ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
             FROM ops
         )
-        SELECT device, prev_end AS start, start AS end, before_id, before_op,
-               name_id AS after_id, op AS after_op
-        FROM ordered WHERE start > prev_end;
+        SELECT device, prev_end AS start, start AS end FROM ordered WHERE start > prev_end;
         CREATE TEMP TABLE gpu_spans AS
         SELECT device, min(s) AS first_start, max(e) AS last_end FROM (
             SELECT device, min(start) AS s, max(end) AS e FROM kernels GROUP BY device
@@ -176,45 +173,114 @@ def _gap_list(trace: Trace, w0: int, w1: int, threshold: int, limit: int) -> lis
     trace.conn.executescript("DROP TABLE IF EXISTS temp.top_gaps;")
     trace.conn.execute(
         """CREATE TEMP TABLE top_gaps AS
-           SELECT g.device, max(g.start, :w0) AS start, min(g.end, :w1) AS end,
-                  coalesce(bs.value, g.before_op) AS before, coalesce(as_.value, g.after_op) AS after
+           SELECT g.device, g.start AS gap_start, g.end AS gap_end,
+                  max(g.start, :w0) AS start, min(g.end, :w1) AS end
            FROM gpu_gaps g
-           LEFT JOIN strings bs ON bs.id = g.before_id
-           LEFT JOIN strings as_ ON as_.id = g.after_id
            WHERE g.end > :w0 AND g.start < :w1 AND min(g.end, :w1) - max(g.start, :w0) >= :t
            ORDER BY min(g.end, :w1) - max(g.start, :w0) DESC LIMIT :n""",
         {"w0": w0, "w1": w1, "t": threshold, "n": limit},
     )
     gaps = pd.read_sql_query(
-        "SELECT rowid AS gid, device, start, end, before, after FROM top_gaps ORDER BY end - start DESC",
+        "SELECT rowid AS gid, device, gap_start, gap_end, start, end FROM top_gaps ORDER BY end - start DESC",
         trace.conn,
     )
     if gaps.empty:
         return []
-    # What the host was doing in CUDA during each gap: API calls overlapping it, by overlap time.
-    host = pd.read_sql_query(
-        """SELECT g.rowid AS gid, s.value AS api, count(*) AS calls,
-                  sum(min(a.end, g.end) - max(a.start, g.start)) AS overlap_ns
-           FROM top_gaps g JOIN api a ON a.start < g.end AND a.end > g.start
-           JOIN strings s ON s.id = a.name_id
-           GROUP BY g.rowid, a.name_id ORDER BY g.rowid, overlap_ns DESC""",
-        trace.conn,
-    )
-    by_gap = {gid: grp for gid, grp in host.groupby("gid")}
+    api_bounds, kernel_bounds = _seq_bounds(trace, "api"), _seq_bounds(trace, "kernels")
+    by_gap = {int(g.gid): _host_api_during(trace, int(g.start), int(g.end), api_bounds)
+              for g in gaps.itertuples()}
+    neighbours = _neighbours(trace, gaps, kernel_bounds)
     out = []
     for g in gaps.itertuples(index=False):
         dur = int(g.end - g.start)
-        calls = by_gap.get(g.gid)
-        api = []
-        if calls is not None:
-            api = [{"name": strip_api_version(r.api), "calls": int(r.calls), "overlap_ns": int(r.overlap_ns)}
-                   for r in calls.head(3).itertuples(index=False)]
+        api = by_gap[int(g.gid)]
         out.append({
             "device": int(g.device), "start_ns": int(g.start), "duration_ns": dur,
-            "before": g.before, "after": g.after, "host_api": api,
+            "before": neighbours[int(g.gid)][0], "after": neighbours[int(g.gid)][1], "host_api": api,
             "host_api_share": (api[0]["overlap_ns"] / dur) if api else 0.0,
         })
     return out
+
+
+# API calls that began this long before a gap are not looked at when attributing it (a bound that
+# keeps the lookup to the few thousand calls around each gap instead of a scan of the API table).
+API_LOOKBACK_NS = 100_000_000
+# Rows scanned either side of the binary-searched bounds, in case the export is not strictly sorted.
+SEQ_MARGIN = 256
+
+
+def _seq_bounds(trace: Trace, relation: str) -> tuple[int, int] | None:
+    # Two ORDER BY ... LIMIT 1 seeks: min(seq), max(seq) in one query would scan the table.
+    first = trace.query(f"SELECT seq FROM {relation} ORDER BY seq LIMIT 1")
+    last = trace.query(f"SELECT seq FROM {relation} ORDER BY seq DESC LIMIT 1")
+    return (int(first[0][0]), int(last[0][0])) if first and last else None
+
+
+def _neighbours(trace: Trace, gaps: pd.DataFrame, kernel_bounds: tuple[int, int] | None) -> dict:
+    """(before, after) names per listed gap: the operation that ended at the gap's start and the one
+    that started at its end (a memory operation where one sits exactly there, else a kernel)."""
+    trace.conn.executescript(
+        "CREATE INDEX IF NOT EXISTS temp.top_gaps_s ON top_gaps (gap_start);"
+        "CREATE INDEX IF NOT EXISTS temp.top_gaps_e ON top_gaps (gap_end);"
+    )
+    mem_before = dict(trace.query(
+        "SELECT g.rowid, m.operation FROM memops m JOIN top_gaps g ON g.gap_start = m.end AND g.device = m.device"))
+    mem_after = dict(trace.query(
+        "SELECT g.rowid, m.operation FROM memops m JOIN top_gaps g ON g.gap_end = m.start AND g.device = m.device"))
+    out = {}
+    for g in gaps.itertuples():
+        gid, g0, g1 = int(g.gid), int(g.gap_start), int(g.gap_end)
+        before = mem_before.get(gid)
+        after = mem_after.get(gid)
+        if kernel_bounds and before is None:
+            lo = _first_seq_at(trace, g0 - API_LOOKBACK_NS, kernel_bounds, "kernels") - SEQ_MARGIN
+            hi = _first_seq_at(trace, g0, kernel_bounds, "kernels") + SEQ_MARGIN
+            row = trace.query("SELECT s.value FROM kernels k JOIN strings s ON s.id = k.name_id WHERE k.seq "
+                              "BETWEEN ? AND ? AND k.device = ? AND k.end = ? LIMIT 1", (lo, hi, int(g.device), g0))
+            before = row[0][0] if row else None
+        if kernel_bounds and after is None:
+            at = _first_seq_at(trace, g1, kernel_bounds, "kernels")
+            row = trace.query("SELECT s.value FROM kernels k JOIN strings s ON s.id = k.name_id WHERE k.seq "
+                              "BETWEEN ? AND ? AND k.device = ? AND k.start = ? LIMIT 1",
+                              (at - SEQ_MARGIN, at + SEQ_MARGIN, int(g.device), g1))
+            after = row[0][0] if row else None
+        out[gid] = (before, after)
+    return out
+
+
+def _host_api_during(trace: Trace, g0: int, g1: int, bounds: tuple[int, int] | None) -> list[dict[str, Any]]:
+    """CUDA API calls in flight on the host during [g0, g1], by overlap; top 3.
+
+    The API table is in start order (nsys writes it so; `seq` is its row id), so each gap needs
+    two binary searches and a short range scan rather than a scan of millions of calls.
+    """
+    if bounds is None:
+        return []
+    lo = _first_seq_at(trace, g0 - API_LOOKBACK_NS, bounds, "api") - SEQ_MARGIN
+    hi = _first_seq_at(trace, g1, bounds, "api") + SEQ_MARGIN
+    rows = trace.query(
+        """SELECT s.value, count(*), sum(min(a.end, :g1) - max(a.start, :g0)) AS overlap
+           FROM api a JOIN strings s ON s.id = a.name_id
+           WHERE a.seq BETWEEN :lo AND :hi AND a.start < :g1 AND a.end > :g0
+           GROUP BY a.name_id ORDER BY overlap DESC LIMIT 3""",
+        {"g0": g0, "g1": g1, "lo": lo, "hi": hi},
+    )
+    return [{"name": strip_api_version(n), "calls": int(c), "overlap_ns": int(o)} for n, c, o in rows]
+
+
+def _first_seq_at(trace: Trace, t: int, bounds: tuple[int, int], relation: str) -> int:
+    """Smallest seq of `relation` whose event starts at or after t (binary search over row ids)."""
+    lo, hi = bounds[0], bounds[1] + 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        row = trace.query(f"SELECT seq, start FROM {relation} WHERE seq >= ? ORDER BY seq LIMIT 1", (mid,))
+        if not row:
+            hi = mid
+        elif row[0][1] < t:
+            lo = int(row[0][0]) + 1
+        else:
+            hi = mid
+    return lo
 
 
 def _buckets(trace: Trace, w0: int, w1: int, n: int) -> dict[str, Any]:

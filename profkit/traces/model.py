@@ -3,13 +3,15 @@
 A `Trace` is a SQLite connection in which these relations exist (views over an nsys export,
 tables for a torch trace), all timestamps integer nanoseconds on one clock:
 
-  kernels(start, end, device, stream, correlation, pid, name_id, short_id, graph_node)
+  kernels(seq, start, end, device, stream, correlation, pid, name_id, short_id, graph_node)
   memops (start, end, device, stream, correlation, pid, operation, bytes, src_kind, dst_kind, graph_node)
-  api    (start, end, tid, pid, correlation, name_id)
+  api    (seq, start, end, tid, pid, correlation, name_id)   -- seq: row order = start order
   sync   (start, end, device, stream, correlation, pid, sync_type)
   nvtx   (start, end, tid, name, style)
   strings(id, value)                      -- kernel and API names, joined after aggregation
 
+`seq` orders kernels and api rows by start (nsys writes its tables sorted by start), which lets
+an analysis find the events around a timestamp by binary search instead of a scan.
 `operation` uses nsys's own labels (`[CUDA memcpy Host-to-Device]`, `[CUDA memset]`) and the
 memory kinds are `Pageable`, `Pinned`, `Device`, ... so both readers give the same tables.
 Analyses aggregate with SQL over these names and never touch the source file again.

@@ -77,11 +77,9 @@ def open_nsys(path: Path) -> Trace:
 def _connect_read_only(path: Path) -> sqlite3.Connection:
     # immutable=1: SQLite takes no locks and never creates -journal/-wal/-shm files beside the trace.
     uri = f"file:{quote(str(path.resolve()))}?mode=ro&immutable=1"
-    conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
-    # Sorting millions of rows is the main cost: keep temp b-trees in memory (bounded by cache_size).
-    conn.execute("PRAGMA temp_store = MEMORY")
-    conn.execute("PRAGMA cache_size = -262144")  # 256 MiB
-    return conn
+    # SQLite's defaults sort faster here than temp_store=MEMORY with a big cache (measured: 2.3 s vs
+    # 6.6 s for a 3.3M-row GROUP BY), and keep memory bounded.
+    return sqlite3.connect(uri, uri=True, check_same_thread=False)
 
 
 def _check_is_nsys_export(path: Path, tables: set[str]) -> None:
@@ -117,7 +115,7 @@ def _create_views(conn: sqlite3.Connection, tables: set[str], columns: dict[str,
     k = columns[KERNEL]
     conn.execute("CREATE TEMP VIEW strings AS SELECT id, value FROM main.StringIds")
     conn.execute(
-        f"""CREATE TEMP VIEW kernels AS SELECT start, end, deviceId AS device, streamId AS stream,
+        f"""CREATE TEMP VIEW kernels AS SELECT rowid AS seq, start, end, deviceId AS device, streamId AS stream,
         {_col(k, 'correlationId', 'correlation')}, {_col(k, 'globalPid', 'pid', PID_OF.format(col='globalPid'))},
         demangledName AS name_id, shortName AS short_id, {_col(k, 'graphNodeId', 'graph_node')}
         FROM main.{KERNEL}"""
@@ -160,14 +158,14 @@ def _create_views(conn: sqlite3.Connection, tables: set[str], columns: dict[str,
     if RUNTIME in tables:
         r = columns[RUNTIME]
         conn.execute(
-            f"""CREATE TEMP VIEW api AS SELECT start, end, {_col(r, 'globalTid', 'tid')},
+            f"""CREATE TEMP VIEW api AS SELECT rowid AS seq, start, end, {_col(r, 'globalTid', 'tid')},
             {_col(r, 'globalTid', 'pid', PID_OF.format(col='globalTid'))},
             {_col(r, 'correlationId', 'correlation')}, nameId AS name_id FROM main.{RUNTIME}"""
         )
         present.add("api")
     else:
         conn.execute(
-            "CREATE TEMP VIEW api AS SELECT 0 AS start, 0 AS end, 0 AS tid, 0 AS pid, 0 AS correlation, "
+            "CREATE TEMP VIEW api AS SELECT 0 AS seq, 0 AS start, 0 AS end, 0 AS tid, 0 AS pid, 0 AS correlation, "
             "0 AS name_id WHERE 0"
         )
 

@@ -1,0 +1,123 @@
+"""Time `profkit report` on multi-million-kernel nsys traces against a raw-SQL floor.
+
+The traces are built from the real vLLM fixture (thr_graphs: 59k kernels, 193k CUDA API calls) in
+a temp copy by replicating every CUDA table's rows with shifted times and correlation ids, so the
+data has real names, real duration distributions and real API/kernel ratios.
+
+For each size the floor is one raw `SELECT demangledName, count(*), sum(end-start) ... GROUP BY
+demangledName` over the kernel table, measured in the same run; the report is the full CLI
+(`profkit report --window all --format json`, every analysis over every event). Each runs in its
+own process so that peak RSS is the process's own.
+
+    python benchmarks/bench_report.py [--fixture PATH.sqlite.xz] [--scales 17,68,272] [--workdir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import lzma
+import resource
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_FIXTURE = REPO.parent / "shared" / "fixtures" / "h100_vllm" / "thr_graphs.sqlite.xz"
+TABLES = ["CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_MEMCPY",
+          "CUPTI_ACTIVITY_KIND_MEMSET", "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", "NVTX_EVENTS"]
+FLOOR_SQL = ("SELECT demangledName, count(*), sum(end - start) FROM CUPTI_ACTIVITY_KIND_KERNEL "
+             "GROUP BY demangledName")
+
+
+def build_replicated(base: Path, copies: int, out: Path) -> int:
+    """Copy `base` to `out` with every CUDA table's rows repeated `copies` times; returns kernel count."""
+    shutil.copyfile(base, out)
+    conn = sqlite3.connect(out)
+    conn.execute("PRAGMA journal_mode = OFF")
+    conn.execute("PRAGMA synchronous = OFF")
+    # Shift each copy past the end of every table's events, so each table stays in start order
+    # (nsys writes rows sorted by start, and profkit relies on that for the API table).
+    lo = min(conn.execute(f"SELECT min(start) FROM {t}").fetchone()[0] for t in TABLES)
+    hi = max(conn.execute(f"SELECT max(max(start), max(coalesce(end, 0))) FROM {t}").fetchone()[0] for t in TABLES)
+    span = hi - lo + 1_000_000
+    corr = conn.execute("SELECT max(correlationId) + 1 FROM CUPTI_ACTIVITY_KIND_RUNTIME").fetchone()[0]
+    for table in TABLES:
+        cols = [r[1] for r in conn.execute(f"PRAGMA table_info({table})")]
+        n0 = conn.execute(f"SELECT max(rowid) FROM {table}").fetchone()[0] or 0
+        for k in range(1, copies):
+            exprs = []
+            for c in cols:
+                if c in ("start", "end"):
+                    exprs.append(f"{c} + {k * span}")
+                elif c == "correlationId":
+                    exprs.append(f"{c} + {k * corr}")
+                else:
+                    exprs.append(c)
+            conn.execute(f"INSERT INTO {table} ({', '.join(cols)}) SELECT {', '.join(exprs)} FROM {table} "
+                         f"WHERE rowid <= {n0}")
+        conn.commit()
+    kernels = conn.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
+    conn.close()
+    return kernels
+
+
+def run_measured(cmd: list[str]) -> tuple[float, float]:
+    """Wall seconds and peak RSS (MiB) of one child process."""
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if proc.returncode:
+        raise SystemExit(f"failed: {' '.join(cmd)}\n{proc.stderr}")
+    # ru_maxrss of RUSAGE_CHILDREN is the max over children so far: run the small (floor) first.
+    return wall, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+
+
+def floor_cmd(path: Path) -> list[str]:
+    code = (f"import sqlite3; c = sqlite3.connect('file:{path}?mode=ro', uri=True); "
+            f"c.execute({FLOOR_SQL!r}).fetchall()")
+    return [sys.executable, "-c", code]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--fixture", type=Path, default=DEFAULT_FIXTURE)
+    ap.add_argument("--scales", default="17,68,272", help="copies of the fixture per size (17 -> 1.0M kernels)")
+    ap.add_argument("--workdir", type=Path, default=None)
+    ap.add_argument("--repeat", type=int, default=2)
+    args = ap.parse_args()
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="profkit-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    base = work / "base.sqlite"
+    if not base.exists():
+        with lzma.open(args.fixture) as src, base.open("wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+
+    rows = []
+    for copies in (int(s) for s in args.scales.split(",")):
+        path = work / f"x{copies}.sqlite"
+        t0 = time.perf_counter()
+        kernels = build_replicated(base, copies, path)
+        built = time.perf_counter() - t0
+        floor = min(run_measured(floor_cmd(path))[0] for _ in range(args.repeat))
+        report_runs = [run_measured([sys.executable, "-m", "profkit.cli", "report", str(path), "--window", "all",
+                                     "--format", "json", "-o", str(work / "r.json"), "--no-progress"])
+                       for _ in range(args.repeat)]
+        wall = min(w for w, _ in report_runs)
+        rss = max(r for _, r in report_runs)
+        size_mb = path.stat().st_size / 1e6
+        rows.append((copies, kernels, size_mb, floor, wall, wall / floor, rss))
+        print(f"built x{copies}: {kernels:,} kernels, {size_mb:.0f} MB in {built:.0f} s", file=sys.stderr)
+        path.unlink()
+
+    print("| copies | kernels | SQLite MB | floor s | report s | report / floor | peak RSS MiB |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for copies, kernels, size_mb, floor, wall, ratio, rss in rows:
+        print(f"| {copies} | {kernels:,} | {size_mb:.0f} | {floor:.2f} | {wall:.2f} | {ratio:.2f}x | {rss:.0f} |")
+
+
+if __name__ == "__main__":
+    main()
