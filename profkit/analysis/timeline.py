@@ -23,8 +23,13 @@ GAP_CLASSES = [(20_000, "lt_20us"), (1_000_000, "20us_1ms"), (100_000_000, "1ms_
 
 def build_gap_table(trace: Trace) -> None:
     """Write temp.gpu_gaps(device, start, end) and temp.gpu_spans(device, first_start, last_end) once."""
+    devices = sorted({r[0] for r in trace.query("SELECT DISTINCT device FROM kernels UNION "
+                                                "SELECT DISTINCT device FROM memops")})
+    # With one GPU (the common case) the pass needs no PARTITION BY and the span no GROUP BY:
+    # each would add a sort of every operation.
+    partition = "PARTITION BY device" if len(devices) > 1 else ""
     trace.conn.executescript(
-        """
+        f"""
         DROP TABLE IF EXISTS temp.gpu_gaps;
         DROP TABLE IF EXISTS temp.gpu_spans;
         CREATE TEMP TABLE gpu_gaps AS
@@ -36,18 +41,19 @@ def build_gap_table(trace: Trace) -> None:
         ordered AS (
             -- Only the running max: extra window columns (lag of names) would double this pass.
             SELECT device, start,
-                   max(end) OVER (PARTITION BY device ORDER BY start
+                   max(end) OVER ({partition} ORDER BY start
                                   ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
             FROM ops
         )
         SELECT device, prev_end AS start, start AS end FROM ordered WHERE start > prev_end;
-        CREATE TEMP TABLE gpu_spans AS
-        SELECT device, min(s) AS first_start, max(e) AS last_end FROM (
-            SELECT device, min(start) AS s, max(end) AS e FROM kernels GROUP BY device
-            UNION ALL SELECT device, min(start), max(end) FROM memops GROUP BY device
-        ) GROUP BY device;
+        CREATE TEMP TABLE gpu_spans (device INTEGER PRIMARY KEY, first_start INTEGER, last_end INTEGER);
         """
     )
+    for d in devices:
+        row = trace.query(
+            "SELECT min(s), max(e) FROM (SELECT min(start) AS s, max(end) AS e FROM kernels WHERE device = :d "
+            "UNION ALL SELECT min(start), max(end) FROM memops WHERE device = :d)", {"d": d})[0]
+        trace.conn.execute("INSERT INTO temp.gpu_spans VALUES (?, ?, ?)", (d, row[0], row[1]))
 
 
 def phases(trace: Trace, split_ns: int = PHASE_GAP_NS) -> list[dict[str, Any]]:
