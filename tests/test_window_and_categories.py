@@ -88,3 +88,31 @@ def test_timeline_pieces_add_up(name: str, report_all) -> None:
                             for i, f in enumerate(series))
     assert busy_from_buckets == pytest.approx(r["gpu"]["busy_ns"], rel=1e-3)
     assert r["gpu"]["busy_ns"] + idle == r["window"]["duration_ns"]
+
+
+@pytest.mark.parametrize("name", ["hostgap_b16", "sync_b16", "swap_b16"])
+def test_gap_neighbours_and_host_api_from_the_raw_tables(name: str, report_all, sqlite_path) -> None:
+    """Each listed gap's before/after operations and host API calls, checked against the raw export."""
+    import sqlite3
+
+    conn = sqlite3.connect(f"file:{sqlite_path(name)}?mode=ro", uri=True)
+    ops = """SELECT s.value AS label, k.start, k.end FROM CUPTI_ACTIVITY_KIND_KERNEL k
+             JOIN StringIds s ON s.id = k.demangledName
+             UNION ALL SELECT '[CUDA memcpy ' || e.label || ']', m.start, m.end FROM CUPTI_ACTIVITY_KIND_MEMCPY m
+             JOIN ENUM_CUDA_MEMCPY_OPER e ON e.id = m.copyKind
+             UNION ALL SELECT '[CUDA memset]', start, end FROM CUPTI_ACTIVITY_KIND_MEMSET"""
+    for gap in report_all(name)["gaps"][:10]:
+        g0, g1 = gap["start_ns"], gap["start_ns"] + gap["duration_ns"]
+        ended = {r[0] for r in conn.execute(f"SELECT label FROM ({ops}) WHERE end = ?", (g0,))}
+        started = {r[0] for r in conn.execute(f"SELECT label FROM ({ops}) WHERE start = ?", (g1,))}
+        assert gap["before"] in ended and gap["after"] in started
+        # Nothing ran on the GPU inside the gap.
+        assert conn.execute(f"SELECT count(*) FROM ({ops}) WHERE start < ? AND end > ?", (g1, g0)).fetchone()[0] == 0
+        calls = conn.execute(
+            """SELECT s.value, sum(min(r.end, ?) - max(r.start, ?)) AS o FROM CUPTI_ACTIVITY_KIND_RUNTIME r
+               JOIN StringIds s ON s.id = r.nameId WHERE r.start < ? AND r.end > ? GROUP BY r.nameId
+               ORDER BY o DESC LIMIT 1""", (g1, g0, g1, g0)).fetchall()
+        if calls:
+            assert gap["host_api"][0]["overlap_ns"] == calls[0][1]
+        else:
+            assert gap["host_api"] == []
