@@ -38,11 +38,3 @@ def sync_summary(trace: Trace, window: Window) -> pd.DataFrame:
             FROM sync WHERE {window.where()} GROUP BY 1 ORDER BY total_ns DESC""",
         trace.conn, params=window.params,
     )
-
-
-def total_for(api: pd.DataFrame, names: tuple[str, ...]) -> tuple[int, int]:
-    """(calls, total ns) of the API functions in `names`."""
-    if api.empty:
-        return 0, 0
-    sel = api[api["name"].isin(names)]
-    return int(sel["count"].sum()), int(sel["total"].sum())

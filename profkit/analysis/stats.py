@@ -57,11 +57,6 @@ def summarize(hist: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     return out[keys + STAT_COLUMNS + [c for c in out.columns if c not in keys + STAT_COLUMNS]]
 
 
-def extras_by_group(hist: pd.DataFrame, keys: list[str], names: list[str]) -> pd.DataFrame:
-    """Sum extra histogram columns (e.g. graph-launched count) per group."""
-    return hist.groupby(keys, sort=False, dropna=False)[names].sum().reset_index()
-
-
 def records(df: pd.DataFrame) -> list[dict[str, Any]]:
     """DataFrame rows as JSON-ready dicts (numpy scalars to Python, NaN to None)."""
     clean = df.astype(object).where(pd.notna(df), None)

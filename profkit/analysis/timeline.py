@@ -15,9 +15,8 @@ import pandas as pd
 from profkit.analysis.window import PHASE_GAP_NS, Window
 from profkit.traces.model import Trace
 
-# Gaps shorter than this are the launch-to-launch spacing of back-to-back kernels.
-LAUNCH_GAP_NS = 20_000
-# Idle time is also reported by gap size class: these are the upper bounds.
+# Idle time is reported by gap size class (upper bounds). Gaps under 20 us are the launch-to-launch
+# spacing of back-to-back kernels; 1 ms and more is host-side work between GPU steps.
 GAP_CLASSES = [(20_000, "lt_20us"), (1_000_000, "20us_1ms"), (100_000_000, "1ms_100ms"), (None, "ge_100ms")]
 
 

@@ -25,8 +25,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-RELATIONS = ("kernels", "memops", "api", "sync", "nvtx", "strings")
-
 
 @dataclass
 class Trace:
