@@ -53,14 +53,19 @@ def _build(path: str | os.PathLike, window: str, gap_threshold_ns: int, buckets:
     step("open trace")
     with open_trace(path) as trace:
         step("GPU timeline")
-        timeline.build_gap_table(trace)
-        phases = timeline.phases(trace) if window.strip() == "auto" else []
+        auto = window.strip() == "auto"
+        phases: list[dict[str, Any]] = []
+        if auto:  # the automatic window needs the gap table first; other windows are known now
+            timeline.build_gap_table(trace)
+            phases = timeline.phases(trace)
         win = choose_window(trace, window, phases)
         # The per-table summaries are independent scans: run them on their own connections while
-        # this one finishes the timeline (sqlite3 releases the GIL while a query runs).
+        # this one builds the timeline (sqlite3 releases the GIL while a query runs).
         with ThreadPoolExecutor(max_workers=2) as pool:
             gpu_side = pool.submit(_gpu_side, trace.path, win)
             host_side = pool.submit(_host_side, trace.path, win)
+            if not auto:
+                timeline.build_gap_table(trace)
             tl = timeline.gpu_timeline(trace, win, gap_threshold_ns=gap_threshold_ns, n_buckets=buckets)
             step("kernels")
             kernels, memops, kinds, nvtx, launch = gpu_side.result()
