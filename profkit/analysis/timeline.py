@@ -234,9 +234,9 @@ def _gap_list(trace: Trace, w0: int, w1: int, threshold: int, limit: int) -> lis
     return out
 
 
-# API calls that began this long before a gap are not looked at when attributing it (a bound that
-# keeps the lookup to the few thousand calls around each gap instead of a scan of the API table).
-API_LOOKBACK_NS = 100_000_000
+# API calls (and the kernel before a gap) that began this long before the gap are not looked at: a
+# bound that keeps each lookup to the events around the gap instead of a scan of a whole table.
+LOOKBACK_NS = 100_000_000
 # Rows scanned either side of the binary-searched bounds, in case the export is not strictly sorted.
 SEQ_MARGIN = 256
 
@@ -265,7 +265,7 @@ def _neighbours(trace: Trace, gaps: pd.DataFrame, kernel_bounds: tuple[int, int]
         before = mem_before.get(gid)
         after = mem_after.get(gid)
         if kernel_bounds and before is None:
-            lo = _first_seq_at(trace, g0 - API_LOOKBACK_NS, kernel_bounds, "kernels") - SEQ_MARGIN
+            lo = _first_seq_at(trace, g0 - LOOKBACK_NS, kernel_bounds, "kernels") - SEQ_MARGIN
             hi = _first_seq_at(trace, g0, kernel_bounds, "kernels") + SEQ_MARGIN
             row = trace.query("SELECT s.value FROM kernels k JOIN strings s ON s.id = k.name_id WHERE k.seq "
                               "BETWEEN ? AND ? AND k.device = ? AND k.end = ? LIMIT 1", (lo, hi, int(g.device), g0))
@@ -288,7 +288,7 @@ def _host_api_during(trace: Trace, g0: int, g1: int, bounds: tuple[int, int] | N
     """
     if bounds is None:
         return []
-    lo = _first_seq_at(trace, g0 - API_LOOKBACK_NS, bounds, "api") - SEQ_MARGIN
+    lo = _first_seq_at(trace, g0 - LOOKBACK_NS, bounds, "api") - SEQ_MARGIN
     hi = _first_seq_at(trace, g1, bounds, "api") + SEQ_MARGIN
     rows = trace.query(
         """SELECT s.value, count(*), sum(min(a.end, :g1) - max(a.start, :g0)) AS overlap
