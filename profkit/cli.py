@@ -40,8 +40,17 @@ def cli() -> None:
               help="list GPU gaps at least this long (e.g. 100us, 1ms, 500ms)")
 @click.option("--top", default=10, show_default=True, help="rows per table in text and Markdown")
 @click.option("--progress/--no-progress", default=None, help="progress on stderr (default: when a terminal)")
+@click.option("--bench", type=click.Path(dir_okay=False, path_type=Path),
+              help="vllm bench JSON (throughput --output-json, serve --save-result)")
+@click.option("--vllm-log", type=click.Path(dir_okay=False, path_type=Path), help="vLLM server/engine log")
+@click.option("--metrics", type=click.Path(dir_okay=False, path_type=Path), multiple=True,
+              help="Prometheus text from /metrics; give two (before, after) for counter deltas")
+@click.option("--vllm-args", help='the flags vLLM ran with, e.g. "--max-num-seqs 64 --enforce-eager"')
+@click.option("--rules", "rules_dirs", type=click.Path(file_okay=False, path_type=Path), multiple=True,
+              help="extra folder of rule YAML files")
 def report(trace: Path, window: str, fmt: str, output: Path | None, gap_threshold: str, top: int,
-           progress: bool | None) -> None:
+           progress: bool | None, bench: Path | None, vllm_log: Path | None, metrics: tuple[Path, ...],
+           vllm_args: str | None, rules_dirs: tuple[Path, ...]) -> None:
     """Analyse TRACE (nsys SQLite export or capture folder) and print the report."""
     from profkit.render.json import render_json
     from profkit.render.markdown import render_markdown
@@ -51,7 +60,8 @@ def report(trace: Path, window: str, fmt: str, output: Path | None, gap_threshol
     show = sys.stderr.isatty() if progress is None else progress
     with _Steps(show) as steps:
         doc = build_report(trace, window=window, gap_threshold_ns=parse_duration(gap_threshold),
-                           progress=steps.step)
+                           progress=steps.step, bench=bench, vllm_log=vllm_log, metrics=list(metrics) or None,
+                           vllm_args=vllm_args, rules_dirs=list(rules_dirs))
     renderers = {"json": render_json, "md": lambda d: render_markdown(d, top=top),
                  "text": lambda d: render_text(d, top=top)}
     text = renderers[fmt](doc)
@@ -60,6 +70,43 @@ def report(trace: Path, window: str, fmt: str, output: Path | None, gap_threshol
         click.echo(f"wrote {output}", err=True)
     else:
         click.echo(text, nl=False)
+
+
+@cli.group()
+def rules() -> None:
+    """List and explain the diagnosis rules."""
+
+
+@rules.command("list")
+@click.option("--rules", "rules_dirs", type=click.Path(file_okay=False, path_type=Path), multiple=True)
+def rules_list(rules_dirs: tuple[Path, ...]) -> None:
+    """Every rule: id, severity, title."""
+    from profkit.diagnose.engine import load_rules
+
+    for r in load_rules(list(rules_dirs)):
+        click.echo(f"{r.id:24} {r.severity:9} {r.title}")
+
+
+@rules.command("explain")
+@click.argument("rule_id")
+@click.option("--rules", "rules_dirs", type=click.Path(file_okay=False, path_type=Path), multiple=True)
+def rules_explain(rule_id: str, rules_dirs: tuple[Path, ...]) -> None:
+    """What a rule looks for, its thresholds and their sources, and the flags it changes."""
+    from profkit.diagnose.engine import explain, load_rules
+
+    found = [r for r in load_rules(list(rules_dirs)) if r.id == rule_id]
+    if not found:
+        raise ProfkitError(f"no rule {rule_id!r}; see `profkit rules list`")
+    click.echo(explain(found[0]))
+
+
+@rules.command("facts")
+def rules_facts() -> None:
+    """The facts rule conditions may read."""
+    from profkit.diagnose.facts import FACT_DOCS
+
+    for name in sorted(FACT_DOCS):
+        click.echo(f"{name:34} {FACT_DOCS[name]}")
 
 
 class _Steps:

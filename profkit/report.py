@@ -8,7 +8,9 @@ This is the library entry point behind `profkit report`; everything here is usab
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
 import sqlite3
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -26,9 +28,11 @@ from profkit.analysis.launch import launch_latency
 from profkit.analysis.nvtx import nvtx_summary
 from profkit.analysis.stats import records
 from profkit.analysis.transfers import memop_summary, memory_kinds
+from profkit.analysis.vllm import vllm_evidence
 from profkit.analysis.window import Window, choose_window
+from profkit.diagnose.engine import evaluate, load_rules
 from profkit.diagnose.facts import compute_facts
-from profkit.errors import TraceError
+from profkit.errors import ProfkitError, TraceError
 from profkit.traces import open_trace
 
 SCHEMA = "profkit.report/1"
@@ -39,13 +43,49 @@ Progress = Callable[[str], None]
 
 
 def build_report(path: str | os.PathLike, window: str = "auto", gap_threshold_ns: int = 100_000,
-                 buckets: int = 100, progress: Progress | None = None) -> dict[str, Any]:
-    """Analyse one trace and return the report document (JSON-ready dict)."""
+                 buckets: int = 100, progress: Progress | None = None, bench: Path | None = None,
+                 vllm_log: Path | None = None, metrics: list[Path] | None = None, vllm_args: str | None = None,
+                 rules_dirs: list[Path] | None = None) -> dict[str, Any]:
+    """Analyse one trace (or capture folder), join vLLM's evidence, run the rules; return the document."""
+    inputs = capture_folder_inputs(Path(path)) if Path(path).is_dir() else {}
+    evidence = vllm_evidence(bench=bench or inputs.get("bench"), log=vllm_log or inputs.get("log"),
+                             metrics=metrics or inputs.get("metrics"), args=vllm_args or inputs.get("args"))
+    rules = load_rules(rules_dirs)  # validate the rules before spending time on the trace
     try:
-        return _build(path, window, gap_threshold_ns, buckets, progress or (lambda _name: None))
+        report = _build(path, window, gap_threshold_ns, buckets, progress or (lambda _name: None))
     except sqlite3.DatabaseError as exc:
         # A truncated or corrupt export can open fine and fail deep inside a query.
         raise TraceError(f"{path}: damaged or unreadable trace database ({exc})") from None
+    report["vllm"] = evidence
+    report["facts"] = compute_facts(report)
+    report["findings"], report["rules_skipped"] = evaluate(rules, report["facts"])
+    return report
+
+
+def capture_folder_inputs(folder: Path) -> dict[str, Any]:
+    """The evidence files a capture folder holds beside its trace (see the design's capture folder)."""
+    found: dict[str, Any] = {}
+    if (folder / "bench.json").is_file():
+        found["bench"] = folder / "bench.json"
+    for name in ("server.log", "bench.log"):
+        if (folder / name).is_file():
+            found["log"] = folder / name
+            break
+    metrics = [folder / n for n in ("metrics-before.txt", "metrics-after.txt") if (folder / n).is_file()]
+    if metrics:
+        found["metrics"] = metrics
+    manifest = folder / "manifest.json"
+    if manifest.is_file():
+        try:
+            data = json.loads(manifest.read_text())
+        except json.JSONDecodeError as exc:
+            raise ProfkitError(f"{manifest}: not JSON ({exc})") from None
+        args = data.get("vllm_args")
+        if isinstance(args, list):
+            args = shlex.join(str(a) for a in args)
+        if args:
+            found["args"] = args
+    return found
 
 
 def _build(path: str | os.PathLike, window: str, gap_threshold_ns: int, buckets: int,
@@ -94,7 +134,6 @@ def _build(path: str | os.PathLike, window: str, gap_threshold_ns: int, buckets:
         "vllm": {},
         "findings": [],
     }
-    report["facts"] = compute_facts(report)
     return report
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from profkit.analysis.api import GRAPH_LAUNCH_APIS, LAUNCH_APIS, SYNC_APIS
 from profkit.analysis.categories import categories
+from profkit.analysis.vllm import VLLM_DEFAULTS, vllm_facts
 
 # What each fact means, for `profkit rules explain` and for validating rule files.
 FACT_DOCS: dict[str, str] = {
@@ -34,6 +35,7 @@ FACT_DOCS: dict[str, str] = {
     "launch.latency_median_ns": "median launch call start -> kernel start (eager kernels)",
     "launch.latency_p90_ns": "90th percentile launch call start -> kernel start",
     "gaps.launch_idle_share": "GPU idle in gaps < 20 us (launch spacing) as a share of the window",
+    "gaps.sub_ms_idle_share": "GPU idle in gaps < 1 ms (between back-to-back launches) as a share of the window",
     "gaps.mid_idle_share": "GPU idle in gaps of 20 us - 1 ms as a share of the window",
     "gaps.host_idle_share": "GPU idle in gaps >= 1 ms as a share of the window",
     "gaps.long_idle_share": "GPU idle in gaps >= 100 ms as a share of the window",
@@ -56,8 +58,42 @@ FACT_DOCS: dict[str, str] = {
     "memops.pageable_copy_share": "pageable copy time as a share of all copy time",
     "nvtx.ranges": "NVTX ranges in the window",
 }
+
+
+def category_key(category: str) -> str:
+    """`activation/elementwise` -> `activation_elementwise`: fact names are dotted identifiers."""
+    return re.sub(r"\W", "_", category)
+
+
 for _c in categories():
-    FACT_DOCS[f"category.{_c}.share"] = f"share of kernel time in {_c} kernels"
+    FACT_DOCS[f"category.{category_key(_c)}.share"] = f"share of kernel time in {_c} kernels"
+
+VLLM_FACT_DOCS = {
+    "vllm.requests_per_second": "benchmark request throughput (--bench)",
+    "vllm.output_throughput": "benchmark output tokens/s (--bench)",
+    "vllm.ttft_mean_ms": "mean time to first token (--bench, serve)",
+    "vllm.ttft_p99_ms": "p99 time to first token (--bench, serve)",
+    "vllm.tpot_mean_ms": "mean time per output token (--bench, serve)",
+    "vllm.tpot_p99_ms": "p99 time per output token (--bench, serve)",
+    "vllm.itl_mean_ms": "mean inter-token latency (--bench, serve)",
+    "vllm.itl_p99_ms": "p99 inter-token latency (--bench, serve)",
+    "vllm.preemptions": "requests preempted for lack of KV cache (metrics counter delta, else the log)",
+    "vllm.kv_cache_usage_max": "peak GPU KV cache usage, 0..1 (log or metrics)",
+    "vllm.waiting_max": "peak requests waiting (log or metrics)",
+    "vllm.running_max": "peak requests running (log or metrics)",
+    "vllm.running_mean": "mean requests running over the log's stats lines",
+    "vllm.prefix_cache_hit_rate": "prefix cache hits / queries, 0..1",
+    "vllm.prompt_token_share": "prompt tokens / all tokens processed (log throughput lines)",
+    "vllm.kv_cache_tokens": "KV cache capacity in tokens (log)",
+}
+FACT_DOCS.update(VLLM_FACT_DOCS)
+for _k in VLLM_DEFAULTS:
+    FACT_DOCS[f"config.{_k}"] = f"the run's --{_k.replace('_', '-')} (given, logged, or the vLLM default)"
+    FACT_DOCS[f"config_source.{_k}"] = f"where config.{_k} came from: given, vLLM log, vLLM 0.26 default, unknown"
+
+
+def known_fact_names() -> set[str]:
+    return set(FACT_DOCS)
 
 
 def compute_facts(report: dict[str, Any]) -> dict[str, float | int | None]:
@@ -76,6 +112,9 @@ def compute_facts(report: dict[str, Any]) -> dict[str, float | int | None]:
     facts.update(_gap_facts(report, win))
     facts.update(_memop_facts(report, win))
     facts["nvtx.ranges"] = sum(r["count"] for r in report["nvtx"])
+    facts.update(vllm_facts(report.get("vllm") or {}))
+    for key, entry in (report.get("vllm") or {}).get("config", {}).items():
+        facts[f"config_source.{key}"] = entry["source"]
     return facts
 
 
@@ -93,7 +132,7 @@ def _kernel_facts(report: dict[str, Any]) -> dict[str, Any]:
     }
     shares = {c["category"]: c["share"] for c in report["categories"]}
     for c in categories():
-        out[f"category.{c}.share"] = shares.get(c, 0.0)
+        out[f"category.{category_key(c)}.share"] = shares.get(c, 0.0)
     return out
 
 
@@ -133,6 +172,7 @@ def _gap_facts(report: dict[str, Any], win: int) -> dict[str, Any]:
     listed = report["gaps"]
     return {
         "gaps.launch_idle_share": share("lt_20us"),
+        "gaps.sub_ms_idle_share": share("lt_20us", "20us_1ms"),
         "gaps.mid_idle_share": share("20us_1ms"),
         "gaps.host_idle_share": share("1ms_100ms", "ge_100ms"),
         "gaps.long_idle_share": share("ge_100ms"),

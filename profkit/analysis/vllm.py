@@ -1,0 +1,251 @@
+"""vLLM's own evidence beside the trace: benchmark JSON, engine log, Prometheus metrics, server flags.
+
+Each parser takes text (or a path) and returns plain dicts; `vllm_evidence` joins them into the
+report's `vllm` section. Nothing here reads the trace.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from profkit.errors import ProfkitError
+
+# vLLM 0.26 defaults for the flags rules talk about, used (and labelled as defaults) when the run's
+# own flags are unknown. gpu_memory_utilization and max_num_batched_tokens are what vLLM 0.26 logs
+# for a run that did not set them (the fixture's log: "Desired GPU memory utilization is (0.92, ...)",
+# "Chunked prefill is enabled with max_num_batched_tokens=16384" for the offline LLM entry point).
+VLLM_DEFAULTS: dict[str, Any] = {
+    "tensor_parallel_size": 1,
+    "max_num_seqs": 256,
+    "max_num_batched_tokens": None,  # depends on the entry point (8192 serve / 16384 offline on H100)
+    "gpu_memory_utilization": 0.92,
+    "max_model_len": None,  # the model's own context length
+    "enforce_eager": False,
+    "enable_chunked_prefill": True,
+    "enable_prefix_caching": True,
+    "kv_cache_dtype": "auto",
+    "kv_cache_memory_bytes": None,
+    "cpu_offload_gb": 0,
+    "async_scheduling": True,
+}
+BOOL_FLAGS = {"enforce_eager", "enable_chunked_prefill", "enable_prefix_caching", "async_scheduling"}
+
+# One periodic stats line of vLLM V1's LoggingStatLogger, e.g.
+# "Engine 000: Avg prompt throughput: 5325.0 tokens/s, Avg generation throughput: 1218.6 tokens/s,
+#  Running: 7 reqs, Waiting: 148 reqs, Preemptions: 3, GPU KV cache usage: 85.8%, Prefix cache hit rate: 0.0%"
+_STAT_FIELDS = {
+    "prompt_throughput": r"Avg prompt throughput:\s*([\d.]+)",
+    "generation_throughput": r"Avg generation throughput:\s*([\d.]+)",
+    "running": r"Running:\s*(\d+)",
+    "waiting": r"Waiting:\s*(\d+)",
+    "preemptions": r"Preemptions:\s*(\d+)",
+    "kv_cache_usage": r"GPU KV cache usage:\s*([\d.]+)%",
+    "prefix_cache_hit_rate": r"Prefix cache hit rate:\s*([\d.]+)%",
+}
+_KV_TOKENS = re.compile(r"GPU KV cache size:\s*([\d,]+) tokens")
+_MAX_CONCURRENCY = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request:\s*([\d.]+)x")
+_BATCHED_TOKENS = re.compile(r"max_num_batched_tokens=(\d+)")
+_GPU_MEM_UTIL = re.compile(r"Desired GPU memory utilization is \(([\d.]+)")
+# "non-default args: {'tokenizer': '/tmp/tiny', 'max_model_len': 2048, ...}": the flags the run set.
+_NON_DEFAULT = re.compile(r"non-default args: (\{.*\})")
+_LITERAL_ARG = re.compile(r"'(\w+)': ('[^']*'|-?[\d.]+(?:e-?\d+)?|True|False|None)(?=[,}])")
+
+
+def parse_log(text: str) -> dict[str, Any]:
+    """Periodic stats lines (max/mean over the run) and start-up facts from a vLLM log."""
+    stats: dict[str, list[float]] = {k: [] for k in _STAT_FIELDS}
+    lines = 0
+    for line in text.splitlines():
+        if "Avg prompt throughput" not in line:
+            continue
+        lines += 1
+        for key, pattern in _STAT_FIELDS.items():
+            m = re.search(pattern, line)
+            if m:
+                stats[key].append(float(m.group(1)))
+    out: dict[str, Any] = {"stats_lines": lines}
+    for key, values in stats.items():
+        if values:
+            out[f"{key}_max"] = max(values)
+            out[f"{key}_mean"] = sum(values) / len(values)
+    if stats["preemptions"]:
+        # V1 logs the preemptions of each logging interval; their sum is the run's total.
+        out["preemptions_total"] = int(sum(stats["preemptions"]))
+    elif lines:
+        out["preemptions_total"] = 0  # the field is only printed when there were preemptions
+    if m := _KV_TOKENS.search(text):
+        out["kv_cache_tokens"] = int(m.group(1).replace(",", ""))
+    if m := _MAX_CONCURRENCY.search(text):
+        out["max_concurrency"] = float(m.group(2))
+    if m := _BATCHED_TOKENS.search(text):
+        out["logged_max_num_batched_tokens"] = int(m.group(1))
+    if m := _GPU_MEM_UTIL.search(text):
+        out["logged_gpu_memory_utilization"] = float(m.group(1))
+    if m := _NON_DEFAULT.search(text):
+        # Only literal values (objects such as ProfilerConfig(...) are skipped); never evaluated.
+        out["non_default_args"] = {k: _coerce(v.strip("'")) if v != "None" else None
+                                   for k, v in _LITERAL_ARG.findall(m.group(1))}
+    return out
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text from vLLM's /metrics, summed over label sets: {'vllm:num_preemptions_total': 31.0, ...}.
+
+    Histograms keep their `_sum` and `_count` samples (means come from them)."""
+    out: dict[str, float] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name.endswith("_bucket") or sample.name.endswith("_created"):
+                    continue
+                out[sample.name] = out.get(sample.name, 0.0) + float(sample.value)
+    except ValueError as exc:
+        raise ProfkitError(f"not Prometheus text format: {exc}") from None
+    return out
+
+
+def parse_bench(data: dict[str, Any]) -> dict[str, Any]:
+    """`vllm bench throughput --output-json` or `vllm bench serve --save-result` JSON, normalised."""
+    keys = {
+        "requests_per_second": ("requests_per_second", "request_throughput"),
+        "output_throughput": ("output_throughput",),
+        "tokens_per_second": ("tokens_per_second", "total_token_throughput"),
+        "elapsed_s": ("elapsed_time", "duration"),
+        "num_requests": ("num_requests", "num_prompts", "completed"),
+        "ttft_mean_ms": ("mean_ttft_ms",), "ttft_median_ms": ("median_ttft_ms",), "ttft_p99_ms": ("p99_ttft_ms",),
+        "tpot_mean_ms": ("mean_tpot_ms",), "tpot_p99_ms": ("p99_tpot_ms",),
+        "itl_mean_ms": ("mean_itl_ms",), "itl_p99_ms": ("p99_itl_ms",),
+        "max_concurrency": ("max_concurrency",), "request_rate": ("request_rate",),
+    }
+    out = {}
+    for name, candidates in keys.items():
+        for c in candidates:
+            if isinstance(data.get(c), (int, float)) and not isinstance(data.get(c), bool):
+                out[name] = float(data[c])
+                break
+    return out
+
+
+def parse_args(text: str) -> dict[str, Any]:
+    """The flags of `vllm serve` / `vllm bench` as given (`--max-num-seqs 64 --enforce-eager ...`)."""
+    try:
+        words = shlex.split(text)
+    except ValueError as exc:
+        raise ProfkitError(f"--vllm-args: {exc}") from None
+    flags: dict[str, Any] = {}
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if not word.startswith("--"):
+            i += 1
+            continue
+        name, _, value = word[2:].partition("=")
+        key = name.replace("-", "_")
+        negated = key.startswith("no_") and key[3:] in BOOL_FLAGS
+        if value:
+            flags[key] = _coerce(value)
+        elif negated:
+            flags[key[3:]] = False
+        elif i + 1 < len(words) and not words[i + 1].startswith("--"):
+            flags[key] = _coerce(words[i + 1])
+            i += 1
+        else:
+            flags[key] = True
+        i += 1
+    return flags
+
+
+def _coerce(value: str) -> Any:
+    low = value.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    for cast in (int, float):
+        try:
+            return cast(value)
+        except ValueError:
+            pass
+    return value
+
+
+def config_facts(flags: dict[str, Any], log: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Every flag rules may name: its value and where it came from (given / logged / vLLM default)."""
+    out = {}
+    logged = {k: v for k, v in (log.get("non_default_args") or {}).items() if v is not None}
+    logged.setdefault("max_num_batched_tokens", log.get("logged_max_num_batched_tokens"))
+    logged.setdefault("gpu_memory_utilization", log.get("logged_gpu_memory_utilization"))
+    for key, default in VLLM_DEFAULTS.items():
+        if key in flags:
+            out[key] = {"value": flags[key], "source": "given"}
+        elif logged.get(key) is not None:
+            out[key] = {"value": logged[key], "source": "vLLM log"}
+        else:
+            out[key] = {"value": default, "source": "vLLM 0.26 default" if default is not None else "unknown"}
+    return out
+
+
+def vllm_evidence(bench: Path | None = None, log: Path | None = None, metrics: list[Path] | None = None,
+                  args: str | None = None) -> dict[str, Any]:
+    """The report's `vllm` section from whichever inputs exist."""
+    section: dict[str, Any] = {}
+    if bench:
+        try:
+            section["bench"] = parse_bench(json.loads(_read(bench)))
+        except json.JSONDecodeError as exc:
+            raise ProfkitError(f"{bench}: not a benchmark JSON ({exc})") from None
+    log_info = parse_log(_read(log)) if log else {}
+    if log:
+        section["log"] = log_info
+    if metrics:
+        snaps = [parse_metrics(_read(p)) for p in metrics]
+        section["metrics"] = snaps[-1]
+        if len(snaps) > 1:  # before/after scrapes: counters over the benchmark are the difference
+            section["metrics_delta"] = {k: v - snaps[0].get(k, 0.0) for k, v in snaps[-1].items()}
+    flags = parse_args(args) if args else {}
+    section["flags"] = flags
+    section["config"] = config_facts(flags, log_info)
+    return section
+
+
+def _read(path: Path) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise ProfkitError(f"{path}: {exc.strerror}") from None
+
+
+def vllm_facts(section: dict[str, Any]) -> dict[str, Any]:
+    """Flatten the `vllm` section into `vllm.*` and `config.*` facts."""
+    facts: dict[str, Any] = {}
+    bench = section.get("bench", {})
+    for key in ("requests_per_second", "output_throughput", "ttft_mean_ms", "ttft_p99_ms", "tpot_mean_ms",
+                "tpot_p99_ms", "itl_mean_ms", "itl_p99_ms"):
+        facts[f"vllm.{key}"] = bench.get(key)
+    log = section.get("log", {})
+    metrics = section.get("metrics_delta") or section.get("metrics") or {}
+    gauges = section.get("metrics") or {}
+    preempt = metrics.get("vllm:num_preemptions_total")
+    facts["vllm.preemptions"] = int(preempt) if preempt is not None else log.get("preemptions_total")
+    usage = gauges.get("vllm:kv_cache_usage_perc", gauges.get("vllm:gpu_cache_usage_perc"))
+    log_usage = log.get("kv_cache_usage_max")
+    facts["vllm.kv_cache_usage_max"] = (log_usage / 100 if log_usage is not None else usage)
+    facts["vllm.waiting_max"] = log.get("waiting_max", gauges.get("vllm:num_requests_waiting"))
+    facts["vllm.running_max"] = log.get("running_max", gauges.get("vllm:num_requests_running"))
+    facts["vllm.running_mean"] = log.get("running_mean")
+    hits, queries = metrics.get("vllm:prefix_cache_hits_total"), metrics.get("vllm:prefix_cache_queries_total")
+    if hits is not None and queries:
+        facts["vllm.prefix_cache_hit_rate"] = hits / queries
+    else:
+        rate = log.get("prefix_cache_hit_rate_mean")
+        facts["vllm.prefix_cache_hit_rate"] = rate / 100 if rate is not None else None
+    prompt, gen = log.get("prompt_throughput_mean"), log.get("generation_throughput_mean")
+    facts["vllm.prompt_token_share"] = prompt / (prompt + gen) if prompt is not None and gen and prompt + gen else None
+    facts["vllm.kv_cache_tokens"] = log.get("kv_cache_tokens")
+    for key, entry in section.get("config", {}).items():
+        facts[f"config.{key}"] = entry["value"]
+    return facts

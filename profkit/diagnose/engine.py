@@ -1,0 +1,286 @@
+"""Rules as data: load and validate `rules/*.yaml`, evaluate them over the report's facts.
+
+A rule file holds an id, a title, a severity, a condition (`when`) over facts, the evidence facts to
+show with their thresholds and sources, a summary template, and flag changes, each with its own
+condition. Conditions are expressions in `simpleeval` (a small, safe evaluator: no Python `eval`,
+no attribute access beyond the fact tree). Facts are dotted names (`gpu.utilization`,
+`config.max_num_seqs`); a rule whose condition needs a fact the trace cannot tell (None) is not
+evaluated, and the report says which facts were missing.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jinja2.sandbox
+import simpleeval
+import yaml
+
+from profkit.errors import ProfkitError
+from profkit.render import units
+from profkit.resources import shipped_dir
+
+SEVERITIES = ("critical", "warning", "info")
+SEVERITY_ORDER = {s: i for i, s in enumerate(SEVERITIES)}
+ALLOWED_KEYS = {"id", "title", "severity", "when", "summary", "evidence", "changes", "description"}
+CHANGE_KEYS = {"flag", "when", "to", "why", "env"}
+EVIDENCE_KEYS = {"fact", "threshold", "source"}
+
+
+class RuleError(ProfkitError):
+    """A rule file that does not load: the message names the file and line."""
+
+
+@dataclass
+class Change:
+    flag: str
+    to: Any
+    why: str
+    when: str | None = None
+    line: int = 0
+
+
+@dataclass
+class Rule:
+    id: str
+    title: str
+    severity: str
+    when: str
+    summary: str
+    path: Path
+    description: str = ""
+    evidence: list[dict[str, Any]] = field(default_factory=list)
+    changes: list[Change] = field(default_factory=list)
+
+    def facts_used(self) -> set[str]:
+        names = fact_names(self.when)
+        for c in self.changes:
+            if c.when:
+                names |= fact_names(c.when)
+        return names | {e["fact"] for e in self.evidence}
+
+
+class _LineLoader(yaml.SafeLoader):
+    """SafeLoader that remembers the line of every mapping, so errors can point at it."""
+
+
+def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> dict[str, Any]:
+    mapping = loader.construct_mapping(node, deep=True)
+    mapping["__line__"] = node.start_mark.line + 1
+    return mapping
+
+
+_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def fact_names(expression: str) -> set[str]:
+    """Dotted names an expression reads (`gpu.utilization < 0.5` -> {'gpu.utilization'})."""
+    tree = ast.parse(expression, mode="eval")
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            parts, cur = [], node
+            while isinstance(cur, ast.Attribute):
+                parts.append(cur.attr)
+                cur = cur.value
+            if isinstance(cur, ast.Name):
+                parts.append(cur.id)
+                names.add(".".join(reversed(parts)))
+    # Strip names that are prefixes of longer ones (the walk visits inner Attribute nodes too).
+    return {n for n in names if not any(o != n and o.startswith(n + ".") for o in names)}
+
+
+def _check_expression(expr: Any, where: str, known: set[str]) -> str:
+    if not isinstance(expr, str) or not expr.strip():
+        raise RuleError(f"{where}: expected an expression string")
+    try:
+        tree = ast.parse(expr, mode="eval")
+    except SyntaxError as exc:
+        raise RuleError(f"{where}: bad expression {expr!r}: {exc.msg}") from None
+    bases = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and id(node) not in bases and node.id not in ("True", "False", "None"):
+            raise RuleError(f"{where}: unknown name {node.id!r} in {expr!r} (facts are dotted: gpu.utilization)")
+        if isinstance(node, ast.Call):
+            raise RuleError(f"{where}: function calls are not allowed in {expr!r}")
+    for name in fact_names(expr):
+        if name not in known:
+            raise RuleError(f"{where}: unknown fact {name!r} (see `profkit rules facts`)")
+    return expr
+
+
+def load_rule_file(path: Path, known_facts: set[str]) -> Rule:
+    try:
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_LineLoader)  # noqa: S506 - SafeLoader subclass
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark else ""
+        raise RuleError(f"{path}{line}: bad YAML: {getattr(exc, 'problem', exc)}") from None
+    except OSError as exc:
+        raise RuleError(f"{path}: {exc.strerror}") from None
+    if not isinstance(data, dict):
+        raise RuleError(f"{path}:1: a rule file is a mapping (id, title, severity, when, ...)")
+    top = data.get("__line__", 1)
+    unknown = set(data) - ALLOWED_KEYS - {"__line__"}
+    if unknown:
+        raise RuleError(f"{path}:{top}: unknown key(s) {sorted(unknown)}; allowed: {sorted(ALLOWED_KEYS)}")
+    for key in ("id", "title", "severity", "when", "summary"):
+        if not data.get(key):
+            raise RuleError(f"{path}:{top}: missing {key!r}")
+    if data["severity"] not in SEVERITIES:
+        raise RuleError(f"{path}:{top}: severity must be one of {SEVERITIES}, not {data['severity']!r}")
+    where = f"{path}:{top}: when"
+    when = _check_expression(data["when"], where, known_facts)
+    _check_template(data["summary"], f"{path}:{top}: summary")
+    evidence = []
+    for item in data.get("evidence") or []:
+        line = item.get("__line__", top) if isinstance(item, dict) else top
+        if not isinstance(item, dict) or "fact" not in item or set(item) - EVIDENCE_KEYS - {"__line__"}:
+            raise RuleError(f"{path}:{line}: evidence items are {{fact, threshold, source}}")
+        if item["fact"] not in known_facts:
+            raise RuleError(f"{path}:{line}: evidence: unknown fact {item['fact']!r}")
+        evidence.append({k: v for k, v in item.items() if k != "__line__"})
+    changes = []
+    for item in data.get("changes") or []:
+        line = item.get("__line__", top) if isinstance(item, dict) else top
+        keys = set(item) - {"__line__"} if isinstance(item, dict) else set()
+        if not {"flag", "to", "why"} <= keys or keys - CHANGE_KEYS:
+            raise RuleError(f"{path}:{line}: changes items are {{flag, to, why, when?}}")
+        cond = _check_expression(item["when"], f"{path}:{line}: changes.when", known_facts) if "when" in item else None
+        _check_template(str(item["why"]), f"{path}:{line}: why")
+        changes.append(Change(flag=item["flag"], to=item["to"], why=str(item["why"]), when=cond, line=line))
+    return Rule(id=str(data["id"]), title=str(data["title"]), severity=data["severity"], when=when,
+                summary=str(data["summary"]), path=path, description=str(data.get("description", "")).strip(),
+                evidence=evidence, changes=changes)
+
+
+def _template_env() -> jinja2.sandbox.SandboxedEnvironment:
+    env = jinja2.sandbox.SandboxedEnvironment(undefined=jinja2.StrictUndefined, autoescape=False)
+    env.filters.update(ns=units.ns, pct=units.pct, size=units.size, num=_num)
+    return env
+
+
+def _num(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}g}"
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def _check_template(text: str, where: str) -> None:
+    try:
+        _template_env().parse(text)
+    except jinja2.TemplateSyntaxError as exc:
+        raise RuleError(f"{where}: bad template: {exc.message}") from None
+
+
+def load_rules(extra_dirs: list[Path] | None = None, known_facts: set[str] | None = None) -> list[Rule]:
+    """The shipped rules plus every `*.yaml` in `extra_dirs`; ids must be unique."""
+    from profkit.diagnose.facts import known_fact_names
+
+    known = known_facts or known_fact_names()
+    dirs = [shipped_dir("rules")] + [Path(d) for d in (extra_dirs or [])]
+    rules: dict[str, Rule] = {}
+    for d in dirs:
+        if not d.is_dir():
+            raise RuleError(f"{d}: no such rules folder")
+        for path in sorted(d.glob("*.yaml")):
+            rule = load_rule_file(path, known)
+            if rule.id in rules:
+                raise RuleError(f"{path}: rule id {rule.id!r} already defined in {rules[rule.id].path}")
+            rules[rule.id] = rule
+    return list(rules.values())
+
+
+def _fact_tree(facts: dict[str, Any]) -> dict[str, Any]:
+    tree: dict[str, Any] = {}
+    for name, value in facts.items():
+        node = tree
+        parts = name.split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = value
+    return tree
+
+
+def _evaluate(expr: str, tree: dict[str, Any]) -> Any:
+    evaluator = simpleeval.SimpleEval(names=dict(tree), functions={})
+    return evaluator.eval(expr)
+
+
+def _holds(expr: str, tree: dict[str, Any]) -> bool:
+    """A change's condition: unknown values (None) may be tested with `is None`; comparing one with
+    a number means the condition cannot be decided, so the change is not proposed."""
+    try:
+        return bool(_evaluate(expr, tree))
+    except TypeError:
+        return False
+
+
+def evaluate(rules: list[Rule], facts: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(findings, skipped): a finding per rule whose condition holds; skipped lists rules that
+    needed facts this trace cannot tell."""
+    tree = _fact_tree(facts)
+    env = _template_env()
+    findings, skipped = [], []
+    for rule in rules:
+        missing = sorted(n for n in fact_names(rule.when) if facts.get(n) is None)
+        if missing:
+            skipped.append({"rule": rule.id, "missing": missing})
+            continue
+        if not _evaluate(rule.when, tree):
+            continue
+        changes = []
+        for c in rule.changes:
+            if c.when and not _holds(c.when, tree):
+                continue
+            changes.append(_change(c, facts, env))
+        findings.append({
+            "rule": rule.id,
+            "severity": rule.severity,
+            "title": rule.title,
+            "summary": env.from_string(rule.summary).render(f=facts),
+            "evidence": [{"fact": e["fact"], "value": facts.get(e["fact"]), "threshold": e.get("threshold"),
+                          "source": e.get("source")} for e in rule.evidence],
+            "changes": changes,
+        })
+    findings.sort(key=lambda f: SEVERITY_ORDER[f["severity"]])
+    return findings, skipped
+
+
+def _change(c: Change, facts: dict[str, Any], env: jinja2.sandbox.SandboxedEnvironment) -> dict[str, Any]:
+    key = c.flag.lstrip("-").replace("-", "_")
+    current = facts.get(f"config.{key}")
+    source = facts.get(f"config_source.{key}")
+    # `from` is the run's real value when known, else vLLM's default, said as such.
+    shown = "not set" if current is None else current if source == "given" else f"{current} ({source})"
+    to = env.from_string(c.to).render(f=facts) if isinstance(c.to, str) else c.to
+    return {"flag": c.flag, "from": shown, "to": to, "why": env.from_string(c.why).render(f=facts)}
+
+
+def explain(rule: Rule) -> str:
+    """The text of `profkit rules explain ID`."""
+    from profkit.diagnose.facts import FACT_DOCS
+
+    lines = [f"{rule.id} ({rule.severity}): {rule.title}", f"  file: {rule.path}", ""]
+    if rule.description:
+        lines += ["  " + line for line in rule.description.splitlines()] + [""]
+    lines.append(f"  fires when: {rule.when}")
+    for name in sorted(fact_names(rule.when)):
+        lines.append(f"    {name}: {FACT_DOCS.get(name, '')}")
+    if rule.evidence:
+        lines += ["", "  evidence shown:"]
+        for e in rule.evidence:
+            extra = " ".join(x for x in (e.get("threshold") and f"threshold {e['threshold']}",
+                                         e.get("source") and f"[{e['source']}]") if x)
+            lines.append(f"    {e['fact']} {extra}".rstrip())
+    if rule.changes:
+        lines += ["", "  flag changes:"]
+        for c in rule.changes:
+            cond = f" (when {c.when})" if c.when else ""
+            lines.append(f"    {c.flag} -> {c.to}{cond}: {' '.join(c.why.split())}")
+    return "\n".join(lines)

@@ -1,0 +1,232 @@
+"""Rules fire on the real traces that have their bottleneck and stay quiet on those that do not."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from profkit.analysis.vllm import parse_args, parse_log, parse_metrics
+from profkit.diagnose.engine import RuleError, evaluate, load_rule_file, load_rules
+from profkit.diagnose.facts import known_fact_names
+from profkit.report import build_report
+from tests.conftest import FIXTURES
+from tests.test_cli_and_bad_input import assert_one_line_error, profkit
+
+VLLM = FIXTURES / "h100_vllm"
+# vLLM V1's periodic stats line, in the exact format the engine logs it (quoted in the rules issue).
+STATS = ("(APIServer pid=1) INFO 11-22 19:01:05 [loggers.py:255] Engine 000: Avg prompt throughput: 5325.0 "
+         "tokens/s, Avg generation throughput: 1218.6 tokens/s, Running: 7 reqs, Waiting: 148 reqs, {pre}"
+         "GPU KV cache usage: {kv}%, Prefix cache hit rate: 0.0%")
+
+
+@pytest.fixture(scope="module")
+def auto(sqlite_path):
+    cache: dict[str, dict] = {}
+
+    def get(name: str, **kw) -> dict:
+        key = name + json.dumps({k: str(v) for k, v in kw.items()}, sort_keys=True)
+        if key not in cache:
+            cache[key] = build_report(sqlite_path(name), **kw)
+        return cache[key]
+
+    return get
+
+
+def fired(report: dict) -> set[str]:
+    return {f["rule"] for f in report["findings"]}
+
+
+@pytest.mark.parametrize(("rule", "fires_on", "quiet_on"), [
+    ("launch-overhead", ["eager_b1", "sync_b16"], ["graphs_b1", "graphs_b64"]),
+    ("pageable-transfer", ["swap_b16"], ["graphs_b64", "sync_b16"]),
+    ("host-gaps", ["hostgap_b16"], ["graphs_b64", "eager_b1"]),
+    ("low-gpu-utilization", ["eager_b1", "hostgap_b16"], ["graphs_b64", "swap_b16"]),
+    ("sync-stall", ["sync_b16"], ["graphs_b64", "graphs_b1", "eager_b1"]),
+])
+def test_rule_fires_and_stays_quiet_on_real_traces(rule: str, fires_on: list[str], quiet_on: list[str],
+                                                   auto) -> None:
+    for name in fires_on:
+        assert rule in fired(auto(name)), name
+    for name in quiet_on:
+        assert rule not in fired(auto(name)), name
+
+
+def test_findings_carry_checkable_numbers(auto) -> None:
+    swap = next(f for f in auto("swap_b16")["findings"] if f["rule"] == "pageable-transfer")
+    # nsys analyze cuda_memcpy_async lists the same 128 pageable copies (64 steps x HtoD + DtoH).
+    assert "128 copies" in swap["summary"]
+    ev = {e["fact"]: e for e in swap["evidence"]}
+    assert ev["memops.pageable_share"]["value"] > 0.8 and ev["memops.pageable_share"]["threshold"] == "> 0.01"
+    launch = next(f for f in auto("eager_b1")["findings"] if f["rule"] == "launch-overhead")
+    assert launch["severity"] == "critical" and "9,638 kernels" in launch["summary"]
+    assert auto("eager_b1")["findings"][0]["severity"] == "critical"  # most severe first
+
+
+def test_changes_name_the_flag_current_value_and_its_source(auto) -> None:
+    eager = auto("eager_b1", vllm_args="--enforce-eager --max-num-seqs 64")
+    change = next(c for f in eager["findings"] if f["rule"] == "launch-overhead" for c in f["changes"])
+    assert change == {"flag": "--enforce-eager", "from": True, "to": "false", "why": change["why"]}
+    # Without flags, `from` is vLLM's default and says so.
+    default = next(c for f in auto("eager_b1")["findings"] if f["rule"] == "launch-overhead" for c in f["changes"])
+    assert default["flag"] == "--compilation-config" and default["from"] == "not set"
+
+
+def test_kv_preemption_from_the_log_stats_line(auto, tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    log.write_text("\n".join([STATS.format(pre="", kv="41.0"), STATS.format(pre="Preemptions: 12, ", kv="99.2"),
+                              STATS.format(pre="Preemptions: 19, ", kv="100.0")]))
+    info = parse_log(log.read_text())
+    assert info["preemptions_total"] == 31 and info["kv_cache_usage_max"] == 100.0 and info["waiting_max"] == 148
+    r = auto("thr_graphs", vllm_log=log, vllm_args="--kv-cache-memory-bytes 300000000 --max-num-seqs 256")
+    f = next(f for f in r["findings"] if f["rule"] == "kv-preemption")
+    assert "31 preemptions" in f["summary"]
+    flags = {c["flag"]: c for c in f["changes"]}
+    assert flags["--kv-cache-memory-bytes"]["from"] == 300000000
+    assert flags["--kv-cache-memory-bytes"]["to"] == "600000000"
+    assert flags["--max-num-seqs"]["to"] == "128"
+    assert "--gpu-memory-utilization" not in flags  # the cache was sized in bytes, not by utilization
+    assert "kv-cache-pressure" not in fired(r)  # preemption already covers it
+
+
+def test_kv_preemption_quiet_without_preemptions(auto, tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    log.write_text(STATS.format(pre="", kv="41.0"))
+    r = auto("thr_graphs", vllm_log=log)
+    assert "kv-preemption" not in fired(r) and "kv-cache-pressure" not in fired(r)
+    # The real vLLM log of the throughput run has no stats lines: the rule cannot tell, and says so.
+    bare = auto("thr_graphs", vllm_log=VLLM / "thr_graphs.log")
+    assert {"rule": "kv-preemption", "missing": ["vllm.preemptions"]} in bare["rules_skipped"]
+
+
+def test_kv_cache_pressure_fires_at_95_percent(auto, tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    log.write_text(STATS.format(pre="", kv="96.5"))
+    assert "kv-cache-pressure" in fired(auto("thr_graphs", vllm_log=log))
+
+
+def test_metrics_counter_delta_drives_preemptions(auto, tmp_path: Path) -> None:
+    before, after = tmp_path / "metrics-before.txt", tmp_path / "metrics-after.txt"
+    head = ("# HELP vllm:num_preemptions_total Cumulative number of preemption from the engine.\n"
+            "# TYPE vllm:num_preemptions_total counter\n")
+    gauge = ("# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n"
+             "# TYPE vllm:kv_cache_usage_perc gauge\n")
+    label = '{engine="0",model_name="/tmp/tiny"}'
+    before.write_text(f"{head}vllm:num_preemptions_total{label} 4.0\n{gauge}vllm:kv_cache_usage_perc{label} 0.0\n")
+    after.write_text(f"{head}vllm:num_preemptions_total{label} 35.0\n{gauge}vllm:kv_cache_usage_perc{label} 0.97\n")
+    assert parse_metrics(after.read_text())["vllm:num_preemptions_total"] == 35.0
+    r = auto("thr_graphs", metrics=[before, after])
+    assert r["facts"]["vllm.preemptions"] == 31
+    assert "kv-preemption" in fired(r)
+
+
+def test_bench_json_and_flags_become_facts(auto) -> None:
+    r = auto("thr_graphs", bench=VLLM / "thr_graphs.json", vllm_log=VLLM / "thr_graphs.log")
+    assert r["facts"]["vllm.requests_per_second"] == pytest.approx(144.97748213994387)
+    # From the log's "non-default args" and start-up lines, not from defaults.
+    assert r["facts"]["config.max_model_len"] == 2048 and r["facts"]["config_source.max_model_len"] == "vLLM log"
+    assert r["facts"]["config.max_num_batched_tokens"] == 16384
+    assert r["facts"]["vllm.kv_cache_tokens"] == 2278784
+
+
+def test_parse_args() -> None:
+    flags = parse_args("--max-num-seqs 64 --enforce-eager --gpu-memory-utilization=0.85 --no-enable-prefix-caching "
+                       "--kv-cache-dtype fp8")
+    assert flags == {"max_num_seqs": 64, "enforce_eager": True, "gpu_memory_utilization": 0.85,
+                     "enable_prefix_caching": False, "kv_cache_dtype": "fp8"}
+
+
+@pytest.mark.parametrize(("rule", "args", "log_line"), [
+    ("prefix-caching", "--no-enable-prefix-caching", None),
+    ("prefill-dominated", None, STATS.format(pre="", kv="40.0").replace("1218.6", "900.0")),
+    ("underfilled-batches", None, STATS.format(pre="", kv="10.0").replace("Waiting: 148", "Waiting: 0")),
+])
+def test_vllm_rules_fire_and_stay_quiet(rule: str, args: str | None, log_line: str | None, auto,
+                                        tmp_path: Path) -> None:
+    log = None
+    if log_line:
+        log = tmp_path / "server.log"
+        log.write_text(log_line)
+    assert rule in fired(auto("hostgap_b16", vllm_args=args, vllm_log=log))
+    assert rule not in fired(auto("hostgap_b16"))
+
+
+def test_graph_coverage_and_communication_rules(auto) -> None:
+    # The whole vLLM process (start-up included) replays only part of its kernels from graphs.
+    whole = auto("thr_graphs", window="all")
+    assert 0 < whole["facts"]["kernels.graph_share"] < 0.8 and "cuda-graph-coverage" in fired(whole)
+    assert "cuda-graph-coverage" not in fired(auto("thr_graphs"))  # the benchmark phase: 84 % from graphs
+    # No fixture has tensor parallelism: evaluate the rule on real facts with the one fact changed.
+    rule = [r for r in load_rules() if r.id == "tp-communication"]
+    facts = dict(auto("thr_graphs")["facts"])
+    assert evaluate(rule, facts)[0] == []
+    facts.update({"category.communication.share": 0.3, "config.tensor_parallel_size": 4})
+    found = evaluate(rule, facts)[0]
+    assert found and found[0]["changes"][0]["to"] == "2"
+
+
+def write_rule(folder: Path, name: str, text: str) -> Path:
+    folder.mkdir(exist_ok=True)
+    p = folder / name
+    p.write_text(text)
+    return p
+
+
+GOOD = """id: my-rule
+title: My rule
+severity: info
+when: gpu.utilization < 2
+summary: "util {{ f['gpu.utilization'] | pct }}"
+"""
+
+
+def test_user_rules_folder(tmp_path: Path, sqlite_path) -> None:
+    write_rule(tmp_path / "r", "mine.yaml", GOOD)
+    result = profkit("report", str(sqlite_path("graphs_b64")), "--rules", str(tmp_path / "r"), "--format", "json")
+    assert result.returncode == 0, result.stderr
+    found = {f["rule"]: f for f in json.loads(result.stdout)["findings"]}
+    assert found["my-rule"]["summary"].startswith("util 9")
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    ("id: x\ntitle: [unclosed\n", "bad YAML"),
+    (GOOD.replace("gpu.utilization < 2", "gpu.utilisation < 2"), "unknown fact 'gpu.utilisation'"),
+    (GOOD.replace("gpu.utilization < 2", "gpu.utilization <"), "bad expression"),
+    (GOOD.replace("gpu.utilization < 2", "__import__('os').system('true')"), "not allowed"),
+    (GOOD.replace("gpu.utilization < 2", "utilization < 2"), "unknown name 'utilization'"),
+    (GOOD.replace("severity: info", "severity: dire"), "severity must be one of"),
+    (GOOD + "changes:\n  - flag: --x\n    to: 1\n", "changes items are"),
+])
+def test_bad_rule_files_are_one_clear_error(tmp_path: Path, text: str, needle: str) -> None:
+    path = write_rule(tmp_path, "bad.yaml", text)
+    with pytest.raises(RuleError) as err:
+        load_rule_file(path, known_fact_names())
+    assert needle in str(err.value) and str(path) in str(err.value)
+    result = profkit("rules", "list", "--rules", str(tmp_path))
+    assert_one_line_error(result, needle)
+
+
+def test_bad_rule_line_number(tmp_path: Path) -> None:
+    text = GOOD + "changes:\n  - flag: --max-num-seqs\n    to: 1\n    why: w\n    when: config.nope > 1\n"
+    with pytest.raises(RuleError, match=r"bad\.yaml:7: changes\.when: unknown fact 'config\.nope'"):
+        load_rule_file(write_rule(tmp_path, "bad.yaml", text), known_fact_names())
+
+
+def test_duplicate_rule_id(tmp_path: Path) -> None:
+    write_rule(tmp_path, "dup.yaml", GOOD.replace("my-rule", "launch-overhead"))
+    with pytest.raises(RuleError, match="already defined"):
+        load_rules([tmp_path])
+
+
+def test_rules_list_and_explain_document_every_rule() -> None:
+    listed = profkit("rules", "list")
+    ids = [line.split()[0] for line in listed.stdout.splitlines()]
+    assert {"low-gpu-utilization", "launch-overhead", "host-gaps", "pageable-transfer", "sync-stall",
+            "kv-preemption"} <= set(ids) and len(ids) >= 12
+    for rule_id in ids:
+        text = profkit("rules", "explain", rule_id).stdout
+        assert text.startswith(rule_id) and "fires when:" in text
+    sources = profkit("rules", "explain", "launch-overhead").stdout
+    assert "vLLM performance tuning guidance (launch overhead under 5 %)" in sources
+    assert_one_line_error(profkit("rules", "explain", "nope"), "no rule 'nope'")
