@@ -23,6 +23,7 @@ from profkit import __version__
 from profkit.analysis import api as api_analysis
 from profkit.analysis import timeline
 from profkit.analysis.categories import category_breakdown
+from profkit.analysis.cpu import cpu_op_summary
 from profkit.analysis.kernels import kernel_summary
 from profkit.analysis.launch import launch_latency
 from profkit.analysis.nvtx import nvtx_summary
@@ -33,7 +34,7 @@ from profkit.analysis.window import Window, choose_window
 from profkit.diagnose.engine import evaluate, load_rules
 from profkit.diagnose.facts import compute_facts
 from profkit.errors import ProfkitError, TraceError
-from profkit.traces import open_trace
+from profkit.traces import Trace, open_trace
 
 SCHEMA = "profkit.report/1"
 STAT_RENAMES = {"total": "total_ns", "avg": "avg_ns", "median": "median_ns", "min": "min_ns",
@@ -102,15 +103,15 @@ def _build(path: str | os.PathLike, window: str, gap_threshold_ns: int, buckets:
         # The per-table summaries are independent scans: run them on their own connections while
         # this one builds the timeline (sqlite3 releases the GIL while a query runs).
         with ThreadPoolExecutor(max_workers=2) as pool:
-            gpu_side = pool.submit(_gpu_side, trace.path, win)
-            host_side = pool.submit(_host_side, trace.path, win)
+            gpu_side = pool.submit(_gpu_side, trace, win)
+            host_side = pool.submit(_host_side, trace, win)
             if not auto:
                 timeline.build_gap_table(trace)
             tl = timeline.gpu_timeline(trace, win, gap_threshold_ns=gap_threshold_ns, n_buckets=buckets)
             step("kernels")
             kernels, memops, kinds, nvtx, launch = gpu_side.result()
             step("CUDA API")
-            api, sync = host_side.result()
+            api, sync, cpu_ops = host_side.result()
         source = {"path": str(Path(path)), "kind": trace.kind, **trace.meta}
 
     report: dict[str, Any] = {
@@ -128,6 +129,7 @@ def _build(path: str | os.PathLike, window: str, gap_threshold_ns: int, buckets:
         "api": _stat_records(api.drop(columns=["name_id"], errors="ignore"), first="name"),
         "sync": records(sync),
         "nvtx": _stat_records(nvtx.rename(columns={"name": "range"}), first="range"),
+        "cpu_ops": _stat_records(cpu_ops, first="name"),
         "gaps": tl.gaps,
         "gap_classes": tl.gap_classes,
         "launch": launch,
@@ -137,8 +139,8 @@ def _build(path: str | os.PathLike, window: str, gap_threshold_ns: int, buckets:
     return report
 
 
-def _gpu_side(path: Path, win: Window) -> tuple:
-    with open_trace(path) as trace:
+def _gpu_side(main: Trace, win: Window) -> tuple:
+    with main.reopen() as trace:
         kernels = kernel_summary(trace, win)
         memops = memop_summary(trace, win)
         kinds = memory_kinds(trace, win)
@@ -148,9 +150,10 @@ def _gpu_side(path: Path, win: Window) -> tuple:
     return kernels, memops, kinds, nvtx, launch
 
 
-def _host_side(path: Path, win: Window) -> tuple:
-    with open_trace(path) as trace:
-        return api_analysis.api_summary(trace, win), api_analysis.sync_summary(trace, win)
+def _host_side(main: Trace, win: Window) -> tuple:
+    with main.reopen() as trace:
+        return (api_analysis.api_summary(trace, win), api_analysis.sync_summary(trace, win),
+                cpu_op_summary(trace, win))
 
 
 def _stat_records(df: pd.DataFrame, first: str) -> list[dict[str, Any]]:

@@ -36,6 +36,19 @@ class Trace:
     meta: dict[str, Any] = field(default_factory=dict)
     # Relations that hold data in this trace (an nsys export may lack MEMCPY, NVTX_EVENTS, ...).
     present: frozenset[str] = frozenset()
+    # A torch trace is loaded into a SQLite file of profkit's own; the Trace that built it deletes it.
+    db_file: Path | None = None
+    owns_db: bool = False
+
+    def reopen(self) -> Trace:
+        """Another connection to the same normalized trace (for analyses running in parallel)."""
+        if self.db_file is None:
+            from profkit.traces.nsys import open_nsys
+
+            return open_nsys(self.path)
+        conn = sqlite3.connect(f"file:{self.db_file}?mode=ro", uri=True, check_same_thread=False)
+        return Trace(conn=conn, path=self.path, kind=self.kind, meta=self.meta, present=self.present,
+                     db_file=self.db_file, owns_db=False)
 
     def has(self, relation: str) -> bool:
         return relation in self.present
@@ -52,6 +65,8 @@ class Trace:
 
     def close(self) -> None:
         self.conn.close()
+        if self.owns_db and self.db_file is not None:
+            self.db_file.unlink(missing_ok=True)
 
     def __enter__(self) -> Trace:
         return self

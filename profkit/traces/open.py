@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from profkit.errors import TraceError
+from profkit.traces.kineto import open_kineto
 from profkit.traces.model import Trace
 from profkit.traces.nsys import SQLITE_MAGIC, open_nsys
 
@@ -13,7 +14,7 @@ GZIP_MAGIC = b"\x1f\x8b"
 
 
 def open_trace(path: str | os.PathLike) -> Trace:
-    """Open an nsys SQLite export (or a capture folder holding one) as a normalized `Trace`."""
+    """Open an nsys SQLite export, a torch.profiler trace, or a capture folder as a normalized `Trace`."""
     p = Path(path)
     if not p.exists():
         raise TraceError(f"{p}: no such file or directory")
@@ -28,21 +29,22 @@ def open_trace(path: str | os.PathLike) -> Trace:
     if head == SQLITE_MAGIC:
         return open_nsys(p)
     if head.startswith(GZIP_MAGIC) or head.lstrip()[:1] in (b"{", b"["):
-        raise TraceError(f"{p}: torch.profiler (Kineto JSON) traces are not supported yet")
+        return open_kineto(p)
     if p.suffix == ".nsys-rep" or head.startswith(b"\x00\x00"):
         raise TraceError(f"{p}: an .nsys-rep report; export it first: nsys export --type sqlite {p}")
     raise TraceError(f"{p}: not a trace (expected an nsys SQLite export or a torch.profiler JSON)")
 
 
 def find_trace_in_folder(folder: Path) -> Path:
-    """The trace inside a capture folder: trace.sqlite first, then any single *.sqlite."""
+    """The trace inside a capture folder: trace.sqlite first, then a single *.sqlite or torch trace."""
     preferred = folder / "trace.sqlite"
     if preferred.is_file():
         return preferred
-    found = sorted(folder.glob("*.sqlite"))
+    found = sorted(folder.glob("*.sqlite")) or sorted(folder.glob("*.pt.trace.json*")) or sorted(
+        folder.glob("torch/*.pt.trace.json*"))
     if len(found) == 1:
         return found[0]
     if not found:
-        raise TraceError(f"{folder}: folder holds no trace (*.sqlite)")
+        raise TraceError(f"{folder}: folder holds no trace (*.sqlite, *.pt.trace.json[.gz])")
     names = ", ".join(f.name for f in found)
     raise TraceError(f"{folder}: folder holds several traces ({names}); name one")
