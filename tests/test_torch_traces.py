@@ -165,3 +165,20 @@ def test_trace_without_gpu_events(tmp_path: Path) -> None:
     with gzip.open(p, "wt") as f:
         json.dump(doc, f)
     assert_one_line_error(profkit("report", str(p)), "no GPU kernels")
+
+
+def test_generic_json_layout_goes_through_ijson(tmp_path: Path, reports, monkeypatch) -> None:
+    """The same events written compactly on one line (not Kineto's layout) are streamed by ijson
+    (here after 16 KB without an event boundary) and give the same report."""
+    from profkit.traces import kineto
+
+    calls = []
+    monkeypatch.setattr(kineto, "_CHUNK", 4096)
+    real = kineto._load_ijson
+    monkeypatch.setattr(kineto, "_load_ijson", lambda *a: calls.append(1) or real(*a))
+    p = tmp_path / "compact.json"
+    p.write_text(json.dumps(load(TORCH["toy_hostgap_b16"]), separators=(",", ":")))
+    compact = build_report(p, window="all")
+    assert calls == [1]
+    ref = reports("toy_hostgap_b16")
+    assert compact["kernels"] == ref["kernels"] and compact["gpu"] == ref["gpu"]

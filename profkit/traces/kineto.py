@@ -1,8 +1,10 @@
 """torch.profiler / Kineto Chrome-trace JSON (plain or .gz) as a normalized `Trace`.
 
-The JSON is streamed with ijson (its C backend): one event object at a time is turned into a row
-and written in batches to a SQLite database in a temporary file, so a trace of hundreds of MB never
-becomes a list of Python objects. The analyses then run on that database exactly as on an nsys
+The JSON is streamed: Kineto's layout is cut into 16 MB chunks at event boundaries and each chunk is
+decoded by msgspec into small structs holding only the fields profkit reads; any other layout goes
+through ijson one event object at a time. Rows are written in batches to a SQLite database in a
+temporary file, so a trace of hundreds of MB never becomes a list of Python objects.
+The analyses then run on that database exactly as on an nsys
 export. Timestamps: Kineto writes microseconds as floats on the trace's clock; they become integer
 nanoseconds on the same clock (`baseTimeNanoseconds` is kept in `meta` to map them to wall time).
 """
@@ -16,11 +18,11 @@ import re
 import sqlite3
 import tempfile
 import zlib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
 import ijson
+import msgspec
 
 from profkit.errors import TraceError
 from profkit.traces.model import Trace
@@ -89,39 +91,37 @@ class _Loader:
             nid = self.names[name] = len(self.names) + 1
         return nid
 
-    def add(self, ev: dict[str, Any]) -> None:
-        if ev.get("ph") != "X" or "ts" not in ev:
+    def add(self, ph: Any, cat: Any, name: Any, pid: Any, tid: Any, ts: Any, dur: Any, device: Any = None,
+            stream: Any = None, correlation: Any = None, nbytes: Any = None) -> None:
+        """One event, with the four `args` fields profkit reads."""
+        if ph != "X" or ts is None:
             return
-        cat = ev.get("cat")
-        start = _ns(ev["ts"])
-        end = start + _ns(ev.get("dur", 0))
-        args = ev.get("args") or {}
-        name = str(ev.get("name", ""))
+        start = _ns(ts)
+        end = start + _ns(dur or 0)
+        name = str(name or "")
         if cat == "kernel":
-            self._put("raw_kernels", (start, end, _int(args.get("device")), _int(args.get("stream")),
-                                      _int(args.get("correlation")), None, self.name_id(name)))
+            self._put("raw_kernels", (start, end, _int(device), _int(stream),
+                                      _int(correlation), None, self.name_id(name)))
         elif cat == "gpu_memcpy":
             m = _MEMCPY.match(name)
             op = f"[CUDA memcpy {_COPY_KINDS.get(m.group(1), m.group(1))}]" if m else f"[CUDA memcpy {name}]"
-            self._put("raw_memops", (start, end, _int(args.get("device")), _int(args.get("stream")),
-                                     _int(args.get("correlation")), None, op, _int(args.get("bytes")) or 0,
+            self._put("raw_memops", (start, end, _int(device), _int(stream),
+                                     _int(correlation), None, op, _int(nbytes) or 0,
                                      m.group(2) if m else None, m.group(3) if m else None))
         elif cat == "gpu_memset":
             m = _MEMSET.match(name)
-            self._put("raw_memops", (start, end, _int(args.get("device")), _int(args.get("stream")),
-                                     _int(args.get("correlation")), None, "[CUDA memset]",
-                                     _int(args.get("bytes")) or 0, None, m.group(1) if m else None))
+            self._put("raw_memops", (start, end, _int(device), _int(stream),
+                                     _int(correlation), None, "[CUDA memset]",
+                                     _int(nbytes) or 0, None, m.group(1) if m else None))
         elif cat in ("cuda_runtime", "cuda_driver"):
-            self._put("raw_api", (start, end, _int(ev.get("tid")), _int(ev.get("pid")),
-                                  _int(args.get("correlation")), self.name_id(name)))
+            self._put("raw_api", (start, end, _int(tid), _int(pid), _int(correlation), self.name_id(name)))
         elif cat == "cuda_sync":
-            self._put("raw_sync", (start, end, _int(args.get("device")), _int(args.get("stream")),
-                                   _int(args.get("correlation")), _int(ev.get("pid")), name))
+            self._put("raw_sync", (start, end, _int(device), _int(stream),
+                                   _int(correlation), _int(pid), name))
         elif cat in ("user_annotation", "gpu_user_annotation"):
-            style = "CPU" if cat == "user_annotation" else "GPU"
-            self._put("nvtx", (start, end, _int(ev.get("tid")), name, style))
+            self._put("nvtx", (start, end, _int(tid), name, "CPU" if cat == "user_annotation" else "GPU"))
         elif cat == "cpu_op":
-            self._put("cpu_ops", (start, end, _int(ev.get("tid")), self.name_id(name)))
+            self._put("cpu_ops", (start, end, _int(tid), self.name_id(name)))
 
     def _put(self, table: str, row: tuple) -> None:
         rows = self.rows[table]
@@ -157,9 +157,105 @@ def _open_stream(path: Path) -> IO[bytes]:
     return gzip.open(path, "rb") if gz else path.open("rb")
 
 
-def _events(path: Path) -> Iterator[dict[str, Any]]:
+class _Args(msgspec.Struct):
+    device: int | None = None
+    stream: int | None = None
+    correlation: int | None = None
+    nbytes: int | None = msgspec.field(default=None, name="bytes")
+
+
+class _Event(msgspec.Struct):
+    """The fields profkit reads; msgspec skips every other key (Input Dims, call stacks...) unparsed."""
+
+    ph: str | None = None
+    cat: str | None = None
+    name: str | None = None
+    pid: int | str | None = None
+    tid: int | str | None = None
+    ts: float | None = None
+    dur: float | None = None
+    args: _Args | None = None
+
+
+class _Tail(msgspec.Struct):
+    traceEvents: list[_Event]  # noqa: N815 - the JSON key
+
+
+_CHUNK = 16 << 20
+# Kineto writes one event per `{ ... }` block, separated by "},\n  {" at the top level of traceEvents. A
+# raw newline never occurs inside a JSON string, so a split there is between two events or, in an
+# unexpected layout, yields invalid JSON, which sends the whole file to the generic ijson path.
+_SEPARATOR = b"},\n  {"
+
+
+class _NotKinetoLayout(Exception):
+    pass
+
+
+def _load_fast(path: Path, loader: _Loader) -> int:
+    """Chunked msgspec decoding (~3x faster than ijson); raises _NotKinetoLayout to fall back."""
+    chunk_decoder = msgspec.json.Decoder(list[_Event])
+    tail_decoder = msgspec.json.Decoder(_Tail)
+    n = 0
+
+    def feed(events: list[_Event]) -> None:
+        for e in events:
+            if e.ph != "X":  # flow arrows, metadata, instant events: ~40 % of a trace
+                continue
+            a = e.args
+            if a is None:
+                loader.add(e.ph, e.cat, e.name, e.pid, e.tid, e.ts, e.dur)
+            else:
+                loader.add(e.ph, e.cat, e.name, e.pid, e.tid, e.ts, e.dur, a.device, a.stream, a.correlation,
+                           a.nbytes)
+
     with _open_stream(path) as f:
-        yield from ijson.items(f, "traceEvents.item", use_float=True)
+        buf = bytearray()
+        while True:  # skip the header up to the opening bracket of traceEvents
+            block = f.read(_CHUNK)
+            buf += block
+            i = buf.find(b'"traceEvents"')
+            j = buf.find(b"[", i) if i >= 0 else -1
+            if j >= 0:
+                del buf[: j + 1]
+                break
+            if not block:
+                raise _NotKinetoLayout
+        eof = False
+        while not eof:
+            block = f.read(_CHUNK)
+            eof = not block
+            buf += block
+            cut = buf.rfind(_SEPARATOR) if not eof else -1
+            if cut < 0 and not eof:
+                if len(buf) > 4 * _CHUNK:  # no event boundary in 64 MB: not Kineto's layout, stream it
+                    raise _NotKinetoLayout
+                continue
+            try:
+                if eof:
+                    events = tail_decoder.decode(b'{"traceEvents": [' + bytes(buf)).traceEvents
+                else:
+                    events = chunk_decoder.decode(b"[" + bytes(buf[: cut + 1]) + b"]")
+                    del buf[: cut + 3]
+            except msgspec.DecodeError:
+                raise _NotKinetoLayout from None
+            feed(events)
+            n += len(events)
+    return n
+
+
+def _load_ijson(path: Path, loader: _Loader) -> int:
+    """Any valid Chrome-trace JSON, one event object at a time."""
+    n = 0
+    with _open_stream(path) as f:
+        for ev in ijson.items(f, "traceEvents.item", use_float=True):
+            if isinstance(ev, dict):
+                a = ev.get("args") if isinstance(ev.get("args"), dict) else {}
+                loader.add(ev.get("ph"), ev.get("cat"), ev.get("name"), ev.get("pid"), ev.get("tid"),
+                           ev.get("ts"), ev.get("dur"), a.get("device"), a.get("stream"), a.get("correlation"),
+                           a.get("bytes"))
+                n += 1
+    return n
 
 
 def _header(path: Path) -> dict[str, Any]:
@@ -187,20 +283,19 @@ def _until_events(f: IO[bytes]) -> IO[bytes]:
 
 def open_kineto(path: Path) -> Trace:
     """Read a torch.profiler trace into a temporary SQLite database and expose it as a `Trace`."""
-    fd, db = tempfile.mkstemp(prefix="profkit-", suffix=".sqlite")
-    os.close(fd)
-    conn = sqlite3.connect(db, check_same_thread=False)
-    conn.executescript("PRAGMA journal_mode = OFF; PRAGMA synchronous = OFF;" + SCHEMA)
+    conn, db = _new_db()
     loader = _Loader(conn)
     try:
         header = _header(path)
         if not header and not _looks_like_trace(path):
             raise TraceError(f"{path}: JSON without traceEvents: not a torch.profiler trace")
-        n = 0
-        for ev in _events(path):
-            if isinstance(ev, dict):
-                loader.add(ev)
-                n += 1
+        try:
+            n = _load_fast(path, loader)
+        except _NotKinetoLayout:
+            _discard(conn, db)
+            conn, db = _new_db()
+            loader = _Loader(conn)
+            n = _load_ijson(path, loader)
         if n == 0:
             raise TraceError(f"{path}: JSON without trace events: not a torch.profiler trace")
         loader.finish()
@@ -224,6 +319,14 @@ def open_kineto(path: Path) -> Trace:
                                                            ("cpu_ops", "cpu_ops")) if loader.counts[t]}
     return Trace(conn=conn, path=path, kind="torch-trace", meta=_meta(header), present=frozenset(present),
                  db_file=Path(db), owns_db=True)
+
+
+def _new_db() -> tuple[sqlite3.Connection, str]:
+    fd, db = tempfile.mkstemp(prefix="profkit-", suffix=".sqlite")
+    os.close(fd)
+    conn = sqlite3.connect(db, check_same_thread=False)
+    conn.executescript("PRAGMA journal_mode = OFF; PRAGMA synchronous = OFF;" + SCHEMA)
+    return conn, db
 
 
 def _looks_like_trace(path: Path) -> bool:
