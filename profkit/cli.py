@@ -34,7 +34,8 @@ def cli() -> None:
 @click.argument("trace", type=click.Path(path_type=Path))
 @click.option("--window", default="auto", show_default=True,
               help="all | auto (the benchmark phase) | nvtx:NAME | START_NS:END_NS")
-@click.option("--format", "fmt", type=click.Choice(["text", "json", "md"]), default="text", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "md", "html"]), default="text",
+              show_default=True)
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="write here, not stdout")
 @click.option("--gap-threshold", default="100us", show_default=True,
               help="list GPU gaps at least this long (e.g. 100us, 1ms, 500ms)")
@@ -52,6 +53,7 @@ def report(trace: Path, window: str, fmt: str, output: Path | None, gap_threshol
            progress: bool | None, bench: Path | None, vllm_log: Path | None, metrics: tuple[Path, ...],
            vllm_args: str | None, rules_dirs: tuple[Path, ...]) -> None:
     """Analyse TRACE (nsys SQLite export or capture folder) and print the report."""
+    from profkit.render.html import render_html
     from profkit.render.json import render_json
     from profkit.render.markdown import render_markdown
     from profkit.render.text import render_text
@@ -62,7 +64,7 @@ def report(trace: Path, window: str, fmt: str, output: Path | None, gap_threshol
         doc = build_report(trace, window=window, gap_threshold_ns=parse_duration(gap_threshold),
                            progress=steps.step, bench=bench, vllm_log=vllm_log, metrics=list(metrics) or None,
                            vllm_args=vllm_args, rules_dirs=list(rules_dirs))
-    renderers = {"json": render_json, "md": lambda d: render_markdown(d, top=top),
+    renderers = {"json": render_json, "html": render_html, "md": lambda d: render_markdown(d, top=top),
                  "text": lambda d: render_text(d, top=top)}
     text = renderers[fmt](doc)
     if output:

@@ -31,6 +31,7 @@ from profkit.analysis.stats import records
 from profkit.analysis.transfers import memop_summary, memory_kinds
 from profkit.analysis.vllm import vllm_evidence
 from profkit.analysis.window import Window, choose_window
+from profkit.diagnose.command import suggested_command
 from profkit.diagnose.engine import evaluate, load_rules
 from profkit.diagnose.facts import compute_facts
 from profkit.errors import ProfkitError, TraceError
@@ -60,6 +61,7 @@ def build_report(path: str | os.PathLike, window: str = "auto", gap_threshold_ns
     report["vllm"] = evidence
     report["facts"] = compute_facts(report)
     report["findings"], report["rules_skipped"] = evaluate(rules, report["facts"])
+    report["suggested_command"] = suggested_command(report)
     return report
 
 

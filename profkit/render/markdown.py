@@ -13,8 +13,17 @@ _MD_SPECIAL = str.maketrans({"|": "\\|", "<": "&lt;", ">": "&gt;", "&": "&amp;",
                              "*": "\\*", "_": "\\_", "[": "\\[", "]": "\\]"})
 
 
+class CodeBlock(str):
+    """Text for a fenced code block: printed as is (no Markdown escaping), backtick fences defused."""
+
+    def __new__(cls, text: str) -> CodeBlock:
+        return super().__new__(cls, str(text).replace("`", "'"))
+
+
 def md_escape(value: Any) -> Any:
     """Every value a template prints is escaped: kernel names and NVTX text come from the trace."""
+    if isinstance(value, CodeBlock):
+        return str(value)
     if isinstance(value, str):
         return value.translate(_MD_SPECIAL)
     return value
@@ -29,7 +38,7 @@ def environment() -> jinja2.Environment:
         lstrip_blocks=True,
         undefined=jinja2.StrictUndefined,
     )
-    env.filters.update(ns=units.ns, pct=units.pct, size=units.size, clip=units.clip)
+    env.filters.update(ns=units.ns, pct=units.pct, size=units.size, clip=units.clip, safe_code=CodeBlock)
     return env
 
 

@@ -1,0 +1,97 @@
+"""Inline SVG charts for the HTML report, drawn by matplotlib (Agg-free SVG backend, text kept as text).
+
+Each function takes report sections and returns an `<svg>` string. matplotlib escapes every label
+it writes into the SVG, so kernel names from the trace stay text.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("svg")  # no display, no raster backend needed
+
+import matplotlib.pyplot as plt  # noqa: E402
+
+from profkit.render.units import clip, ns  # noqa: E402
+
+plt.rcParams.update({
+    "svg.fonttype": "none",  # text stays <text>: smaller files, selectable, searchable
+    "font.family": "sans-serif",
+    "font.size": 9,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "svg.hashsalt": "profkit",  # deterministic ids: the same report renders the same bytes
+})
+BUSY, IDLE, ACCENT = "#2b7bb9", "#e4572e", "#76b041"
+
+
+def _svg(fig: plt.Figure) -> str:
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
+    plt.close(fig)
+    text = buf.getvalue()
+    return text[text.index("<svg"):]  # drop the XML prolog and doctype: the SVG is inlined in HTML
+
+
+def timeline_chart(report: dict[str, Any]) -> str:
+    """GPU busy fraction over the window, per device, with the listed gaps marked."""
+    t = report["timeline"]
+    width = t["bucket_ns"]
+    fig, ax = plt.subplots(figsize=(9, 2.4))
+    for device, series in t["busy_fraction"].items():
+        xs = [(i + 0.5) * width / 1e6 for i in range(len(series))]
+        ax.fill_between(xs, [100 * v for v in series], step="mid", alpha=0.35, color=BUSY)
+        ax.step(xs, [100 * v for v in series], where="mid", color=BUSY, linewidth=1, label=f"GPU {device} busy")
+    for g in report["gaps"][:20]:
+        start = (g["start_ns"] - report["window"]["start_ns"]) / 1e6
+        ax.axvspan(start, start + g["duration_ns"] / 1e6, color=IDLE, alpha=0.25, linewidth=0)
+    ax.set_ylim(0, 105)
+    ax.set_xlim(0, report["window"]["duration_ns"] / 1e6)
+    ax.set_ylabel("busy %")
+    ax.set_xlabel(f"ms into the window (buckets of {ns(width)}; red: longest gaps)")
+    ax.legend(loc="lower right", frameon=False)
+    return _svg(fig)
+
+
+def _barh(labels: list[str], values: list[float], xlabel: str, color: str = BUSY,
+          annotate: list[str] | None = None) -> str:
+    fig, ax = plt.subplots(figsize=(9, 0.32 * len(labels) + 0.8))
+    ypos = list(range(len(labels)))[::-1]
+    ax.barh(ypos, values, color=color)
+    ax.set_yticks(ypos, labels)
+    ax.set_xlabel(xlabel)
+    for y, v, text in zip(ypos, values, annotate or [], strict=False):
+        ax.text(v, y, " " + text, va="center", fontsize=8)
+    return _svg(fig)
+
+
+def category_chart(report: dict[str, Any]) -> str:
+    cats = report["categories"]
+    return _barh([c["category"] for c in cats], [c["total_ns"] / 1e6 for c in cats], "kernel time (ms)",
+                 annotate=[f"{100 * c['share']:.1f}%" for c in cats])
+
+
+def top_kernels_chart(report: dict[str, Any], top: int = 12) -> str:
+    ks = report["kernels"][:top]
+    return _barh([clip(k["short_name"], 60) for k in ks], [k["total_ns"] / 1e6 for k in ks], "total time (ms)",
+                 annotate=[f"{k['count']}x, {ns(k['avg_ns'])} avg" for k in ks])
+
+
+def memops_chart(report: dict[str, Any]) -> str:
+    ops = report["memops"]
+    return _barh([o["operation"] for o in ops], [o["total_ns"] / 1e6 for o in ops], "GPU time (ms)",
+                 color=ACCENT, annotate=[_bandwidth(o) for o in ops])
+
+
+def _bandwidth(op: dict[str, Any]) -> str:
+    bw = op.get("bandwidth_gbps")
+    return f"{op['count']} ops, {op['bytes'] / 1e6:.3g} MB" + (f", {bw:.1f} GB/s" if bw else "")
+
+
+def api_chart(report: dict[str, Any], top: int = 10) -> str:
+    api = report["api"][:top]
+    return _barh([a["name"] for a in api], [a["total_ns"] / 1e6 for a in api], "host time in call (ms)",
+                 color="#9b59b6", annotate=[f"{a['count']} calls" for a in api])

@@ -1,0 +1,43 @@
+"""`--format html`: one self-contained file (inline CSS and SVG, no script, no network) for a ticket."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jinja2
+
+from profkit.render import charts, units
+from profkit.resources import shipped_dir
+
+
+def _value(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, int) and not isinstance(v, bool):
+        return f"{v:,}"
+    return "-" if v is None else str(v)
+
+
+def environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(shipped_dir("templates"))),
+        autoescape=True,  # kernel names, NVTX text and file paths come from the trace: always escaped
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters.update(ns=units.ns, pct=units.pct, size=units.size, clip=units.clip, value=_value)
+    return env
+
+
+def render_html(report: dict[str, Any]) -> str:
+    # Charts are made here, not in the template: a template never computes anything.
+    svgs = {
+        "timeline": charts.timeline_chart(report),
+        "categories": charts.category_chart(report) if report["categories"] else "",
+        "kernels": charts.top_kernels_chart(report) if report["kernels"] else "",
+        "memops": charts.memops_chart(report) if report["memops"] else "",
+        "api": charts.api_chart(report) if report["api"] else "",
+    }
+    svgs = {k: jinja2.filters.Markup(v) for k, v in svgs.items()}  # matplotlib escaped the labels
+    return environment().get_template("report.html.j2").render(r=report, charts=svgs)

@@ -1,0 +1,132 @@
+"""The HTML report as a person sees it: self-contained, within budget, rendered by headless Chromium."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sqlite3
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from profkit.render.html import render_html
+from profkit.render.markdown import render_markdown
+from profkit.report import build_report
+from tests.conftest import FIXTURES, TOY
+from tests.test_torch_traces import TORCH
+
+HOSTILE = "<script>alert(1)</script>"
+BUDGET = 2 * 1024 * 1024
+
+
+def chromium() -> str:
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    if exe is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is not installed (.ci/run installs Debian's chromium)")
+        pytest.skip("chromium not installed here")
+    return exe
+
+
+def browse(html: Path, tmp: Path) -> tuple[str, str, Path]:
+    """(DOM after load, Chromium's log, screenshot) of a local file, with the network cut off."""
+    args = [chromium(), "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync",
+            f"--user-data-dir={tempfile.mkdtemp(dir=tmp)}", "--enable-logging=stderr", "--v=0",
+            "--proxy-server=127.0.0.1:9", "--window-size=1200,1600"]
+    shot = tmp / "shot.png"
+    dom = subprocess.run([*args, "--dump-dom", html.as_uri()], capture_output=True, text=True, timeout=120)
+    pic = subprocess.run([*args, f"--screenshot={shot}", html.as_uri()], capture_output=True, text=True, timeout=120)
+    return dom.stdout, dom.stderr + pic.stderr, shot
+
+
+def assert_not_blank(png: Path) -> None:
+    import matplotlib.image
+
+    pixels = matplotlib.image.imread(png)
+    assert pixels.std() > 0.05  # a white page has std 0
+    dark = (pixels[..., :3].mean(axis=2) < 0.5).mean()
+    assert dark > 0.005  # some text and chart ink
+
+
+def write(tmp: Path, report: dict) -> Path:
+    out = tmp / "report.html"
+    out.write_text(render_html(report), encoding="utf-8")
+    return out
+
+
+@pytest.mark.parametrize("name", TOY + ["thr_graphs"])
+def test_every_nsys_fixture_renders_within_budget(name: str, sqlite_path, tmp_path: Path) -> None:
+    html = render_html(build_report(sqlite_path(name)))
+    assert len(html.encode()) < BUDGET
+    assert "<script" not in html.lower()  # no JavaScript at all: reads with scripts off
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//|url\(\s*["']?https?:""", html)  # no network
+    assert html.count("<svg") >= 3 and 'id="findings"' in html
+
+
+@pytest.mark.parametrize("name", list(TORCH))
+def test_every_torch_fixture_renders_within_budget(name: str, tmp_path: Path) -> None:
+    html = render_html(build_report(TORCH[name]))
+    assert len(html.encode()) < BUDGET and html.count("<svg") >= 3
+
+
+def test_chromium_renders_the_vllm_report(sqlite_path, tmp_path: Path) -> None:
+    vllm = FIXTURES / "h100_vllm"
+    report = build_report(sqlite_path("thr_graphs"), bench=vllm / "thr_graphs.json", vllm_log=vllm / "thr_graphs.log")
+    dom, log, shot = browse(write(tmp_path, report), tmp_path)
+    assert "CONSOLE" not in log and "Uncaught" not in log
+    assert "Findings (3)" in dom and "GPU waits on the host between steps" in dom
+    assert dom.count("<svg") >= 5  # timeline, categories, kernels, memory, API
+    assert "145.0 req/s" in dom  # the benchmark's own throughput in the header
+    assert_not_blank(shot)
+
+
+def test_hostile_kernel_name_renders_as_text(sqlite_path, tmp_path: Path) -> None:
+    trace = tmp_path / "hostile.sqlite"
+    shutil.copyfile(sqlite_path("eager_b1"), trace)
+    trace.chmod(0o644)
+    with sqlite3.connect(trace) as conn:
+        demangled, short = conn.execute(
+            "SELECT demangledName, shortName FROM CUPTI_ACTIVITY_KIND_KERNEL GROUP BY demangledName "
+            "ORDER BY sum(end - start) DESC LIMIT 1").fetchone()
+        conn.execute("UPDATE StringIds SET value = ? WHERE id IN (?, ?)", (HOSTILE, demangled, short))
+    report = build_report(trace)
+    assert report["kernels"][0]["name"] == HOSTILE
+    html = render_html(report)
+    assert HOSTILE not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html  # tables (Jinja autoescape) and SVG labels
+    assert "<script" not in html.lower()
+    md = render_markdown(report)
+    assert HOSTILE not in md and "&lt;script&gt;" in md
+    dom, log, shot = browse(write(tmp_path, report), tmp_path)
+    assert "alert" not in log and "CONSOLE" not in log
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in dom  # shown as text in the page
+    assert_not_blank(shot)
+
+
+def test_capture_folder_html(sqlite_path, tmp_path: Path) -> None:
+    from tests.test_rules import REAL_SERVE
+
+    folder = tmp_path / "capture"
+    folder.mkdir()
+    shutil.copyfile(sqlite_path("hostgap_b16"), folder / "trace.sqlite")
+    for name in ("bench.json", "server.log", "metrics-before.txt", "metrics-after.txt"):
+        shutil.copyfile(REAL_SERVE / name, folder / name)
+    html = render_html(build_report(folder))
+    assert "Requests preempted for lack of KV cache" in html
+    assert "vllm serve /tmp/tiny" in html and "--kv-cache-memory-bytes 600000000" in html
+
+
+def test_markdown_for_a_ticket(sqlite_path) -> None:
+    from tests.test_rules import REAL_SERVE
+
+    report = build_report(sqlite_path("hostgap_b16"), vllm_log=REAL_SERVE / "server.log",
+                          metrics=[REAL_SERVE / "metrics-before.txt", REAL_SERVE / "metrics-after.txt"])
+    md = render_markdown(report)
+    assert "**[critical] Requests preempted for lack of KV cache** (kv-preemption)" in md
+    assert "| `--kv-cache-memory-bytes` | 300000000 (vLLM log) | **600000000** |" in md
+    assert "```\nvllm serve /tmp/tiny --port 8011" in md  # the command line, unescaped, in a code block
+    assert "| category | kernels | time | share |" in md
