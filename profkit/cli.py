@@ -74,6 +74,56 @@ def report(trace: Path, window: str, fmt: str, output: Path | None, gap_threshol
         click.echo(text, nl=False)
 
 
+@cli.command(context_settings={"ignore_unknown_options": True})
+@click.option("--tool", type=click.Choice(["nsys", "torch", "both"]), default="nsys", show_default=True)
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="capture folder (default: capture-YYYYmmdd-HHMMSS)")
+@click.option("--dry-run", is_flag=True, help="print every command it would run, exactly, and stop")
+@click.option("--capture-range", is_flag=True,
+              help="nsys records only between vLLM's profiler start/stop (--profile, profiler cuda)")
+@click.option("--delay", type=float, help="nsys --delay seconds")
+@click.option("--duration", type=float, help="nsys --duration seconds")
+@click.option("--nsys", "nsys_exe", default="nsys", show_default=True, help="nsys executable")
+@click.option("--vllm", "vllm_exe", default="vllm", show_default=True, help="vllm executable")
+@click.option("--timeout", type=float, default=3600, show_default=True, help="seconds per step")
+@click.option("--model", help="serve: the model to serve and benchmark")
+@click.option("--server-args", default="", help='serve: flags for vllm serve, e.g. "--max-num-seqs 64"')
+@click.option("--bench-args", default="", help='serve: flags for vllm bench serve, e.g. "--num-prompts 200"')
+@click.option("--port", type=int, default=8000, show_default=True)
+@click.option("--health-timeout", type=float, default=600, show_default=True)
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def capture(tool: str, out: Path | None, dry_run: bool, capture_range: bool, delay: float | None,
+            duration: float | None, nsys_exe: str, vllm_exe: str, timeout: float, model: str | None,
+            server_args: str, bench_args: str, port: int, health_timeout: float, command: tuple[str, ...]) -> None:
+    """Profile a vLLM benchmark into a capture folder.
+
+    \b
+    profkit capture [options] -- vllm bench throughput|latency ARGS...
+    profkit capture [options] serve --model M [--server-args "..."] [--bench-args "..."]
+    """
+    import shlex
+    import time
+
+    from profkit.capture.plan import CaptureOptions, plan_offline, plan_serve
+    from profkit.capture.run import main_interrupt_safe, run_capture
+
+    folder = out or Path(time.strftime("capture-%Y%m%d-%H%M%S"))
+    opts = CaptureOptions(out=folder, tool=tool, nsys=nsys_exe, vllm=vllm_exe, capture_range=capture_range,
+                          delay_s=delay, duration_s=duration, timeout_s=timeout, bench_cmd=list(command),
+                          model=model, server_args=shlex.split(server_args), bench_args=shlex.split(bench_args),
+                          port=port, health_timeout_s=health_timeout)
+    try:
+        plan = plan_serve(opts) if list(command) == ["serve"] else plan_offline(opts)
+    except ValueError as exc:
+        raise ProfkitError(str(exc)) from None
+    if dry_run:
+        for line in plan.commands():
+            click.echo(line)
+        return
+    done = main_interrupt_safe(lambda: run_capture(plan, say=lambda m: click.echo(f"profkit: {m}", err=True)))
+    click.echo(f"profkit: capture complete: {done} (profkit report {done})", err=True)
+
+
 @cli.group()
 def rules() -> None:
     """List and explain the diagnosis rules."""

@@ -1,0 +1,189 @@
+"""Run a capture plan: subprocess lifecycle, server health, metrics scrapes, signals, timeouts.
+
+Failure is data too: whatever happens (a tool missing, vLLM crashing, Ctrl-C), the folder keeps
+every file written so far and `manifest.json` says what ran, how it ended and where it stopped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+from profkit.capture.folder import Manifest
+from profkit.capture.plan import Plan, Step
+from profkit.errors import ProfkitError
+
+STOP_GRACE_S = 180.0  # nsys needs time to flush a large report after SIGINT
+
+
+class CaptureError(ProfkitError):
+    """A capture that could not start or did not finish; the message says which step and why."""
+
+
+def preflight(plan: Plan) -> None:
+    """Refuse to start when a tool is missing or the port is taken: nothing has run yet."""
+    steps = [s for run in plan.runs for s in run] + [s for s in (plan.server, plan.bench) if s] + plan.exports
+    for exe in dict.fromkeys(s.argv[0] for s in steps):
+        if shutil.which(exe) is None:
+            raise CaptureError(f"{exe!r} not found on PATH: install it or pass its path (--nsys / --vllm)")
+    if plan.port is not None:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", plan.port))
+            except OSError:
+                raise CaptureError(f"port {plan.port} is already in use: pick another with --port") from None
+    if (plan.out / "manifest.json").exists():
+        raise CaptureError(f"{plan.out} already holds a capture: choose another --out")
+
+
+def run_capture(plan: Plan, say: Callable[[str], None] = lambda _m: None) -> Path:
+    """Execute the plan; returns the capture folder. Raises CaptureError after recording the failure."""
+    preflight(plan)
+    plan.out.mkdir(parents=True, exist_ok=True)
+    manifest = Manifest.start(plan)
+    server: subprocess.Popen | None = None
+    try:
+        if plan.kind == "offline":
+            for run in plan.runs:
+                for step in run:
+                    _run_step(step, plan.out, manifest, say)
+        else:
+            server = _start_server(plan, manifest, say)
+            _scrape(plan, "metrics-before.txt", manifest)
+            _run_step(plan.bench, plan.out, manifest, say)
+            _scrape(plan, "metrics-after.txt", manifest)
+            _stop(server, manifest, say)
+            server = None
+            for step in plan.exports:
+                _run_step(step, plan.out, manifest, say)
+        manifest.finish("ok")
+    except KeyboardInterrupt:
+        say("interrupted: stopping vLLM and letting nsys finish its report")
+        if server is not None:
+            _stop(server, manifest, say)
+            server = None
+            for step in plan.exports:  # the partial trace is still worth having
+                with contextlib.suppress(CaptureError, KeyboardInterrupt):
+                    _run_step(step, plan.out, manifest, say)
+        manifest.finish("interrupted", where="Ctrl-C")
+        raise CaptureError(f"interrupted; partial capture kept in {plan.out}") from None
+    except CaptureError as exc:
+        if server is not None:
+            _stop(server, manifest, say)
+        manifest.finish("failed", where=str(exc))
+        raise CaptureError(f"{exc} (logs and partial files kept in {plan.out})") from None
+    return plan.out
+
+
+def _run_step(step: Step, out: Path, manifest: Manifest, say: Callable[[str], None]) -> None:
+    say(f"{step.name}: {step.shell()}")
+    started = time.time()
+    with (out / step.log).open("ab") as log:
+        proc = subprocess.Popen(step.argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **step.env},
+                                start_new_session=True)
+        try:
+            code = proc.wait(timeout=step.timeout_s)
+        except subprocess.TimeoutExpired:
+            _signal_group(proc, signal.SIGINT)
+            _wait_or_kill(proc, STOP_GRACE_S)
+            manifest.step(step, started, proc.returncode, note=f"timed out after {step.timeout_s:g} s")
+            raise CaptureError(f"{step.name} timed out after {step.timeout_s:g} s") from None
+        except KeyboardInterrupt:
+            _signal_group(proc, signal.SIGINT)
+            _wait_or_kill(proc, STOP_GRACE_S)
+            manifest.step(step, started, proc.returncode, note="interrupted")
+            raise
+    manifest.step(step, started, code)
+    if code != 0:
+        raise CaptureError(f"{step.name} exited with code {code}; see {out / step.log}")
+
+
+def _start_server(plan: Plan, manifest: Manifest, say: Callable[[str], None]) -> subprocess.Popen:
+    step = plan.server
+    assert step is not None and plan.port is not None
+    say(f"{step.name}: {step.shell()}")
+    log = (plan.out / step.log).open("ab")
+    proc = subprocess.Popen(step.argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **step.env},
+                            start_new_session=True)
+    log.close()
+    manifest.server_started(step, proc.pid)
+    deadline = time.time() + plan.health_timeout_s
+    url = f"http://127.0.0.1:{plan.port}/health"
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            manifest.server_exit(proc.returncode)
+            raise CaptureError(f"vllm serve exited with code {proc.returncode} before it was healthy; "
+                               f"see {plan.out / step.log}")
+        if _get(url, timeout=2.0) is not None:
+            say(f"server healthy after {time.time() - manifest.started:.0f} s")
+            return proc
+        time.sleep(1.0)
+    _stop(proc, manifest, say)
+    raise CaptureError(f"vllm serve was not healthy within {plan.health_timeout_s:g} s")
+
+
+def _scrape(plan: Plan, name: str, manifest: Manifest) -> None:
+    text = _get(f"http://127.0.0.1:{plan.port}/metrics", timeout=10.0)
+    if text is None:
+        manifest.note(f"could not scrape /metrics for {name}")
+        return
+    (plan.out / name).write_text(text, encoding="utf-8")
+
+
+def _get(url: str, timeout: float) -> str | None:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - loopback only
+            return resp.read().decode("utf-8", "replace") if resp.status == 200 else None
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+
+
+def _wait_or_kill(proc: subprocess.Popen, grace: float) -> None:
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        _signal_group(proc, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            _signal_group(proc, signal.SIGKILL)
+            proc.wait()
+
+
+def _stop(proc: subprocess.Popen, manifest: Manifest, say: Callable[[str], None]) -> None:
+    """SIGINT to the server's process group (vLLM shuts down, nsys finalizes its report), then wait."""
+    if proc.poll() is None:
+        say("stopping vllm serve (SIGINT)")
+        _signal_group(proc, signal.SIGINT)
+        _wait_or_kill(proc, STOP_GRACE_S)
+    manifest.server_exit(proc.returncode)
+
+
+def main_interrupt_safe(fn: Callable[[], Path]) -> Path:
+    """Run `fn` with SIGTERM treated like Ctrl-C, so a killed capture still stops vLLM and keeps files."""
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def on_term(_sig: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        return fn()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        sys.stdout.flush()

@@ -1,0 +1,197 @@
+"""`profkit capture` with fake `nsys` and `vllm` executables (tests/fakes): orchestration, files,
+signals and every failure path, without a GPU. The real run on an H100 is in the issue note."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import FIXTURES
+from tests.test_rules import REAL_SERVE
+
+FAKES = Path(__file__).parent / "fakes"
+
+
+@pytest.fixture
+def env(sqlite_path, tmp_path: Path) -> dict[str, str]:
+    return {**os.environ, "PATH": f"{FAKES}:{os.environ['PATH']}", "FAKE_NSYS_SQLITE": str(sqlite_path("hostgap_b16")),
+            "FAKE_TORCH_TRACE": str(FIXTURES / "h100_toy" / "torch_hostgap_b16.json.gz"),
+            "FAKE_METRICS_DIR": str(REAL_SERVE), "FAKE_BENCH_DONE": str(tmp_path / "bench-done")}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def capture(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "profkit.cli", "capture", *args], capture_output=True, text=True,
+                          env=env, timeout=timeout)
+
+
+def manifest(folder: Path) -> dict:
+    return json.loads((folder / "manifest.json").read_text())
+
+
+def report_json(folder: Path) -> dict:
+    out = subprocess.run([sys.executable, "-m", "profkit.cli", "report", str(folder), "--format", "json"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_dry_run_prints_the_exact_commands(env, tmp_path: Path) -> None:
+    out = tmp_path / "c"
+    r = capture(env, "--dry-run", "--out", str(out), "--capture-range", "--delay", "5", "--duration", "30", "--",
+                "vllm", "bench", "throughput", "--model", "/m", "--num-prompts", "32")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [
+        f"nsys profile -t cuda,nvtx,osrt --sample=none --cpuctxsw=none --trace-fork-before-exec=true "
+        f"--cuda-graph-trace=node --force-overwrite=true -o {out}/trace --capture-range=cudaProfilerApi "
+        f"--capture-range-end=stop --delay 5 --duration 30 vllm bench throughput --model /m --num-prompts 32 "
+        f"--profile --profiler-config '{{\"profiler\": \"cuda\"}}' --output-json {out}/bench.json",
+        f"nsys export --type sqlite --force-overwrite=true --output {out}/trace.sqlite {out}/trace.nsys-rep",
+    ]
+    assert not out.exists()  # a dry run creates nothing
+    torch = capture(env, "--dry-run", "--tool", "torch", "--out", str(out), "--", "vllm", "bench", "latency",
+                    "--model", "/m")
+    assert torch.stdout.strip() == (f"vllm bench latency --model /m --profile --profiler-config "
+                                    f"'{{\"profiler\": \"torch\", \"torch_profiler_dir\": \"{out.resolve()}/torch\"}}' "
+                                    f"--output-json {out}/bench.json")
+    serve = capture(env, "serve", "--dry-run", "--out", str(out), "--model", "/m", "--port", "8011",
+                    "--server-args", "--kv-cache-memory-bytes 300000000", "--bench-args", "--num-prompts 200")
+    lines = serve.stdout.splitlines()
+    assert lines[0].startswith("nsys profile -t cuda,nvtx,osrt")
+    assert "vllm serve /m --kv-cache-memory-bytes 300000000 " in lines[0]
+    assert "--port 8011" in lines[0] and lines[0].endswith("stopped with SIGINT after the bench")
+    assert lines[1] == (f"vllm bench serve --backend vllm --model /m --port 8011 --num-prompts 200 --save-result "
+                        f"--result-dir {out} --result-filename bench.json")
+    assert lines[2].startswith("nsys export --type sqlite")
+
+
+def test_offline_nsys_capture_then_report(env, tmp_path: Path) -> None:
+    out = tmp_path / "c"
+    r = capture(env, "--out", str(out), "--", "vllm", "bench", "throughput", "--model", "/m", "--max-num-seqs", "4")
+    assert r.returncode == 0, r.stderr
+    m = manifest(out)
+    assert m["status"] == "ok" and [s["exit_code"] for s in m["steps"]] == [0, 0]
+    assert m["environment"]["vllm"] == "0.26.0" and "2025.3.1" in m["environment"]["nsys"]
+    assert m["vllm_args"] == ["--model", "/m", "--max-num-seqs", "4"]
+    assert {"trace.nsys-rep", "trace.sqlite", "bench.json", "bench.log", "export.log"} <= set(m["files"])
+    doc = report_json(out)
+    assert doc["facts"]["vllm.requests_per_second"] == 21.3
+    assert doc["facts"]["config.max_num_seqs"] == 4 and doc["facts"]["config_source.max_num_seqs"] == "given"
+
+
+def test_offline_torch_capture_then_report(env, tmp_path: Path) -> None:
+    out = tmp_path / "c"
+    r = capture(env, "--tool", "torch", "--out", str(out), "--", "vllm", "bench", "throughput", "--model", "/m")
+    assert r.returncode == 0, r.stderr
+    assert (out / "torch" / "rank0.1.pt.trace.json.gz").exists()
+    doc = report_json(out)
+    assert doc["source"]["kind"] == "torch-trace"
+
+
+def test_serve_capture_with_metrics_then_report(env, tmp_path: Path) -> None:
+    out = tmp_path / "c"
+    port = free_port()
+    r = capture(env, "serve", "--out", str(out), "--model", "/tmp/tiny", "--port", str(port),
+                "--server-args", "--kv-cache-memory-bytes 300000000", "--bench-args", "--num-prompts 200")
+    assert r.returncode == 0, r.stderr
+    m = manifest(out)
+    assert m["status"] == "ok" and m["server"]["exit_code"] == 0
+    files = set(m["files"])
+    assert {"server.log", "bench.log", "bench.json", "metrics-before.txt", "metrics-after.txt", "trace.nsys-rep",
+            "trace.sqlite"} <= files
+    assert "Shutting down" in (out / "server.log").read_text()  # stopped with SIGINT, cleanly
+    doc = report_json(out)
+    assert doc["facts"]["vllm.preemptions"] == 29  # the real /metrics scrapes the fake server returns
+    kv = next(f for f in doc["findings"] if f["rule"] == "kv-preemption")
+    assert any(c["flag"] == "--kv-cache-memory-bytes" and c["from"] == 300000000 for c in kv["changes"])
+
+
+def one_line_error(r: subprocess.CompletedProcess, needle: str) -> None:
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    errors = [line for line in r.stderr.splitlines() if line.startswith("profkit: error:")]
+    assert len(errors) == 1 and needle in errors[0], r.stderr
+
+
+def test_missing_nsys_or_vllm_fails_before_anything_starts(env, tmp_path: Path) -> None:
+    out = tmp_path / "c"
+    r = capture(env, "--nsys", "/nonexistent/nsys", "--out", str(out), "--", "vllm", "bench", "throughput")
+    one_line_error(r, "'/nonexistent/nsys' not found on PATH")
+    r = capture(env, "--vllm", "no-such-vllm", "--tool", "torch", "--out", str(out), "--", "vllm", "bench",
+                "throughput")
+    one_line_error(r, "'no-such-vllm' not found on PATH")
+    assert not out.exists()
+
+
+def test_port_already_taken(env, tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        r = capture(env, "serve", "--out", str(tmp_path / "c"), "--model", "/m", "--port", str(s.getsockname()[1]))
+    one_line_error(r, "already in use")
+    assert not (tmp_path / "c").exists()
+
+
+def test_benchmark_failure_is_recorded(env, tmp_path: Path) -> None:
+    out = tmp_path / "c"
+    r = capture({**env, "FAKE_VLLM_FAIL": "bench"}, "--out", str(out), "--", "vllm", "bench", "throughput")
+    one_line_error(r, "vllm bench under nsys exited with code 1")
+    m = manifest(out)
+    assert m["status"] == "failed" and "exited with code 1" in m["failed_at"]
+    assert "CUDA out of memory" in (out / "bench.log").read_text()
+    assert "trace.nsys-rep" in m["files"]  # nsys still wrote what it had
+
+
+def test_server_crash_keeps_the_log(env, tmp_path: Path) -> None:
+    out = tmp_path / "c"
+    r = capture({**env, "FAKE_VLLM_FAIL": "serve-crash"}, "serve", "--tool", "torch", "--out", str(out),
+                "--model", "/m", "--port", str(free_port()))
+    one_line_error(r, "vllm serve exited with code 1 before it was healthy")
+    assert manifest(out)["status"] == "failed"
+    assert "engine core died" in (out / "server.log").read_text()
+
+
+def test_health_timeout(env, tmp_path: Path) -> None:
+    out = tmp_path / "c"
+    r = capture({**env, "FAKE_VLLM_SLOW_HEALTH": "60"}, "serve", "--out", str(out), "--model", "/m",
+                "--port", str(free_port()), "--health-timeout", "2")
+    one_line_error(r, "not healthy within 2 s")
+    m = manifest(out)
+    assert m["status"] == "failed" and m["server"]["exit_code"] == 0  # stopped, not left running
+
+
+def test_step_timeout(env, tmp_path: Path) -> None:
+    out = tmp_path / "c"
+    r = capture({**env, "FAKE_VLLM_BENCH_S": "30"}, "--tool", "torch", "--timeout", "1", "--out", str(out), "--",
+                "vllm", "bench", "throughput")
+    one_line_error(r, "timed out after 1 s")
+    assert manifest(out)["steps"][0]["note"] == "timed out after 1 s"
+
+
+def test_ctrl_c_stops_the_server_and_keeps_a_finalized_trace(env, tmp_path: Path) -> None:
+    out = tmp_path / "c"
+    proc = subprocess.Popen([sys.executable, "-m", "profkit.cli", "capture", "serve", "--out", str(out), "--model",
+                             "/m", "--port", str(free_port())], env={**env, "FAKE_VLLM_BENCH_S": "60"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not (out / "bench.log").exists() and time.time() < deadline:
+        time.sleep(0.2)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0 and "interrupted" in err and "Traceback" not in err
+    m = manifest(out)
+    assert m["status"] == "interrupted" and m["server"]["exit_code"] == 0
+    assert {"trace.nsys-rep", "trace.sqlite", "server.log", "metrics-before.txt"} <= set(m["files"])
