@@ -53,10 +53,6 @@ def report(trace: Path, window: str, fmt: str, output: Path | None, gap_threshol
            progress: bool | None, bench: Path | None, vllm_log: Path | None, metrics: tuple[Path, ...],
            vllm_args: str | None, rules_dirs: tuple[Path, ...]) -> None:
     """Analyse TRACE (nsys SQLite export or capture folder) and print the report."""
-    from profkit.render.html import render_html
-    from profkit.render.json import render_json
-    from profkit.render.markdown import render_markdown
-    from profkit.render.text import render_text
     from profkit.report import build_report
 
     show = sys.stderr.isatty() if progress is None else progress
@@ -64,9 +60,7 @@ def report(trace: Path, window: str, fmt: str, output: Path | None, gap_threshol
         doc = build_report(trace, window=window, gap_threshold_ns=parse_duration(gap_threshold),
                            progress=steps.step, bench=bench, vllm_log=vllm_log, metrics=list(metrics) or None,
                            vllm_args=vllm_args, rules_dirs=list(rules_dirs))
-    renderers = {"json": render_json, "html": render_html, "md": lambda d: render_markdown(d, top=top),
-                 "text": lambda d: render_text(d, top=top)}
-    text = renderers[fmt](doc)
+    text = _render(doc, fmt, top)
     if output:
         output.write_text(text, encoding="utf-8")
         click.echo(f"wrote {output}", err=True)
@@ -159,6 +153,25 @@ def rules_facts() -> None:
 
     for name in sorted(FACT_DOCS):
         click.echo(f"{name:34} {FACT_DOCS[name]}")
+
+
+def _render(doc: dict, fmt: str, top: int) -> str:
+    # Imported on demand: the HTML renderer pulls in matplotlib, which a text or JSON report never needs.
+    if fmt == "html":
+        from profkit.render.html import render_html
+
+        return render_html(doc)
+    if fmt == "json":
+        from profkit.render.json import render_json
+
+        return render_json(doc)
+    if fmt == "md":
+        from profkit.render.markdown import render_markdown
+
+        return render_markdown(doc, top=top)
+    from profkit.render.text import render_text
+
+    return render_text(doc, top=top)
 
 
 class _Steps:
