@@ -195,3 +195,15 @@ def test_ctrl_c_stops_the_server_and_keeps_a_finalized_trace(env, tmp_path: Path
     m = manifest(out)
     assert m["status"] == "interrupted" and m["server"]["exit_code"] == 0
     assert {"trace.nsys-rep", "trace.sqlite", "server.log", "metrics-before.txt"} <= set(m["files"])
+
+
+def test_real_h100_capture_folder_in_samples() -> None:
+    """`samples/capture_thr_torch` was written by `profkit capture --tool torch` on the H100 (vLLM 0.26.0)."""
+    folder = Path(__file__).resolve().parent.parent / "samples" / "capture_thr_torch"
+    m = manifest(folder)
+    assert m["status"] == "ok" and m["environment"]["gpu"] == "NVIDIA H100 80GB HBM3"
+    assert m["environment"]["vllm"] == "0.26.0" and m["steps"][0]["exit_code"] == 0
+    doc = report_json(folder)
+    assert doc["source"]["kind"] == "torch-trace" and doc["facts"]["kernels.count"] == 6975
+    assert doc["facts"]["vllm.requests_per_second"] == json.loads((folder / "bench.json").read_text())[
+        "requests_per_second"]
