@@ -5,7 +5,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
-import os
+import random
 import shutil
 import sqlite3
 import subprocess
@@ -92,10 +92,25 @@ def test_empty_file(tmp_path: Path) -> None:
     assert_one_line_error(profkit("report", str(p)), "empty file")
 
 
-def test_random_bytes(tmp_path: Path) -> None:
+# Fixed junk (not os.urandom): one CI run drew bytes starting with "[" and the file went to the JSON reader.
+JUNK = random.Random(20261123).randbytes(4096)
+
+
+@pytest.mark.parametrize("prefix", [b"", b"[", b"  {", b"\x00\x00"], ids=["junk", "bracket", "brace", "zeros"])
+def test_random_bytes(tmp_path: Path, prefix: bytes) -> None:
     p = tmp_path / "junk.sqlite"
-    p.write_bytes(os.urandom(4096))
-    assert_one_line_error(profkit("report", str(p)), "not a trace")
+    p.write_bytes(prefix + JUNK)
+    result = profkit("report", str(p))
+    assert_one_line_error(result, "not a trace" if prefix != b"\x00\x00" else "nsys-rep")
+    assert all(" " <= ch <= "~" for ch in result.stderr.strip())
+
+
+def test_broken_json_message_is_one_printable_line(tmp_path: Path) -> None:
+    p = tmp_path / "t.json"
+    p.write_bytes(b'{"traceEvents": [{"ph": "X", "name": "\xff\xfe\n\x01')
+    result = profkit("report", str(p))
+    assert_one_line_error(result, "t.json")
+    assert all(" " <= ch <= "~" for ch in result.stderr.strip())
 
 
 @pytest.mark.parametrize("keep", [4096, 65536, 400_000])

@@ -357,7 +357,7 @@ def open_kineto(path: Path) -> Trace:
         raise TraceError(f"{path}: truncated or corrupt gzip ({exc})") from None
     except ijson.JSONError as exc:
         _discard(conn, db)
-        raise TraceError(f"{path}: broken JSON ({str(exc).splitlines()[0][:120]})") from None
+        raise TraceError(f"{path}: broken JSON ({_printable(exc)})") from None
     except OSError as exc:
         _discard(conn, db)
         raise TraceError(f"{path}: unreadable ({exc})") from None
@@ -372,6 +372,15 @@ def open_kineto(path: Path) -> Trace:
                                                            ("cpu_ops", "cpu_ops")) if loader.counts[t]}
     return Trace(conn=conn, path=path, kind="torch-trace", meta=_meta(header), present=frozenset(present),
                  db_file=Path(db), owns_db=True)
+
+
+def _printable(exc: Exception, limit: int = 120) -> str:
+    """The JSON parser's message on one line of printable ASCII (it may quote raw bytes of the file)."""
+    text = exc.args[0] if exc.args else str(exc)
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    first = str(text).strip().splitlines()[0] if str(text).strip() else type(exc).__name__
+    return "".join(ch if " " <= ch <= "~" else "?" for ch in first)[:limit]
 
 
 def _new_db() -> tuple[sqlite3.Connection, str]:

@@ -11,6 +11,26 @@ from profkit.traces.model import Trace
 from profkit.traces.nsys import SQLITE_MAGIC, open_nsys
 
 GZIP_MAGIC = b"\x1f\x8b"
+SNIFF_BYTES = 4096
+
+
+def looks_like_json_text(head: bytes) -> bool:
+    """True when `head` (a file's first bytes) could open a JSON document: `{` or `[` after whitespace, and text.
+
+    Checking that the bytes are UTF-8 text keeps binary junk that happens to start with `[` out of the JSON
+    reader, where it would fail with a lexer message instead of "not a trace".
+    """
+    stripped = head.lstrip(b" \t\r\n")
+    if stripped[:1] not in (b"{", b"["):
+        return False
+    try:
+        text = stripped.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if exc.start < len(stripped) - 3:  # only a multi-byte character cut at the end of `head` is allowed
+            return False
+        text = stripped[:exc.start].decode("utf-8")
+    # JSON allows no raw control characters outside whitespace.
+    return not any(ord(ch) < 0x20 and ch not in "\t\r\n" for ch in text)
 
 
 def open_trace(path: str | os.PathLike) -> Trace:
@@ -23,12 +43,12 @@ def open_trace(path: str | os.PathLike) -> Trace:
     if not os.access(p, os.R_OK):
         raise TraceError(f"{p}: permission denied")
     with p.open("rb") as f:
-        head = f.read(len(SQLITE_MAGIC))
+        head = f.read(SNIFF_BYTES)
     if not head:
         raise TraceError(f"{p}: empty file, not a trace")
-    if head == SQLITE_MAGIC:
+    if head.startswith(SQLITE_MAGIC):
         return open_nsys(p)
-    if head.startswith(GZIP_MAGIC) or head.lstrip()[:1] in (b"{", b"["):
+    if head.startswith(GZIP_MAGIC) or looks_like_json_text(head):
         return open_kineto(p)
     if p.suffix == ".nsys-rep" or head.startswith(b"\x00\x00"):
         raise TraceError(f"{p}: an .nsys-rep report; export it first: nsys export --type sqlite {p}")
