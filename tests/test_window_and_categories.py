@@ -116,3 +116,21 @@ def test_gap_neighbours_and_host_api_from_the_raw_tables(name: str, report_all, 
             assert gap["host_api"][0]["overlap_ns"] == calls[0][1]
         else:
             assert gap["host_api"] == []
+
+
+@pytest.mark.parametrize("value", ["end - start", "start - end", "end * 1000000"], ids=["dur", "negative", "huge"])
+def test_id_histogram_equals_the_group_by(sqlite_path, value: str) -> None:
+    # The packed-key upsert must give the GROUP BY's histogram row for row, and fall back to it for
+    # values the packing cannot hold (negative durations, timestamps far beyond the value range).
+    from profkit.analysis.stats import histogram, id_histogram
+    from profkit.traces import open_trace
+
+    with open_trace(sqlite_path("thr_graphs")) as trace:
+        src = f"SELECT name_id, {value} AS dur, graph_node IS NOT NULL AS graph FROM kernels"
+        fast = id_histogram(trace, src, "name_id", extras={"graph": "graph"})
+        plain = histogram(trace, src, ["name_id"], extras={"graph": "graph"})
+    key = ["name_id", "v"]
+    fast = fast.sort_values(key).reset_index(drop=True)
+    plain = plain.sort_values(key).reset_index(drop=True)
+    assert len(fast) > 1000
+    assert fast[key + ["c", "graph"]].astype("int64").equals(plain[key + ["c", "graph"]].astype("int64"))

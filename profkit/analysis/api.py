@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from profkit.analysis.stats import histogram, summarize
+from profkit.analysis.stats import id_histogram, summarize
 from profkit.analysis.timeline import strip_api_version
 from profkit.analysis.window import Window
 from profkit.traces.model import Trace
@@ -20,8 +20,8 @@ SYNC_APIS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchro
 def api_summary(trace: Trace, window: Window) -> pd.DataFrame:
     """One row per API function (grouped by its string id, as nsys does), nsys's name spelling."""
     stats = summarize(
-        histogram(trace, f"SELECT name_id, end - start AS dur FROM api WHERE {window.where()}",
-                  ["name_id"], window.params),
+        id_histogram(trace, f"SELECT name_id, end - start AS dur FROM api WHERE {window.where()}",
+                     "name_id", window.params),
         ["name_id"],
     )
     if stats.empty:
