@@ -1,8 +1,10 @@
 """GPU busy/idle from the union of kernel and memory-operation intervals, per device.
 
 One window-function pass over all GPU operations (sorted by start per device) writes every idle
-gap into a TEMP table; everything else (utilization of any window, the gap list, phases for the
-automatic window, utilization over time) is read from that much smaller table.
+gap into a TEMP table keyed by (device, start). Everything else (utilization of any window, the
+gap list, phases for the automatic window, utilization over time) is read from that table, and
+every time range is a primary-key range scan: the idle time of a range is the gaps starting in
+it plus the one gap reaching into it from before (a device's gaps never overlap).
 """
 
 from __future__ import annotations
@@ -31,7 +33,9 @@ def build_gap_table(trace: Trace) -> None:
         f"""
         DROP TABLE IF EXISTS temp.gpu_gaps;
         DROP TABLE IF EXISTS temp.gpu_spans;
-        CREATE TEMP TABLE gpu_gaps AS
+        CREATE TEMP TABLE gpu_gaps (device INTEGER, start INTEGER, end INTEGER, PRIMARY KEY (device, start))
+            WITHOUT ROWID;
+        INSERT INTO gpu_gaps
         WITH ops AS (
             SELECT device, start, end FROM kernels
             UNION ALL
@@ -69,29 +73,10 @@ def phases(trace: Trace, split_ns: int = PHASE_GAP_NS) -> list[dict[str, Any]]:
         bounds.append((cursor, gap_start))
         cursor = gap_end
     bounds.append((cursor, last))
-    # Idle per phase and device in one pass over the gaps (a phase lookup per gap by index), not
-    # one scan per phase: a whole-process trace has dozens of phases and millions of gaps.
-    trace.conn.executescript(
-        "DROP TABLE IF EXISTS temp.phase_bounds;"
-        "CREATE TEMP TABLE phase_bounds (p INTEGER PRIMARY KEY, start INTEGER, end INTEGER);"
-    )
-    trace.conn.executemany("INSERT INTO temp.phase_bounds VALUES (?, ?, ?)",
-                           [(i, s, e) for i, (s, e) in enumerate(bounds)])
-    trace.conn.execute("CREATE INDEX temp.phase_bounds_start ON phase_bounds (start)")
-    idle = trace.query(
-        """SELECT (SELECT p FROM phase_bounds WHERE start <= g.start ORDER BY start DESC LIMIT 1) AS p,
-                  g.device, sum(g.end - g.start)
-           FROM gpu_gaps g WHERE g.end - g.start < :split GROUP BY p, g.device""",
-        {"split": split_ns},
-    )
-    idle_by = {(int(p), int(d)): int(v) for p, d, v in idle if p is not None}
-    spans = trace.query("SELECT device, first_start, last_end FROM gpu_spans")
+    idle = {d: _idle_ranges(trace, d, bounds) for d in _devices(trace)}
     result = []
     for i, (start, end) in enumerate(bounds):
-        busy = 0
-        for d, first_d, last_d in spans:
-            outside = max(0, min(first_d, end) - start) + max(0, end - max(last_d, start))
-            busy += max(0, (end - start) - idle_by.get((i, int(d)), 0) - outside)
+        busy = sum(max(0, (end - start) - idle[d][i]) for d in idle)
         result.append({"start_ns": start, "end_ns": end, "busy_ns": busy})
     return result
 
@@ -123,17 +108,30 @@ def _devices(trace: Trace) -> list[int]:
     return [r[0] for r in trace.query("SELECT device FROM gpu_spans ORDER BY device")]
 
 
-def _idle_in(trace: Trace, w0: int, w1: int) -> dict[int, int]:
-    """Idle ns per device inside [w0, w1]: gaps clipped to the window plus time outside the span."""
-    rows = trace.query(
-        """SELECT s.device,
-                  coalesce((SELECT sum(min(g.end, :w1) - max(g.start, :w0)) FROM gpu_gaps g
-                            WHERE g.device = s.device AND g.end > :w0 AND g.start < :w1), 0)
-                  + max(0, min(s.first_start, :w1) - :w0) + max(0, :w1 - max(s.last_end, :w0))
-           FROM gpu_spans s""",
-        {"w0": w0, "w1": w1},
+def _idle_ranges(trace: Trace, device: int, ranges: list[tuple[int, int]]) -> list[int]:
+    """Idle ns of `device` in each [lo, hi): gaps clipped to the range, plus the time before the
+    device's first and after its last operation. Two primary-key seeks and a range scan per range."""
+    trace.conn.executescript(
+        "DROP TABLE IF EXISTS temp.idle_ranges;"
+        "CREATE TEMP TABLE idle_ranges (i INTEGER PRIMARY KEY, lo INTEGER, hi INTEGER);"
     )
-    return {int(d): min(int(v), w1 - w0) for d, v in rows}
+    trace.conn.executemany("INSERT INTO temp.idle_ranges VALUES (?, ?, ?)",
+                           [(i, lo, hi) for i, (lo, hi) in enumerate(ranges)])
+    rows = trace.query(
+        """SELECT r.i, r.lo, r.hi,
+                  coalesce((SELECT sum(min(g.end, r.hi) - g.start) FROM gpu_gaps g
+                            WHERE g.device = :d AND g.start >= r.lo AND g.start < r.hi), 0)
+                  + coalesce((SELECT max(0, min(g.end, r.hi) - r.lo) FROM gpu_gaps g
+                              WHERE g.device = :d AND g.start < r.lo ORDER BY g.start DESC LIMIT 1), 0),
+                  s.first_start, s.last_end
+           FROM idle_ranges r, gpu_spans s WHERE s.device = :d ORDER BY r.i""",
+        {"d": device},
+    )
+    out = []
+    for _, lo, hi, gaps, first, last in rows:
+        outside = max(0, min(first, hi) - lo) + max(0, hi - max(last, lo))
+        out.append(min(int(gaps) + outside, max(0, hi - lo)))
+    return out
 
 
 @dataclass
@@ -154,7 +152,9 @@ def gpu_timeline(trace: Trace, window: Window, gap_threshold_ns: int = 100_000, 
                  n_buckets: int = 100) -> Timeline:
     """Busy/idle, gap list and utilization-over-time of `window` (gap table must be built)."""
     w0, w1 = window.start_ns, window.end_ns
-    idle = _idle_in(trace, w0, w1)
+    # The buckets partition the window, so their idle times add up to the window's.
+    bucket_idle, buckets = _buckets(trace, w0, w1, n_buckets)
+    idle = {d: sum(series) for d, series in bucket_idle.items()}
     length = max(1, w1 - w0)
     devices = [
         {"device": d, "busy_ns": length - idle.get(d, 0), "idle_ns": idle.get(d, 0),
@@ -171,33 +171,48 @@ def gpu_timeline(trace: Trace, window: Window, gap_threshold_ns: int = 100_000, 
         utilization=busy / max(1, busy + idle_total),
         gaps=_gap_list(trace, w0, w1, gap_threshold_ns, max_gaps),
         gap_classes=_gap_classes(trace, w0, w1),
-        buckets=_buckets(trace, w0, w1, n_buckets),
+        buckets=buckets,
     )
 
 
 def _gap_classes(trace: Trace, w0: int, w1: int) -> dict[str, dict[str, int]]:
-    """Idle time by gap size class. Gaps inside the window are counted with FILTER aggregates over the
-    raw duration (3x cheaper than clipping every row); the few crossing a window edge are clipped."""
+    """Idle time by gap size class. Gaps inside the window count by their duration; the few that cross
+    a window edge are clipped. Most gaps are short (back-to-back kernels): the classes above the first
+    are counted over the longer gaps only, the first is the rest."""
     bounds, lower = [], 0
     for upper, label in GAP_CLASSES:
         bounds.append((label, lower, upper))
         lower = upper or 0
-    aggs = []
-    for _, lo, hi in bounds:
-        cond = f"end - start >= {lo}" + (f" AND end - start < {hi}" if hi else "")
-        aggs.append(f"count(*) FILTER (WHERE {cond}), coalesce(sum(end - start) FILTER (WHERE {cond}), 0)")
-    inside = trace.conn.execute(
-        f"SELECT {', '.join(aggs)} FROM gpu_gaps WHERE start >= :w0 AND end <= :w1", {"w0": w0, "w1": w1}
-    ).fetchone()
-    out = {label: {"count": int(inside[2 * i]), "idle_ns": int(inside[2 * i + 1])}
-           for i, (label, _, _) in enumerate(bounds)}
-    crossing = trace.query(
-        "SELECT min(end, :w1) - max(start, :w0) FROM gpu_gaps "
-        "WHERE end > :w0 AND start < :w1 AND (start < :w0 OR end > :w1)", {"w0": w0, "w1": w1})
-    for (d,) in crossing:
-        label = next(lb for lb, lo, hi in bounds if d >= lo and (hi is None or d < hi))
-        out[label]["count"] += 1
-        out[label]["idle_ns"] += int(d)
+    out = {label: {"count": 0, "idle_ns": 0} for label, _, _ in bounds}
+    first_label, first_hi = bounds[0][0], bounds[0][2]
+    aggs = ", ".join(
+        f"count(*) FILTER (WHERE d >= {lo}{f' AND d < {hi}' if hi else ''}), "
+        f"coalesce(sum(d) FILTER (WHERE d >= {lo}{f' AND d < {hi}' if hi else ''}), 0)"
+        for _, lo, hi in bounds[1:])
+    for d in _devices(trace):
+        params = {"d": d, "w0": w0, "w1": w1, "t": first_hi}
+        inside = "device = :d AND start >= :w0 AND start < :w1 AND end <= :w1"
+        n, total = trace.query(f"SELECT count(*), coalesce(sum(end - start), 0) FROM gpu_gaps WHERE {inside}",
+                               params)[0]
+        longer = trace.query(f"SELECT {aggs} FROM (SELECT end - start AS d FROM gpu_gaps "
+                             f"WHERE {inside} AND end - start >= :t)", params)[0]
+        for i, (label, _, _) in enumerate(bounds[1:]):
+            out[label]["count"] += int(longer[2 * i])
+            out[label]["idle_ns"] += int(longer[2 * i + 1])
+        out[first_label]["count"] += int(n) - sum(int(c) for c in longer[0::2])
+        out[first_label]["idle_ns"] += int(total) - sum(int(v) for v in longer[1::2])
+        # At most one gap crosses each window edge.
+        crossing = trace.query(
+            """SELECT min(end, :w1) - max(start, :w0) FROM (
+                   SELECT start, end FROM gpu_gaps WHERE device = :d AND start < :w0 ORDER BY start DESC LIMIT 1)
+               WHERE end > :w0
+               UNION ALL
+               SELECT min(end, :w1) - start FROM gpu_gaps
+               WHERE device = :d AND start >= :w0 AND start < :w1 AND end > :w1""", params)
+        for (dur,) in crossing:
+            label = next(lb for lb, lo, hi in bounds if dur >= lo and (hi is None or dur < hi))
+            out[label]["count"] += 1
+            out[label]["idle_ns"] += int(dur)
     return out
 
 
@@ -207,8 +222,9 @@ def _gap_list(trace: Trace, w0: int, w1: int, threshold: int, limit: int) -> lis
         """CREATE TEMP TABLE top_gaps AS
            SELECT g.device, g.start AS gap_start, g.end AS gap_end,
                   max(g.start, :w0) AS start, min(g.end, :w1) AS end
-           FROM gpu_gaps g
-           WHERE g.end > :w0 AND g.start < :w1 AND min(g.end, :w1) - max(g.start, :w0) >= :t
+           FROM gpu_gaps g  -- the duration test first: it rejects almost every gap
+           WHERE g.end - g.start >= :t AND g.end > :w0 AND g.start < :w1
+                 AND min(g.end, :w1) - max(g.start, :w0) >= :t
            ORDER BY min(g.end, :w1) - max(g.start, :w0) DESC LIMIT :n""",
         {"w0": w0, "w1": w1, "t": threshold, "n": limit},
     )
@@ -315,48 +331,16 @@ def _first_seq_at(trace: Trace, t: int, bounds: tuple[int, int], relation: str) 
     return lo
 
 
-def _buckets(trace: Trace, w0: int, w1: int, n: int) -> dict[str, Any]:
-    """Busy fraction per equal time bucket of the window, per device."""
+def _buckets(trace: Trace, w0: int, w1: int, n: int) -> tuple[dict[int, list[int]], dict[str, Any]]:
+    """Idle ns per equal time bucket of the window and device, and the busy fractions for the report."""
     width = max(1, -(-(w1 - w0) // n))
-    trace.conn.executescript(
-        "DROP TABLE IF EXISTS temp.buckets; CREATE TEMP TABLE buckets (b INTEGER PRIMARY KEY);"
-    )
-    trace.conn.executemany("INSERT INTO temp.buckets VALUES (?)", [(i,) for i in range(n)])
-    # Idle per bucket from the gaps (each clipped to the window, split across the buckets it spans),
-    # plus the time before a device's first and after its last operation.
-    # Most gaps sit inside one bucket: a plain GROUP BY. The rest (long gaps, window edges, time
-    # before the first / after the last operation) are split across buckets with a range join.
-    params = {"w0": w0, "w1": w1, "bw": width}
-    single = "start >= :w0 AND end <= :w1 AND (start - :w0) / :bw = (end - 1 - :w0) / :bw"
-    rows = trace.query(
-        f"SELECT device, (start - :w0) / :bw AS b, sum(end - start) FROM gpu_gaps WHERE {single} "
-        "GROUP BY device, b", params)
-    rows += trace.query(
-        f"""WITH idle AS (
-               SELECT device, max(start, :w0) AS s, min(end, :w1) AS e FROM gpu_gaps
-               WHERE end > :w0 AND start < :w1 AND NOT ({single})
-               UNION ALL SELECT device, :w0, min(first_start, :w1) FROM gpu_spans WHERE first_start > :w0
-               UNION ALL SELECT device, max(last_end, :w0), :w1 FROM gpu_spans WHERE last_end < :w1
-           )
-           SELECT i.device, b.b,
-                  sum(min(i.e, :w0 + (b.b + 1) * :bw) - max(i.s, :w0 + b.b * :bw)) AS idle
-           FROM idle i JOIN buckets b ON b.b BETWEEN (i.s - :w0) / :bw AND (i.e - 1 - :w0) / :bw
-           GROUP BY i.device, b.b""",
-        params,
-    )
-    idle: dict[tuple[int, int], int] = {}
-    for d, b, v in rows:
-        idle[(int(d), int(b))] = idle.get((int(d), int(b)), 0) + int(v)
-    per_device = {}
-    for d in _devices(trace):
-        series = []
-        for b in range(n):
-            lo, hi = w0 + b * width, min(w1, w0 + (b + 1) * width)
-            if hi <= lo:
-                break
-            series.append(round(1.0 - idle.get((d, b), 0) / (hi - lo), 4))
-        per_device[str(d)] = series
-    return {"start_ns": w0, "bucket_ns": width, "busy_fraction": per_device}
+    ranges = [(w0 + b * width, min(w1, w0 + (b + 1) * width)) for b in range(n) if w0 + b * width < w1]
+    if not ranges:  # an empty window
+        ranges = [(w0, w0 + 1)]
+    idle = {d: _idle_ranges(trace, d, ranges) for d in _devices(trace)}
+    busy_fraction = {str(d): [round(1.0 - i / (hi - lo), 4) for i, (lo, hi) in zip(series, ranges, strict=True)]
+                     for d, series in idle.items()}
+    return idle, {"start_ns": w0, "bucket_ns": width, "busy_fraction": busy_fraction}
 
 
 def strip_api_version(name: str) -> str:
