@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 
+import pandas as pd
 import pytest
 
 from profkit.analysis.categories import categorize
@@ -134,3 +135,39 @@ def test_id_histogram_equals_the_group_by(sqlite_path, value: str) -> None:
     plain = plain.sort_values(key).reset_index(drop=True)
     assert len(fast) > 1000
     assert fast[key + ["c", "graph"]].astype("int64").equals(plain[key + ["c", "graph"]].astype("int64"))
+
+
+def _raw_launch_latencies(path) -> pd.Series:
+    import sqlite3
+
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    return pd.read_sql_query(
+        """SELECT k.start - r.start AS latency FROM CUPTI_ACTIVITY_KIND_KERNEL k
+           JOIN CUPTI_ACTIVITY_KIND_RUNTIME r ON r.correlationId = k.correlationId
+           WHERE k.graphNodeId IS NULL""", conn)["latency"]
+
+
+@pytest.mark.parametrize("name", ["eager_b1", "thr_graphs"])
+def test_launch_latency_equals_the_raw_join(name: str, report_all, sqlite_path) -> None:
+    # Under the sample size every eager kernel is joined to its launch call: exact quantiles.
+    raw = _raw_launch_latencies(sqlite_path(name))
+    launch = report_all(name)["launch"]
+    assert launch["sampled"] == len(raw) > 1000
+    assert launch["median_ns"] == raw.quantile(0.5)
+    assert launch["p90_ns"] == raw.quantile(0.9)
+
+
+def test_launch_latency_sampled_in_slices(sqlite_path, monkeypatch) -> None:
+    # Above the sample size the kernels of 20 time slices are joined: about the sample size of them,
+    # with a median close to the exact one (launch latency is steady within a run).
+    from profkit.analysis import launch
+    from profkit.analysis.window import choose_window
+    from profkit.traces import open_trace
+
+    raw = _raw_launch_latencies(sqlite_path("eager_b1"))
+    monkeypatch.setattr(launch, "LATENCY_SAMPLE", 2000)
+    with open_trace(sqlite_path("eager_b1")) as trace:
+        got = launch.launch_latency(trace, choose_window(trace, "all"), eager_kernels=len(raw))
+    assert got["slices"] == 20
+    assert 1000 < got["sampled"] < 3000
+    assert got["median_ns"] == pytest.approx(raw.quantile(0.5), rel=0.1)

@@ -234,7 +234,7 @@ def _gap_list(trace: Trace, w0: int, w1: int, threshold: int, limit: int) -> lis
     )
     if gaps.empty:
         return []
-    api_bounds, kernel_bounds = _seq_bounds(trace, "api"), _seq_bounds(trace, "kernels")
+    api_bounds, kernel_bounds = seq_bounds(trace, "api"), seq_bounds(trace, "kernels")
     by_gap = {int(g.gid): _host_api_during(trace, int(g.start), int(g.end), api_bounds)
               for g in gaps.itertuples()}
     neighbours = _neighbours(trace, gaps, kernel_bounds)
@@ -257,7 +257,7 @@ LOOKBACK_NS = 100_000_000
 SEQ_MARGIN = 256
 
 
-def _seq_bounds(trace: Trace, relation: str) -> tuple[int, int] | None:
+def seq_bounds(trace: Trace, relation: str) -> tuple[int, int] | None:
     # Two ORDER BY ... LIMIT 1 seeks: min(seq), max(seq) in one query would scan the table.
     first = trace.query(f"SELECT seq FROM {relation} ORDER BY seq LIMIT 1")
     last = trace.query(f"SELECT seq FROM {relation} ORDER BY seq DESC LIMIT 1")
@@ -281,13 +281,13 @@ def _neighbours(trace: Trace, gaps: pd.DataFrame, kernel_bounds: tuple[int, int]
         before = mem_before.get(gid)
         after = mem_after.get(gid)
         if kernel_bounds and before is None:
-            lo = _first_seq_at(trace, g0 - LOOKBACK_NS, kernel_bounds, "kernels") - SEQ_MARGIN
-            hi = _first_seq_at(trace, g0, kernel_bounds, "kernels") + SEQ_MARGIN
+            lo = first_seq_at(trace, g0 - LOOKBACK_NS, kernel_bounds, "kernels") - SEQ_MARGIN
+            hi = first_seq_at(trace, g0, kernel_bounds, "kernels") + SEQ_MARGIN
             row = trace.query("SELECT s.value FROM kernels k JOIN strings s ON s.id = k.name_id WHERE k.seq "
                               "BETWEEN ? AND ? AND k.device = ? AND k.end = ? LIMIT 1", (lo, hi, int(g.device), g0))
             before = row[0][0] if row else None
         if kernel_bounds and after is None:
-            at = _first_seq_at(trace, g1, kernel_bounds, "kernels")
+            at = first_seq_at(trace, g1, kernel_bounds, "kernels")
             row = trace.query("SELECT s.value FROM kernels k JOIN strings s ON s.id = k.name_id WHERE k.seq "
                               "BETWEEN ? AND ? AND k.device = ? AND k.start = ? LIMIT 1",
                               (at - SEQ_MARGIN, at + SEQ_MARGIN, int(g.device), g1))
@@ -304,8 +304,8 @@ def _host_api_during(trace: Trace, g0: int, g1: int, bounds: tuple[int, int] | N
     """
     if bounds is None:
         return []
-    lo = _first_seq_at(trace, g0 - LOOKBACK_NS, bounds, "api") - SEQ_MARGIN
-    hi = _first_seq_at(trace, g1, bounds, "api") + SEQ_MARGIN
+    lo = first_seq_at(trace, g0 - LOOKBACK_NS, bounds, "api") - SEQ_MARGIN
+    hi = first_seq_at(trace, g1, bounds, "api") + SEQ_MARGIN
     rows = trace.query(
         """SELECT s.value, count(*), sum(min(a.end, :g1) - max(a.start, :g0)) AS overlap
            FROM api a JOIN strings s ON s.id = a.name_id
@@ -316,7 +316,7 @@ def _host_api_during(trace: Trace, g0: int, g1: int, bounds: tuple[int, int] | N
     return [{"name": strip_api_version(n), "calls": int(c), "overlap_ns": int(o)} for n, c, o in rows]
 
 
-def _first_seq_at(trace: Trace, t: int, bounds: tuple[int, int], relation: str) -> int:
+def first_seq_at(trace: Trace, t: int, bounds: tuple[int, int], relation: str) -> int:
     """Smallest seq of `relation` whose event starts at or after t (binary search over row ids)."""
     lo, hi = bounds[0], bounds[1] + 1
     while lo < hi:
