@@ -1,6 +1,7 @@
 """torch.profiler / Kineto Chrome-trace JSON (plain or .gz) as a normalized `Trace`.
 
-The JSON is streamed: Kineto's layout is cut into 16 MB chunks at event boundaries and each chunk is
+The JSON is streamed: Kineto's layout is cut into 16 MB chunks at event boundaries (decoded by worker
+processes when there is more than one) and each chunk is
 decoded by msgspec into small structs holding only the fields profkit reads; any other layout goes
 through ijson one event object at a time. Rows are written in batches to a SQLite database in a
 temporary file, so a trace of hundreds of MB never becomes a list of Python objects.
@@ -13,12 +14,17 @@ from __future__ import annotations
 
 import gzip
 import io
+import itertools
+import multiprocessing
 import os
 import re
+import shutil
 import sqlite3
 import tempfile
 import zlib
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any
 
@@ -85,6 +91,7 @@ class _Loader:
         self.rows: dict[str, list[tuple]] = {t: [] for t in ("raw_kernels", "raw_memops", "raw_api", "raw_sync",
                                                            "nvtx", "cpu_ops")}
         self.counts: dict[str, int] = {t: 0 for t in self.rows}
+        self.saved_names = 0  # names[:saved_names] are in the strings table
 
     def name_id(self, name: str) -> int:
         nid = self.names.get(name)
@@ -175,9 +182,15 @@ class _Loader:
                 self.counts[t] += len(rows)
                 rows.clear()
 
+    def flush_names(self) -> None:
+        """Write the names seen since the last call (ids are assigned in order of first sight)."""
+        new = [(i, n) for n, i in self.names.items() if i > self.saved_names]
+        self.conn.executemany("INSERT INTO strings VALUES (?, ?)", new)
+        self.saved_names = len(self.names)
+
     def finish(self) -> None:
         self.flush()
-        self.conn.executemany("INSERT INTO strings VALUES (?, ?)", ((i, n) for n, i in self.names.items()))
+        self.flush_names()
         self.conn.executescript(FINISH)
         # Kernels replayed from a CUDA graph were launched by cudaGraphLaunch (joined by correlation id).
         self.conn.execute(
@@ -252,11 +265,38 @@ class _Prefetch:
 
 
 def _load_fast(path: Path, loader: _Loader) -> int:
-    """Chunked msgspec decoding (~3x faster than ijson); raises _NotKinetoLayout to fall back."""
-    chunk_decoder = msgspec.json.Decoder(list[_Event])
-    tail_decoder = msgspec.json.Decoder(_Tail)
-    n = 0
+    """Chunked msgspec decoding (~3x faster than ijson); raises _NotKinetoLayout to fall back.
 
+    A trace of one chunk is decoded here; a longer one by worker processes (decoding and the
+    per-event loop hold the GIL, so threads would not help), each writing its own SQLite file,
+    merged into `loader`'s database at the end.
+    """
+    chunks = _kineto_chunks(path)
+    first = next(chunks, None)
+    if first is None:
+        return 0
+    second = next(chunks, None)
+    if second is None:
+        return _decode_into(loader, *first)
+    return _load_parallel(loader, itertools.chain([first, second], chunks))
+
+
+_LIST_DECODER = msgspec.json.Decoder(list[_Event])
+_TAIL_DECODER = msgspec.json.Decoder(_Tail)
+
+
+def _decode_into(loader: _Loader, data: bytes, tail: bool) -> int:
+    try:
+        events = _TAIL_DECODER.decode(data).traceEvents if tail else _LIST_DECODER.decode(data)
+    except msgspec.DecodeError:
+        raise _NotKinetoLayout from None
+    loader.add_events(events)
+    return len(events)
+
+
+def _kineto_chunks(path: Path) -> Iterator[tuple[bytes, bool]]:
+    """traceEvents as ~16 MB JSON arrays cut at event boundaries: (array text, False), then the rest of
+    the document as (object text, True)."""
     with _open_stream(path) as raw, _Prefetch(raw) as f:
         buf = bytearray()
         while True:  # skip the header up to the opening bracket of traceEvents
@@ -269,32 +309,112 @@ def _load_fast(path: Path, loader: _Loader) -> int:
                 break
             if not block:
                 raise _NotKinetoLayout
-        eof = False
-        while not eof:
+        while True:
             block = f.read(_CHUNK)
-            eof = not block
+            if not block:
+                yield b'{"traceEvents": ' + bytes(buf), True
+                return
             buf += block
-            cut = buf.rfind(_SEPARATOR) if not eof else -1
-            if cut < 0 and not eof:
+            cut = buf.rfind(_SEPARATOR)
+            if cut < 0:
                 if len(buf) > 4 * _CHUNK:  # no event boundary in 64 MB: not Kineto's layout, stream it
                     raise _NotKinetoLayout
                 continue
-            try:
-                if eof:
-                    events = tail_decoder.decode(b'{"traceEvents": ' + bytes(buf)).traceEvents
-                else:
-                    # Decode in place, without copying 16 MB: the separator's comma becomes the closing
-                    # bracket, and the chunk is prefixed by the bracket left from the previous round.
-                    buf[cut + 1] = ord("]")
-                    with memoryview(buf) as view:
-                        events = chunk_decoder.decode(view[: cut + 2])
-                    del buf[: cut + 2]
-                    buf[0] = ord("[")  # was the newline after the comma: "[  {" starts the next chunk
-            except msgspec.DecodeError:
-                raise _NotKinetoLayout from None
-            loader.add_events(events)
-            n += len(events)
+            # The separator's comma becomes the closing bracket; its newline, the next chunk's "[".
+            buf[cut + 1] = ord("]")
+            chunk = bytes(buf[: cut + 2])
+            del buf[: cut + 2]
+            buf[0] = ord("[")
+            yield chunk, False
+
+
+def _workers() -> int:
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+def _load_parallel(loader: _Loader, chunks: Iterator[tuple[bytes, bool]]) -> int:
+    workdir = Path(tempfile.mkdtemp(prefix="profkit-kineto-"))
+    n_workers = _workers()
+    # forkserver/spawn, not fork: this process already runs the gunzip prefetch thread.
+    methods = multiprocessing.get_all_start_methods()
+    ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+    n, dbs = 0, set()
+    try:
+        with ProcessPoolExecutor(max_workers=n_workers, mp_context=ctx) as pool:
+            pending: deque = deque()
+
+            def collect() -> None:
+                nonlocal n
+                db, events, counts = pending.popleft().result()
+                dbs.add(db)
+                n += events
+                for table, c in counts.items():
+                    loader.counts[table] += c
+
+            for data, tail in chunks:
+                pending.append(pool.submit(_decode_in_worker, str(workdir), data, tail))
+                while len(pending) > n_workers:  # bounded: a chunk queued per worker, flat memory
+                    collect()
+            while pending:
+                collect()
+        for db in sorted(dbs):
+            _merge_worker_db(loader, db)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
     return n
+
+
+# A worker process's own database, opened on its first chunk: (file, loader).
+_worker_db: tuple[str, _Loader] | None = None
+
+
+def _decode_in_worker(workdir: str, data: bytes, tail: bool) -> tuple[str, int, dict[str, int]]:
+    """In a worker process: decode one chunk into this process's own SQLite file."""
+    global _worker_db
+    if _worker_db is None:
+        db = str(Path(workdir) / f"worker-{os.getpid()}.sqlite")
+        conn = sqlite3.connect(db)
+        conn.executescript("PRAGMA journal_mode = OFF; PRAGMA synchronous = OFF;" + SCHEMA)
+        _worker_db = (db, _Loader(conn))
+    db, loader = _worker_db
+    before = dict(loader.counts)
+    events = _decode_into(loader, data, tail)
+    loader.flush()
+    loader.flush_names()
+    loader.conn.commit()
+    return db, events, {t: loader.counts[t] - before[t] for t in before}
+
+
+def _merge_worker_db(loader: _Loader, db: str) -> None:
+    """Append a worker's rows to the main database, its name ids mapped to the main string ids."""
+    conn = loader.conn
+    loader.flush_names()
+    conn.execute("ATTACH DATABASE ? AS w", (db,))
+    try:
+        conn.executescript(
+            """
+            CREATE INDEX IF NOT EXISTS strings_value ON strings (value);
+            INSERT INTO strings (value) SELECT value FROM w.strings
+                WHERE value NOT IN (SELECT value FROM main.strings);
+            DROP TABLE IF EXISTS temp.name_map;
+            CREATE TEMP TABLE name_map (local INTEGER PRIMARY KEY, global INTEGER);
+            INSERT INTO name_map SELECT ws.id, s.id FROM w.strings ws JOIN main.strings s ON s.value = ws.value;
+            INSERT INTO raw_kernels SELECT k.start, k.end, k.device, k.stream, k.correlation, k.pid, m.global
+                FROM w.raw_kernels k JOIN name_map m ON m.local = k.name_id;
+            INSERT INTO raw_api SELECT a.start, a.end, a.tid, a.pid, a.correlation, m.global
+                FROM w.raw_api a JOIN name_map m ON m.local = a.name_id;
+            INSERT INTO cpu_ops SELECT c.start, c.end, c.tid, m.global
+                FROM w.cpu_ops c JOIN name_map m ON m.local = c.name_id;
+            INSERT INTO raw_memops SELECT * FROM w.raw_memops;
+            INSERT INTO raw_sync SELECT * FROM w.raw_sync;
+            INSERT INTO nvtx SELECT * FROM w.nvtx;
+            """
+        )
+        conn.commit()
+    finally:
+        conn.execute("DETACH DATABASE w")
+    loader.names = dict(conn.execute("SELECT value, id FROM strings"))
+    loader.saved_names = max(loader.names.values(), default=0)
 
 
 def _load_ijson(path: Path, loader: _Loader) -> int:
