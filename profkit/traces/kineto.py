@@ -1,11 +1,10 @@
 """torch.profiler / Kineto Chrome-trace JSON (plain or .gz) as a normalized `Trace`.
 
-The JSON is streamed: Kineto's layout is cut into 16 MB chunks at event boundaries (decoded by worker
-processes when there is more than one) and each chunk is
-decoded by msgspec into small structs holding only the fields profkit reads; any other layout goes
-through ijson one event object at a time. Rows are written in batches to a SQLite database in a
-temporary file, so a trace of hundreds of MB never becomes a list of Python objects.
-The analyses then run on that database exactly as on an nsys
+The JSON is streamed: Kineto's layout is cut into 16 MB chunks at event boundaries, and each chunk is
+decoded by msgspec into small structs holding only the fields profkit reads (by worker processes when
+there is more than one chunk); any other layout goes through ijson one event object at a time. Rows
+are written in batches to a SQLite database in a temporary file, so a trace of hundreds of MB never
+becomes a list of Python objects. The analyses then run on that database exactly as on an nsys
 export. Timestamps: Kineto writes microseconds as floats on the trace's clock; they become integer
 nanoseconds on the same clock (`baseTimeNanoseconds` is kept in `meta` to map them to wall time).
 """
