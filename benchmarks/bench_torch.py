@@ -2,8 +2,8 @@
 
 The traces are the real vLLM worker trace of the fixtures (8.5 MB of JSON) and copies of it grown
 by replicating its events with shifted timestamps and correlation / External ids (gzip-compressed,
-as torch.profiler writes them). Each tool runs in its own process, timed with /usr/bin/time for
-wall time and peak RSS:
+as torch.profiler writes them). Each tool runs in its own process tree, timed for wall time, with
+peak memory as the RSS summed over the tree (profkit's decoding workers included):
 
 * profkit: `profkit report TRACE --window all --format json` (every analysis, rules included);
 * HTA: `TraceAnalysis(trace_dir)` (load) + `get_temporal_breakdown` + `get_idle_time_breakdown`
@@ -15,12 +15,13 @@ wall time and peak RSS:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import json
-import re
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -75,12 +76,40 @@ def replicate(src: Path, copies: int, out: Path) -> int:
     return size
 
 
+def _tree(pid: int) -> list[int]:
+    pids, i = [pid], 0
+    while i < len(pids):
+        for task in Path(f"/proc/{pids[i]}/task").glob("*"):
+            with contextlib.suppress(OSError):
+                pids += [int(c) for c in (task / "children").read_text().split()]
+        i += 1
+    return pids
+
+
+def _rss_kib(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
 def timed(cmd: list[str]) -> tuple[float, float]:
-    proc = subprocess.run(["/usr/bin/time", "-f", "%e %M", *cmd], capture_output=True, text=True)
+    """Wall seconds and peak memory (MiB) of a command: the RSS summed over its whole process tree
+    (profkit decodes in worker processes), sampled every 20 ms."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    peak = 0
+    while proc.poll() is None:
+        peak = max(peak, sum(_rss_kib(p) for p in _tree(proc.pid)))
+        time.sleep(0.02)
+    wall = time.perf_counter() - t0
+    err = proc.stderr.read() if proc.stderr else ""
     if proc.returncode:
-        raise SystemExit(f"failed: {' '.join(cmd)}\n{proc.stderr[-2000:]}")
-    m = re.findall(r"^([\d.]+) (\d+)$", proc.stderr, re.MULTILINE)[-1]
-    return float(m[0]), int(m[1]) / 1024
+        raise SystemExit(f"failed: {' '.join(cmd)}\n{err[-2000:]}")
+    return wall, peak / 1024
 
 
 def main() -> None:

@@ -207,7 +207,7 @@ def test_parallel_decoding_gives_the_same_database(monkeypatch) -> None:
     calls = []
     real = kineto._load_parallel
     monkeypatch.setattr(kineto, "_load_parallel", lambda *a: calls.append(1) or real(*a))
-    monkeypatch.setattr(kineto, "_CHUNK", 1 << 20)
+    monkeypatch.setattr(kineto, "_CHUNK", 1 << 20)  # 7 chunks
     with open_trace(TORCH["vllm_rank0"]) as parallel:
         got = dump(parallel)
     assert calls == [1]

@@ -230,7 +230,10 @@ class _Tail(msgspec.Struct):
     traceEvents: list[_Event]  # noqa: N815 - the JSON key
 
 
-_CHUNK = 16 << 20
+# 4 MB of JSON decodes to ~25 MB of structs: small enough to keep each worker's memory low.
+_CHUNK = 4 << 20
+# Traces of up to this many chunks (12 MB of JSON) are decoded in this process.
+IN_PROCESS_CHUNKS = 3
 # Kineto writes one event per `{ ... }` block, separated by "},\n  {" at the top level of traceEvents. A
 # raw newline never occurs inside a JSON string, so a split there is between two events or, in an
 # unexpected layout, yields invalid JSON, which sends the whole file to the generic ijson path.
@@ -266,18 +269,15 @@ class _Prefetch:
 def _load_fast(path: Path, loader: _Loader) -> int:
     """Chunked msgspec decoding (~3x faster than ijson); raises _NotKinetoLayout to fall back.
 
-    A trace of one chunk is decoded here; a longer one by worker processes (decoding and the
+    A small trace is decoded here; a longer one by worker processes (decoding and the
     per-event loop hold the GIL, so threads would not help), each writing its own SQLite file,
     merged into `loader`'s database at the end.
     """
     chunks = _kineto_chunks(path)
-    first = next(chunks, None)
-    if first is None:
-        return 0
-    second = next(chunks, None)
-    if second is None:
-        return _decode_into(loader, *first)
-    return _load_parallel(loader, itertools.chain([first, second], chunks))
+    head = list(itertools.islice(chunks, IN_PROCESS_CHUNKS + 1))
+    if len(head) <= IN_PROCESS_CHUNKS:  # small trace: starting workers would cost more than they save
+        return sum(_decode_into(loader, data, tail) for data, tail in head)
+    return _load_parallel(loader, itertools.chain(head, chunks))
 
 
 _LIST_DECODER = msgspec.json.Decoder(list[_Event])
