@@ -214,3 +214,11 @@ def test_parallel_decoding_gives_the_same_database(monkeypatch) -> None:
     assert len(expected["kernels"]) > 5000 and len(expected["api"]) > 1000
     for table in expected:
         assert got[table] == expected[table], table
+
+    # Where worker processes cannot be started (no semaphores), the chunks are decoded in turn.
+    def no_pool(*_a, **_k):
+        raise OSError("no /dev/shm")
+
+    monkeypatch.setattr(kineto, "ProcessPoolExecutor", no_pool)
+    with open_trace(TORCH["vllm_rank0"]) as sequential:
+        assert dump(sequential) == expected

@@ -24,6 +24,7 @@ import zlib
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import IO, Any
 
@@ -277,7 +278,7 @@ def _load_fast(path: Path, loader: _Loader) -> int:
     head = list(itertools.islice(chunks, IN_PROCESS_CHUNKS + 1))
     if len(head) <= IN_PROCESS_CHUNKS:  # small trace: starting workers would cost more than they save
         return sum(_decode_into(loader, data, tail) for data, tail in head)
-    return _load_parallel(loader, itertools.chain(head, chunks))
+    return _load_parallel(path, loader, itertools.chain(head, chunks))
 
 
 _LIST_DECODER = msgspec.json.Decoder(list[_Event])
@@ -331,7 +332,7 @@ def _workers() -> int:
     return max(1, min(4, os.cpu_count() or 1))
 
 
-def _load_parallel(loader: _Loader, chunks: Iterator[tuple[bytes, bool]]) -> int:
+def _load_parallel(path: Path, loader: _Loader, chunks: Iterator[tuple[bytes, bool]]) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="profkit-kineto-"))
     n_workers = _workers()
     # forkserver/spawn, not fork: this process already runs the gunzip prefetch thread.
@@ -339,7 +340,11 @@ def _load_parallel(loader: _Loader, chunks: Iterator[tuple[bytes, bool]]) -> int
     ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
     n, dbs = 0, set()
     try:
-        with ProcessPoolExecutor(max_workers=n_workers, mp_context=ctx) as pool:
+        try:
+            pool = ProcessPoolExecutor(max_workers=n_workers, mp_context=ctx)
+        except (OSError, NotImplementedError, ImportError):  # no working multiprocessing here: decode in turn
+            return sum(_decode_into(loader, data, tail) for data, tail in chunks)
+        with pool:
             pending: deque = deque()
 
             def collect() -> None:
@@ -358,6 +363,8 @@ def _load_parallel(loader: _Loader, chunks: Iterator[tuple[bytes, bool]]) -> int
                 collect()
         for db in sorted(dbs):
             _merge_worker_db(loader, db)
+    except BrokenProcessPool as exc:
+        raise TraceError(f"{path}: a decoding worker process died ({exc or 'killed'}); out of memory?") from None
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return n
