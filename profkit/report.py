@@ -30,7 +30,7 @@ from profkit.analysis.nvtx import nvtx_summary
 from profkit.analysis.stats import records
 from profkit.analysis.transfers import memop_summary, memory_kinds
 from profkit.analysis.vllm import vllm_evidence
-from profkit.analysis.window import Window, choose_window
+from profkit.analysis.window import Window, choose_window, with_seq_ranges
 from profkit.diagnose.command import suggested_command
 from profkit.diagnose.engine import evaluate, load_rules
 from profkit.diagnose.facts import compute_facts
@@ -101,7 +101,7 @@ def _build(path: str | os.PathLike, window: str, gap_threshold_ns: int, buckets:
         if auto:  # the automatic window needs the gap table first; other windows are known now
             timeline.build_gap_table(trace)
             phases = timeline.phases(trace)
-        win = choose_window(trace, window, phases)
+        win = with_seq_ranges(trace, choose_window(trace, window, phases))
         # The per-table summaries are independent scans: run them on their own connections while
         # this one builds the timeline (sqlite3 releases the GIL while a query runs).
         with ThreadPoolExecutor(max_workers=2) as pool:

@@ -171,3 +171,33 @@ def test_launch_latency_sampled_in_slices(sqlite_path, monkeypatch) -> None:
     assert got["slices"] == 20
     assert 1000 < got["sampled"] < 3000
     assert got["median_ns"] == pytest.approx(raw.quantile(0.5), rel=0.1)
+
+
+@pytest.mark.parametrize("name", ["thr_graphs", "hostgap_b16"])
+def test_window_seq_ranges_select_the_same_rows(name: str, sqlite_path) -> None:
+    # A bounded window reads kernels and API calls by seq range (the tables are in start order);
+    # the summaries must equal those of the plain start-time condition over every row.
+    from dataclasses import replace
+
+    from profkit.analysis import timeline
+    from profkit.analysis.api import api_summary
+    from profkit.analysis.kernels import kernel_summary
+    from profkit.analysis.window import choose_window, with_seq_ranges
+    from profkit.traces import open_trace
+
+    with open_trace(sqlite_path(name)) as trace:
+        timeline.build_gap_table(trace)
+        auto = choose_window(trace, "auto", timeline.phases(trace))
+        mid = (auto.start_ns + auto.end_ns) // 2
+        for win in (auto, choose_window(trace, f"{auto.start_ns + 1}:{mid}")):
+            ranged = with_seq_ranges(trace, win)
+            ranges = {r: (lo, hi) for r, lo, hi in ranged.seq_ranges}
+            assert set(ranges) == {"kernels", "api"}
+            if win is not auto:  # the first half of the window: about half of its kernels' rows
+                in_window = trace.query("SELECT count(*) FROM kernels WHERE start >= ? AND start < ?",
+                                        (win.start_ns, win.end_ns))[0][0]
+                assert ranges["kernels"][1] - ranges["kernels"][0] <= in_window + 2 * 256 + 1
+            plain = replace(ranged, seq_ranges=())
+            assert kernel_summary(trace, ranged).equals(kernel_summary(trace, plain))
+            assert api_summary(trace, ranged).equals(api_summary(trace, plain))
+            assert not kernel_summary(trace, ranged).empty

@@ -20,7 +20,7 @@ SYNC_APIS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchro
 def api_summary(trace: Trace, window: Window) -> pd.DataFrame:
     """One row per API function (grouped by its string id, as nsys does), nsys's name spelling."""
     stats = summarize(
-        id_histogram(trace, f"SELECT name_id, end - start AS dur FROM api WHERE {window.where()}",
+        id_histogram(trace, f"SELECT name_id, end - start AS dur FROM api WHERE {window.where('api')}",
                      "name_id", window.params),
         ["name_id"],
     )

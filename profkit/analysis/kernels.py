@@ -18,7 +18,7 @@ def kernel_summary(trace: Trace, window: Window) -> pd.DataFrame:
     hist = id_histogram(
         trace,
         f"SELECT name_id, end - start AS dur, graph_node IS NOT NULL AS graph FROM kernels "
-        f"WHERE {window.where()}",
+        f"WHERE {window.where('kernels')}",
         key="name_id",
         params=window.params,
         extras={"graph": "graph"},
@@ -42,7 +42,7 @@ def _short_names(trace: Trace, window: Window) -> dict[int, str]:
     # The (demangled -> short) mapping is one-to-one; DISTINCT over the ids is a cheap scan.
     rows = trace.query(
         f"SELECT DISTINCT k.name_id, s.value FROM (SELECT DISTINCT name_id, short_id FROM kernels "
-        f"WHERE {window.where()}) k JOIN strings s ON s.id = k.short_id",
+        f"WHERE {window.where('kernels')}) k JOIN strings s ON s.id = k.short_id",
         window.params,
     )
     return dict(rows)

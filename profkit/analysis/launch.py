@@ -6,7 +6,8 @@ from typing import Any
 
 import pandas as pd
 
-from profkit.analysis.timeline import LOOKBACK_NS, SEQ_MARGIN, first_seq_at, seq_bounds
+from profkit.analysis.seq import SEQ_MARGIN, first_seq_at, seq_bounds
+from profkit.analysis.timeline import LOOKBACK_NS
 from profkit.analysis.window import Window
 from profkit.traces.model import Trace
 

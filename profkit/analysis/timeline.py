@@ -14,6 +14,7 @@ from typing import Any
 
 import pandas as pd
 
+from profkit.analysis.seq import SEQ_MARGIN, first_seq_at, seq_bounds
 from profkit.analysis.window import PHASE_GAP_NS, Window
 from profkit.traces.model import Trace
 
@@ -253,17 +254,6 @@ def _gap_list(trace: Trace, w0: int, w1: int, threshold: int, limit: int) -> lis
 # API calls (and the kernel before a gap) that began this long before the gap are not looked at: a
 # bound that keeps each lookup to the events around the gap instead of a scan of a whole table.
 LOOKBACK_NS = 100_000_000
-# Rows scanned either side of the binary-searched bounds, in case the export is not strictly sorted.
-SEQ_MARGIN = 256
-
-
-def seq_bounds(trace: Trace, relation: str) -> tuple[int, int] | None:
-    # Two ORDER BY ... LIMIT 1 seeks: min(seq), max(seq) in one query would scan the table.
-    first = trace.query(f"SELECT seq FROM {relation} ORDER BY seq LIMIT 1")
-    last = trace.query(f"SELECT seq FROM {relation} ORDER BY seq DESC LIMIT 1")
-    return (int(first[0][0]), int(last[0][0])) if first and last else None
-
-
 def _neighbours(trace: Trace, gaps: pd.DataFrame, kernel_bounds: tuple[int, int] | None) -> dict:
     """(before, after) names per listed gap: the operation that ended at the gap's start and the one
     that started at its end (a memory operation where one sits exactly there, else a kernel)."""
@@ -314,21 +304,6 @@ def _host_api_during(trace: Trace, g0: int, g1: int, bounds: tuple[int, int] | N
         {"g0": g0, "g1": g1, "lo": lo, "hi": hi},
     )
     return [{"name": strip_api_version(n), "calls": int(c), "overlap_ns": int(o)} for n, c, o in rows]
-
-
-def first_seq_at(trace: Trace, t: int, bounds: tuple[int, int], relation: str) -> int:
-    """Smallest seq of `relation` whose event starts at or after t (binary search over row ids)."""
-    lo, hi = bounds[0], bounds[1] + 1
-    while lo < hi:
-        mid = (lo + hi) // 2
-        row = trace.query(f"SELECT seq, start FROM {relation} WHERE seq >= ? ORDER BY seq LIMIT 1", (mid,))
-        if not row:
-            hi = mid
-        elif row[0][1] < t:
-            lo = int(row[0][0]) + 1
-        else:
-            hi = mid
-    return lo
 
 
 def _buckets(trace: Trace, w0: int, w1: int, n: int) -> tuple[dict[int, list[int]], dict[str, Any]]:

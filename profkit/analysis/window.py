@@ -10,9 +10,10 @@ gpu_gaps` rule; the window is the last phase holding a real share of the GPU wor
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from profkit.analysis.seq import seq_range
 from profkit.errors import ProfkitError
 from profkit.traces.model import Trace
 
@@ -31,16 +32,25 @@ class Window:
     how: str
     detail: str = ""
     bounded: bool = True
+    # (relation, first seq, last seq) for the start-ordered relations: see `with_seq_ranges`.
+    seq_ranges: tuple[tuple[str, int, int], ...] = ()
 
     @property
     def duration_ns(self) -> int:
         return self.end_ns - self.start_ns
 
-    def where(self, start_col: str = "start") -> str:
-        """SQL condition selecting events that start inside the window (named params :w0, :w1)."""
+    def where(self, relation: str | None = None) -> str:
+        """SQL condition selecting events that start inside the window (named params :w0, :w1).
+
+        For `kernels` and `api` the condition starts with the window's seq range, so SQLite reads only
+        the rows around the window (a rowid range) instead of testing every row of the table.
+        """
         if not self.bounded:
             return "1"
-        return f"({start_col} >= :w0 AND {start_col} < :w1)"
+        for name, lo, hi in self.seq_ranges:
+            if name == relation:
+                return f"(seq BETWEEN {int(lo)} AND {int(hi)} AND start >= :w0 AND start < :w1)"
+        return "(start >= :w0 AND start < :w1)"
 
     @property
     def params(self) -> dict[str, int]:
@@ -54,6 +64,19 @@ class Window:
             "how": self.how,
             "detail": self.detail,
         }
+
+
+def with_seq_ranges(trace: Trace, window: Window) -> Window:
+    """`window` with the seq ranges of the kernel and API rows that start inside it."""
+    if not window.bounded:
+        return window
+    ranges = []
+    for relation in ("kernels", "api"):
+        if relation == "kernels" or trace.has(relation):
+            found = seq_range(trace, relation, window.start_ns, window.end_ns)
+            if found is not None:
+                ranges.append((relation, *found))
+    return replace(window, seq_ranges=tuple(ranges))
 
 
 def gpu_span(trace: Trace) -> tuple[int, int]:

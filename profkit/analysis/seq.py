@@ -1,0 +1,45 @@
+"""Time -> row lookups on the start-ordered relations (`kernels` and `api`: `seq` is the row order).
+
+nsys writes its kernel and CUDA API tables sorted by start (every fixture export is, to the row),
+and the torch reader builds them so. A time bound therefore becomes a seq bound by binary search:
+a window or a gap reads the rows around it instead of scanning millions.
+"""
+
+from __future__ import annotations
+
+from profkit.traces.model import Trace
+
+# Rows read either side of a binary-searched bound, in case an export is not strictly sorted.
+SEQ_MARGIN = 256
+
+
+def seq_bounds(trace: Trace, relation: str) -> tuple[int, int] | None:
+    """First and last seq of `relation`, or None when it is empty."""
+    # Two ORDER BY ... LIMIT 1 seeks: min(seq), max(seq) in one query would scan the table.
+    first = trace.query(f"SELECT seq FROM {relation} ORDER BY seq LIMIT 1")
+    last = trace.query(f"SELECT seq FROM {relation} ORDER BY seq DESC LIMIT 1")
+    return (int(first[0][0]), int(last[0][0])) if first and last else None
+
+
+def first_seq_at(trace: Trace, t: int, bounds: tuple[int, int], relation: str) -> int:
+    """Smallest seq of `relation` whose event starts at or after t (binary search over row ids)."""
+    lo, hi = bounds[0], bounds[1] + 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        row = trace.query(f"SELECT seq, start FROM {relation} WHERE seq >= ? ORDER BY seq LIMIT 1", (mid,))
+        if not row:
+            hi = mid
+        elif row[0][1] < t:
+            lo = int(row[0][0]) + 1
+        else:
+            hi = mid
+    return lo
+
+
+def seq_range(trace: Trace, relation: str, t0: int, t1: int) -> tuple[int, int] | None:
+    """A seq range holding every row of `relation` that starts in [t0, t1), with SEQ_MARGIN either side."""
+    bounds = seq_bounds(trace, relation)
+    if bounds is None:
+        return None
+    return (first_seq_at(trace, t0, bounds, relation) - SEQ_MARGIN,
+            first_seq_at(trace, t1, bounds, relation) + SEQ_MARGIN)
