@@ -36,10 +36,14 @@ def first_seq_at(trace: Trace, t: int, bounds: tuple[int, int], relation: str) -
     return lo
 
 
-def seq_range(trace: Trace, relation: str, t0: int, t1: int) -> tuple[int, int] | None:
-    """A seq range holding every row of `relation` that starts in [t0, t1), with SEQ_MARGIN either side."""
-    bounds = seq_bounds(trace, relation)
+def seq_range(trace: Trace, relation: str, t0: int, t1: int,
+              bounds: tuple[int, int] | None = None) -> tuple[int, int] | None:
+    """A seq range holding every row of `relation` that starts in [t0, t1), with SEQ_MARGIN either side.
+
+    `bounds` (from `seq_bounds`) saves its two seeks when many ranges are looked up in a row."""
+    bounds = bounds or seq_bounds(trace, relation)
     if bounds is None:
         return None
-    return (first_seq_at(trace, t0, bounds, relation) - SEQ_MARGIN,
-            first_seq_at(trace, t1, bounds, relation) + SEQ_MARGIN)
+    at0 = first_seq_at(trace, t0, bounds, relation)
+    at1 = at0 if t1 == t0 else first_seq_at(trace, t1, bounds, relation)
+    return at0 - SEQ_MARGIN, at1 + SEQ_MARGIN

@@ -51,7 +51,6 @@ def id_histogram(trace: Trace, source_sql: str, key: str, params: dict[str, Any]
     inserts = "".join(f", {name}" for name in extras)
     selects = "".join(f", {expr}" for expr in extras.values())
     updates = "".join(f", {name} = {name} + excluded.{name}" for name in extras)
-    decoded = "".join(f", {name}" for name in extras)
     try:
         trace.conn.execute(f"CREATE TABLE {table} (pk INTEGER PRIMARY KEY, c INTEGER{cols})")
         trace.conn.execute(
@@ -64,7 +63,7 @@ def id_histogram(trace: Trace, source_sql: str, key: str, params: dict[str, Any]
         )
         if not trace.query(f"SELECT 1 FROM {table} WHERE pk = -1"):
             return pd.read_sql_query(
-                f"SELECT pk / {scale} AS {key}, pk % {scale} AS v, c{decoded} FROM {table} ORDER BY pk",
+                f"SELECT pk / {scale} AS {key}, pk % {scale} AS v, c{inserts} FROM {table} ORDER BY pk",
                 trace.conn)
     finally:
         trace.conn.execute(f"DROP TABLE IF EXISTS {table}")

@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from profkit.analysis.seq import SEQ_MARGIN, first_seq_at, seq_bounds
+from profkit.analysis.seq import seq_bounds, seq_range
 from profkit.analysis.window import PHASE_GAP_NS, Window
 from profkit.traces.model import Trace
 
@@ -254,6 +254,8 @@ def _gap_list(trace: Trace, w0: int, w1: int, threshold: int, limit: int) -> lis
 # API calls (and the kernel before a gap) that began this long before the gap are not looked at: a
 # bound that keeps each lookup to the events around the gap instead of a scan of a whole table.
 LOOKBACK_NS = 100_000_000
+
+
 def _neighbours(trace: Trace, gaps: pd.DataFrame, kernel_bounds: tuple[int, int] | None) -> dict:
     """(before, after) names per listed gap: the operation that ended at the gap's start and the one
     that started at its end (a memory operation where one sits exactly there, else a kernel)."""
@@ -271,16 +273,14 @@ def _neighbours(trace: Trace, gaps: pd.DataFrame, kernel_bounds: tuple[int, int]
         before = mem_before.get(gid)
         after = mem_after.get(gid)
         if kernel_bounds and before is None:
-            lo = first_seq_at(trace, g0 - LOOKBACK_NS, kernel_bounds, "kernels") - SEQ_MARGIN
-            hi = first_seq_at(trace, g0, kernel_bounds, "kernels") + SEQ_MARGIN
+            lo, hi = seq_range(trace, "kernels", g0 - LOOKBACK_NS, g0, kernel_bounds)
             row = trace.query("SELECT s.value FROM kernels k JOIN strings s ON s.id = k.name_id WHERE k.seq "
                               "BETWEEN ? AND ? AND k.device = ? AND k.end = ? LIMIT 1", (lo, hi, int(g.device), g0))
             before = row[0][0] if row else None
         if kernel_bounds and after is None:
-            at = first_seq_at(trace, g1, kernel_bounds, "kernels")
+            lo, hi = seq_range(trace, "kernels", g1, g1, kernel_bounds)
             row = trace.query("SELECT s.value FROM kernels k JOIN strings s ON s.id = k.name_id WHERE k.seq "
-                              "BETWEEN ? AND ? AND k.device = ? AND k.start = ? LIMIT 1",
-                              (at - SEQ_MARGIN, at + SEQ_MARGIN, int(g.device), g1))
+                              "BETWEEN ? AND ? AND k.device = ? AND k.start = ? LIMIT 1", (lo, hi, int(g.device), g1))
             after = row[0][0] if row else None
         out[gid] = (before, after)
     return out
@@ -294,8 +294,7 @@ def _host_api_during(trace: Trace, g0: int, g1: int, bounds: tuple[int, int] | N
     """
     if bounds is None:
         return []
-    lo = first_seq_at(trace, g0 - LOOKBACK_NS, bounds, "api") - SEQ_MARGIN
-    hi = first_seq_at(trace, g1, bounds, "api") + SEQ_MARGIN
+    lo, hi = seq_range(trace, "api", g0 - LOOKBACK_NS, g1, bounds)
     rows = trace.query(
         """SELECT s.value, count(*), sum(min(a.end, :g1) - max(a.start, :g0)) AS overlap
            FROM api a JOIN strings s ON s.id = a.name_id

@@ -363,6 +363,9 @@ def _load_parallel(path: Path, loader: _Loader, chunks: Iterator[tuple[bytes, bo
                 collect()
         for db in sorted(dbs):
             _merge_worker_db(loader, db)
+        # The merged names took ids in the strings table: the loader's map follows it from here.
+        loader.names = dict(loader.conn.execute("SELECT value, id FROM strings"))
+        loader.saved_names = max(loader.names.values(), default=0)
     except BrokenProcessPool as exc:
         raise TraceError(f"{path}: a decoding worker process died ({exc or 'killed'}); out of memory?") from None
     finally:
@@ -394,7 +397,6 @@ def _decode_in_worker(workdir: str, data: bytes, tail: bool) -> tuple[str, int, 
 def _merge_worker_db(loader: _Loader, db: str) -> None:
     """Append a worker's rows to the main database, its name ids mapped to the main string ids."""
     conn = loader.conn
-    loader.flush_names()
     conn.execute("ATTACH DATABASE ? AS w", (db,))
     try:
         conn.executescript(
@@ -419,8 +421,6 @@ def _merge_worker_db(loader: _Loader, db: str) -> None:
         conn.commit()
     finally:
         conn.execute("DETACH DATABASE w")
-    loader.names = dict(conn.execute("SELECT value, id FROM strings"))
-    loader.saved_names = max(loader.names.values(), default=0)
 
 
 def _load_ijson(path: Path, loader: _Loader) -> int:
