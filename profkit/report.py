@@ -31,11 +31,20 @@ from profkit.analysis.stats import records
 from profkit.analysis.transfers import memop_summary, memory_kinds
 from profkit.analysis.vllm import vllm_evidence
 from profkit.analysis.window import Window, choose_window, with_seq_ranges
-from profkit.diagnose.command import suggested_command
+from profkit.diagnose.command import (
+    UserCommand,
+    annotate,
+    from_manifest,
+    parse_command_text,
+    report_changes,
+    suggest,
+    user_command,
+)
 from profkit.diagnose.engine import evaluate, load_rules
 from profkit.diagnose.facts import compute_facts
 from profkit.errors import ProfkitError, TraceError
 from profkit.traces import Trace, open_trace
+from profkit.traces.open import trace_in_folder
 
 SCHEMA = "profkit.report/1"
 STAT_RENAMES = {"total": "total_ns", "avg": "avg_ns", "median": "median_ns", "min": "min_ns",
@@ -44,24 +53,46 @@ STAT_RENAMES = {"total": "total_ns", "avg": "avg_ns", "median": "median_ns", "mi
 Progress = Callable[[str], None]
 
 
-def build_report(path: str | os.PathLike, window: str = "auto", gap_threshold_ns: int = 100_000,
+def build_report(path: str | os.PathLike | None, window: str = "auto", gap_threshold_ns: int = 100_000,
                  buckets: int = 100, progress: Progress | None = None, bench: Path | None = None,
                  vllm_log: Path | None = None, metrics: list[Path] | None = None, vllm_args: str | None = None,
                  rules_dirs: list[Path] | None = None) -> dict[str, Any]:
-    """Analyse one trace (or capture folder), join vLLM's evidence, run the rules; return the document."""
-    inputs = capture_folder_inputs(Path(path)) if Path(path).is_dir() else {}
+    """Analyse one trace (or capture folder), join vLLM's evidence, run the rules; return the document.
+
+    Without a trace (`path` None, or a capture folder of an unprofiled run) the report holds the vLLM
+    evidence alone: its facts, and the findings whose facts are known (the rest in `rules_skipped`)."""
+    folder = Path(path) if path is not None and Path(path).is_dir() else None
+    if path is not None and not Path(path).exists():
+        raise TraceError(f"{path}: no such file or directory")
+    inputs = capture_folder_inputs(folder) if folder else {}
+    trace_path = (trace_in_folder(folder) if folder else path) if path is not None else None
+    if trace_path is None and not (bench or vllm_log or metrics or vllm_args or inputs):
+        where = f"{folder}: folder holds no trace and no vLLM evidence" if folder else "nothing to report"
+        raise ProfkitError(f"{where} (give a trace, a capture folder, or --bench/--vllm-log/--metrics/--vllm-args)")
     evidence = vllm_evidence(bench=bench or inputs.get("bench"), log=vllm_log or inputs.get("log"),
                              metrics=metrics or inputs.get("metrics"), args=vllm_args or inputs.get("args"))
+    given = (UserCommand([parse_command_text(vllm_args)], "--vllm-args") if vllm_args
+             else inputs.get("user_command"))
     rules = load_rules(rules_dirs)  # validate the rules before spending time on the trace
-    try:
-        report = _build(path, window, gap_threshold_ns, buckets, progress or (lambda _name: None))
-    except sqlite3.DatabaseError as exc:
-        # A truncated or corrupt export can open fine and fail deep inside a query.
-        raise TraceError(f"{path}: damaged or unreadable trace database ({exc})") from None
+    if trace_path is None:
+        report = evidence_only_report(folder)
+    else:
+        try:
+            report = _build(trace_path, window, gap_threshold_ns, buckets, progress or (lambda _name: None))
+        except sqlite3.DatabaseError as exc:
+            # A truncated or corrupt export can open fine and fail deep inside a query.
+            raise TraceError(f"{trace_path}: damaged or unreadable trace database ({exc})") from None
+        if folder:
+            report["source"]["path"] = str(folder)
+    if inputs.get("environment"):
+        report["environment"] = inputs["environment"]
     report["vllm"] = evidence
     report["facts"] = compute_facts(report)
     report["findings"], report["rules_skipped"] = evaluate(rules, report["facts"])
-    report["suggested_command"] = suggested_command(report)
+    suggestion = suggest(user_command(report, given), report_changes(report))
+    annotate(report, suggestion)
+    report["command"] = suggestion.to_json()
+    report["suggested_command"] = suggestion.text()
     return report
 
 
@@ -83,12 +114,30 @@ def capture_folder_inputs(folder: Path) -> dict[str, Any]:
             data = json.loads(manifest.read_text())
         except json.JSONDecodeError as exc:
             raise ProfkitError(f"{manifest}: not JSON ({exc})") from None
+        if not isinstance(data, dict):
+            raise ProfkitError(f"{manifest}: not a capture manifest (expected a JSON object)")
         args = data.get("vllm_args")
         if isinstance(args, list):
             args = shlex.join(str(a) for a in args)
-        if args:
+        if isinstance(args, str) and args:
             found["args"] = args
+        if user := from_manifest(data):
+            found["user_command"] = user
+        if isinstance(data.get("environment"), dict):
+            found["environment"] = {k: v for k, v in data["environment"].items() if isinstance(v, (str, int, float))}
     return found
+
+
+def evidence_only_report(folder: Path | None) -> dict[str, Any]:
+    """The report of a run without a trace: every trace section empty, `gpu` and `window` None."""
+    return {
+        "schema": SCHEMA,
+        "profkit_version": __version__,
+        "source": {"path": str(folder) if folder else None, "kind": "evidence"},
+        "window": None, "gpu": None, "timeline": [], "kernels": [], "categories": [], "memops": [],
+        "memory_kinds": [], "api": [], "sync": [], "nvtx": [], "cpu_ops": [], "gaps": [], "gap_classes": {},
+        "launch": {}, "vllm": {}, "findings": [],
+    }
 
 
 def _build(path: str | os.PathLike, window: str, gap_threshold_ns: int, buckets: int,

@@ -52,6 +52,13 @@ _KV_TOKENS = re.compile(r"GPU KV cache size:\s*([\d,]+) tokens")
 _MAX_CONCURRENCY = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request:\s*([\d.]+)x")
 _BATCHED_TOKENS = re.compile(r"max_num_batched_tokens=(\d+)")
 _GPU_MEM_UTIL = re.compile(r"Desired GPU memory utilization is \(([\d.]+)")
+# Memory at start-up (vLLM 0.26 gpu_worker.py): with --kv-cache-memory-bytes it logs "Initial free memory
+# 78.66 GiB, reserved 0.28 GiB memory for KV Cache as specified by kv_cache_memory_bytes config"; without,
+# "Available KV cache memory: 69.54 GiB". model_runner.py: "Model loading took 2.06 GiB".
+_FREE_MEMORY = re.compile(r"Initial free memory ([\d.]+) GiB")
+_KV_RESERVED = re.compile(r"reserved ([\d.]+) GiB memory for KV Cache|Available KV cache memory: ([\d.]+) GiB")
+_MODEL_MEMORY = re.compile(r"Model loading took ([\d.]+) GiB")
+GIB = 1 << 30
 # "non-default args: {'tokenizer': '/tmp/tiny', 'max_model_len': 2048, ...}": the flags the run set.
 _NON_DEFAULT = re.compile(r"non-default args: (\{.*\})")
 _LITERAL_ARG = re.compile(r"'(\w+)': ('[^']*'|-?[\d.]+(?:e-?\d+)?|True|False|None)(?=[,}])")
@@ -87,6 +94,12 @@ def parse_log(text: str) -> dict[str, Any]:
         out["logged_max_num_batched_tokens"] = int(m.group(1))
     if m := _GPU_MEM_UTIL.search(text):
         out["logged_gpu_memory_utilization"] = float(m.group(1))
+    if m := _FREE_MEMORY.search(text):
+        out["gpu_free_memory_bytes"] = int(float(m.group(1)) * GIB)
+    if m := _KV_RESERVED.search(text):
+        out["kv_cache_memory_bytes"] = int(float(m.group(1) or m.group(2)) * GIB)
+    if m := _MODEL_MEMORY.search(text):
+        out["model_memory_bytes"] = int(float(m.group(1)) * GIB)
     if m := _NON_DEFAULT.search(text):
         # Only literal values (objects such as ProfilerConfig(...) are skipped); never evaluated.
         out["non_default_args"] = {k: _coerce(v.strip("'")) if v != "None" else None
@@ -246,6 +259,8 @@ def vllm_facts(section: dict[str, Any]) -> dict[str, Any]:
     prompt, gen = log.get("prompt_throughput_mean"), log.get("generation_throughput_mean")
     facts["vllm.prompt_token_share"] = prompt / (prompt + gen) if prompt is not None and gen and prompt + gen else None
     facts["vllm.kv_cache_tokens"] = log.get("kv_cache_tokens")
+    for key in ("gpu_free_memory_bytes", "kv_cache_memory_bytes", "model_memory_bytes"):
+        facts[f"vllm.{key}"] = log.get(key)
     for key, entry in section.get("config", {}).items():
         facts[f"config.{key}"] = entry["value"]
     return facts

@@ -52,6 +52,7 @@ class Manifest:
             "status": "running",
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(now)),
             "commands": plan.commands(),
+            "user_commands": plan.user_commands,
             "vllm_args": plan.vllm_args,
             "environment": environment(plan),
             "steps": [],

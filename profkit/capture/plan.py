@@ -36,7 +36,7 @@ class Step:
 @dataclass
 class CaptureOptions:
     out: Path
-    tool: str = "nsys"  # nsys | torch | both
+    tool: str = "nsys"  # nsys | torch | both | none (no profiler: the benchmark's own figures and logs)
     nsys: str = "nsys"
     vllm: str = "vllm"
     capture_range: bool = False  # nsys records only between vLLM's cudaProfilerStart/Stop (--profile)
@@ -66,6 +66,9 @@ class Plan:
     health_timeout_s: float = 600.0
     vllm_exe: str = "vllm"
     nsys_exe: str | None = None  # set when nsys records
+    # The user's own commands, without the profiler or the folder's output arguments: what a report
+    # quotes back with flag changes applied (offline: the bench; serve: the server, then its benchmark).
+    user_commands: list[list[str]] = field(default_factory=list)
 
     def commands(self) -> list[str]:
         """Every command line, in order, exactly as it will run."""
@@ -112,6 +115,9 @@ def plan_offline(opts: CaptureOptions) -> Plan:
     base = [opts.vllm, "bench", cmd[1], *bench_args]
     runs: list[list[Step]] = []
     exports: list[Step] = []
+    if opts.tool == "none":  # an unprofiled run: only the benchmark's result, logs and flags
+        runs.append([Step("vllm bench", [*base, "--output-json", str(out / "bench.json")], log="bench.log",
+                          timeout_s=opts.timeout_s)])
     if opts.tool in ("nsys", "both"):
         rep = out / "trace.nsys-rep"
         extra = ["--profile", "--profiler-config", json.dumps({"profiler": "cuda"})] if opts.capture_range else []
@@ -125,7 +131,7 @@ def plan_offline(opts: CaptureOptions) -> Plan:
                           [*base, *_torch_profile_flags(out), "--output-json", str(out / name)],
                           log="bench-torch.log" if opts.tool == "both" else "bench.log", timeout_s=opts.timeout_s)])
     plan = Plan(kind="offline", out=out, runs=runs, exports=exports, vllm_args=bench_args, vllm_exe=opts.vllm,
-                nsys_exe=opts.nsys if exports else None)
+                nsys_exe=opts.nsys if exports else None, user_commands=[base])
     # nsys export runs right after its profile run, before a torch run.
     if exports:
         plan.runs[0].append(exports[0])
@@ -151,9 +157,12 @@ def plan_serve(opts: CaptureOptions) -> Plan:
              *opts.bench_args, "--save-result", "--result-dir", str(out), "--result-filename", "bench.json"]
     if opts.tool == "torch":
         bench.append("--profile")  # asks the server to start/stop its torch profiler around the run
+    user_server = [opts.vllm, "serve", opts.model, *opts.server_args, "--port", str(opts.port)]
+    user_bench = [opts.vllm, "bench", "serve", "--backend", "vllm", "--model", opts.model, "--port", str(opts.port),
+                  *opts.bench_args]
     return Plan(kind="serve", out=out, runs=[],
                 server=Step("vllm serve", server, log="server.log", timeout_s=None),
                 bench=Step("vllm bench serve", bench, log="bench.log", timeout_s=opts.timeout_s),
                 exports=exports, vllm_args=[*opts.server_args, "--port", str(opts.port)], port=opts.port,
                 health_timeout_s=opts.health_timeout_s, vllm_exe=opts.vllm,
-                nsys_exe=opts.nsys if opts.tool == "nsys" else None)
+                nsys_exe=opts.nsys if opts.tool == "nsys" else None, user_commands=[user_server, user_bench])

@@ -19,6 +19,7 @@ import jinja2.sandbox
 import simpleeval
 import yaml
 
+from profkit.diagnose.command import typed
 from profkit.errors import ProfkitError
 from profkit.render import units
 from profkit.resources import shipped_dir
@@ -232,34 +233,43 @@ def evaluate(rules: list[Rule], facts: dict[str, Any]) -> tuple[list[dict[str, A
         if missing:
             skipped.append({"rule": rule.id, "missing": missing})
             continue
-        if not _evaluate(rule.when, tree):
+        try:
+            finding = _finding(rule, facts, tree, env)
+        except Exception as exc:  # noqa: BLE001 - one rule's failure is that rule's error, not the report's
+            skipped.append({"rule": rule.id, "missing": [],
+                            "error": f"{rule.path}: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"})
             continue
-        changes = []
-        for c in rule.changes:
-            if c.when and not _holds(c.when, tree):
-                continue
-            changes.append(_change(c, facts, env))
-        findings.append({
-            "rule": rule.id,
-            "severity": rule.severity,
-            "title": rule.title,
-            "summary": env.from_string(rule.summary).render(f=facts),
-            "evidence": [{"fact": e["fact"], "value": facts.get(e["fact"]), "threshold": e.get("threshold"),
-                          "source": e.get("source")} for e in rule.evidence],
-            "changes": changes,
-        })
+        if finding:
+            findings.append(finding)
     findings.sort(key=lambda f: SEVERITY_ORDER[f["severity"]])
     return findings, skipped
 
 
+def _finding(rule: Rule, facts: dict[str, Any], tree: dict[str, Any],
+             env: jinja2.sandbox.SandboxedEnvironment) -> dict[str, Any] | None:
+    if not _evaluate(rule.when, tree):
+        return None
+    changes = [_change(c, facts, env) for c in rule.changes if not c.when or _holds(c.when, tree)]
+    return {
+        "rule": rule.id,
+        "severity": rule.severity,
+        "title": rule.title,
+        "summary": env.from_string(rule.summary).render(f=facts),
+        "evidence": [{"fact": e["fact"], "value": facts.get(e["fact"]), "threshold": e.get("threshold"),
+                      "source": e.get("source")} for e in rule.evidence],
+        "changes": changes,
+    }
+
+
 def _change(c: Change, facts: dict[str, Any], env: jinja2.sandbox.SandboxedEnvironment) -> dict[str, Any]:
     key = c.flag.lstrip("-").replace("-", "_")
+    # `from` is the run's real value when known, else vLLM's default; `from_source` says which.
+    # Both values are typed (true/false, numbers); `to: null` in a rule means "remove the flag".
     current = facts.get(f"config.{key}")
-    source = facts.get(f"config_source.{key}")
-    # `from` is the run's real value when known, else vLLM's default, said as such.
-    shown = "not set" if current is None else current if source == "given" else f"{current} ({source})"
-    to = env.from_string(c.to).render(f=facts) if isinstance(c.to, str) else c.to
-    return {"flag": c.flag, "from": shown, "to": to, "why": env.from_string(c.why).render(f=facts)}
+    source = facts.get(f"config_source.{key}") or ("unknown" if current is None else None)
+    to = typed(env.from_string(c.to).render(f=facts)) if isinstance(c.to, str) else c.to
+    return {"flag": c.flag, "from": current, "from_source": source, "to": to,
+            "why": env.from_string(c.why).render(f=facts)}
 
 
 def explain(rule: Rule) -> str:
@@ -282,5 +292,6 @@ def explain(rule: Rule) -> str:
         lines += ["", "  flag changes:"]
         for c in rule.changes:
             cond = f" (when {c.when})" if c.when else ""
-            lines.append(f"    {c.flag} -> {c.to}{cond}: {' '.join(c.why.split())}")
+            to = "(removed)" if c.to is None else c.to
+            lines.append(f"    {c.flag} -> {to}{cond}: {' '.join(c.why.split())}")
     return "\n".join(lines)

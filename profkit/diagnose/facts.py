@@ -85,6 +85,9 @@ VLLM_FACT_DOCS = {
     "vllm.prefix_cache_hit_rate": "prefix cache hits / queries, 0..1",
     "vllm.prompt_token_share": "prompt tokens / all tokens processed (log throughput lines)",
     "vllm.kv_cache_tokens": "KV cache capacity in tokens (log)",
+    "vllm.gpu_free_memory_bytes": "free GPU memory when the engine started (log, runs with --kv-cache-memory-bytes)",
+    "vllm.kv_cache_memory_bytes": "GPU memory the KV cache got (log: reserved or available KV cache memory)",
+    "vllm.model_memory_bytes": "GPU memory the model weights took (log)",
 }
 FACT_DOCS.update(VLLM_FACT_DOCS)
 for _k in VLLM_DEFAULTS:
@@ -97,9 +100,15 @@ def known_fact_names() -> set[str]:
 
 
 def compute_facts(report: dict[str, Any]) -> dict[str, float | int | None]:
+    if report.get("gpu") is None:  # no trace: only vLLM's evidence is known
+        facts: dict[str, Any] = {k: None for k in FACT_DOCS if not k.startswith(("vllm.", "config"))}
+        facts.update(vllm_facts(report.get("vllm") or {}))
+        for key, entry in (report.get("vllm") or {}).get("config", {}).items():
+            facts[f"config_source.{key}"] = entry["source"]
+        return facts
     win = report["window"]["duration_ns"] or 1
     gpu = report["gpu"]
-    facts: dict[str, float | int | None] = {
+    facts = {
         "window.duration_ns": report["window"]["duration_ns"],
         "gpu.utilization": gpu["utilization"],
         "gpu.idle_share": 1.0 - gpu["utilization"],

@@ -6,7 +6,7 @@ from typing import Any
 
 import jinja2
 
-from profkit.render import charts, units
+from profkit.render import charts, cmdline, units
 from profkit.resources import shipped_dir
 
 
@@ -26,12 +26,16 @@ def environment() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(ns=units.ns, pct=units.pct, size=units.size, clip=units.clip, value=_value)
+    env.filters.update(ns=units.ns, pct=units.pct, size=units.size, clip=units.clip, value=_value,
+                       change_from=units.change_from, change_to=units.change_to)
     return env
 
 
 def render_html(report: dict[str, Any]) -> str:
     # Charts are made here, not in the template: a template never computes anything.
+    pairs = cmdline.command_pairs(report)
+    if report.get("gpu") is None:  # evidence only: no trace, no charts
+        return environment().get_template("report.html.j2").render(r=report, charts={}, commands=pairs)
     svgs = {
         "timeline": charts.timeline_chart(report),
         "categories": charts.category_chart(report) if report["categories"] else "",
@@ -40,4 +44,4 @@ def render_html(report: dict[str, Any]) -> str:
         "api": charts.api_chart(report) if report["api"] else "",
     }
     svgs = {k: jinja2.filters.Markup(v) for k, v in svgs.items()}  # matplotlib escaped the labels
-    return environment().get_template("report.html.j2").render(r=report, charts=svgs)
+    return environment().get_template("report.html.j2").render(r=report, charts=svgs, commands=pairs)

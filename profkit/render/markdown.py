@@ -38,7 +38,9 @@ def environment() -> jinja2.Environment:
         lstrip_blocks=True,
         undefined=jinja2.StrictUndefined,
     )
-    env.filters.update(ns=units.ns, pct=units.pct, size=units.size, clip=units.clip, safe_code=CodeBlock)
+    env.filters.update(ns=units.ns, pct=units.pct, size=units.size, clip=units.clip, safe_code=CodeBlock,
+                       change_from=units.change_from, change_to=units.change_to,
+                       zip=lambda a, b: list(zip(a, b, strict=True)))
     return env
 
 

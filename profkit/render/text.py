@@ -6,7 +6,7 @@ from typing import Any
 
 import pandas as pd
 
-from profkit.render.units import clip, ns, pct, size
+from profkit.render.units import change_from, change_to, clip, ns, pct, size
 
 
 def _table(rows: list[dict[str, Any]], columns: dict[str, Any], limit: int) -> str:
@@ -28,8 +28,41 @@ def _host_api(gap: dict[str, Any]) -> str:
     return f"{pct(gap['host_api_share'])} {top['name']}"
 
 
+def command_lines(report: dict[str, Any]) -> list[str]:
+    """The suggested command block: the run's command before and after, and how it was checked."""
+    cmd = report.get("command") or {}
+    if not cmd.get("suggested"):
+        return []
+    out = [f"Suggested command (the run's command from the {cmd['source']}, changes applied)"]
+    for before, after in zip(cmd["original"], cmd["suggested"], strict=True):
+        out += [f"  before: {before}", f"  after:  {after}"]
+    for check in cmd.get("checks", []):
+        verdict = "parses" if check["ok"] else "DOES NOT PARSE: " + "; ".join(check["problems"])
+        out.append(f"  checked with {check['by']}: {verdict}")
+    return out + [""]
+
+
+def outcome_lines(report: dict[str, Any]) -> list[str]:
+    """vLLM's own figures: the benchmark's throughput and latency, preemptions, KV cache."""
+    f = report["facts"]
+    parts = []
+    for key, label, fmt in (("vllm.requests_per_second", "req/s", "{:.2f}"),
+                            ("vllm.output_throughput", "output tok/s", "{:.0f}"),
+                            ("vllm.ttft_mean_ms", "mean TTFT ms", "{:.1f}"),
+                            ("vllm.ttft_p99_ms", "p99 TTFT ms", "{:.1f}"),
+                            ("vllm.tpot_mean_ms", "mean TPOT ms", "{:.2f}"),
+                            ("vllm.preemptions", "preemptions", "{}"),
+                            ("vllm.kv_cache_usage_max", "peak KV usage", None)):
+        value = f.get(key)
+        if value is not None:
+            parts.append(f"{label} {pct(value) if fmt is None else fmt.format(value)}")
+    return ["  vLLM: " + ", ".join(parts)] if parts else []
+
+
 def render_text(report: dict[str, Any], top: int = 10, name_width: int = 70) -> str:
     src, win, gpu, facts = report["source"], report["window"], report["gpu"], report["facts"]
+    if gpu is None:
+        return _render_evidence_only(report)
     out = [
         f"profkit report: {src['path']}",
         f"  {src.get('tool', src['kind'])} {src.get('tool_version') or ''} | GPU {src.get('gpu') or '?'}"
@@ -39,15 +72,10 @@ def render_text(report: dict[str, Any], top: int = 10, name_width: int = 70) -> 
         f"  kernels {facts['kernels.count']:,} ({pct(facts['kernels.graph_share'])} from CUDA graphs, "
         f"{pct(facts['kernels.short_share'])} shorter than 10 us); launch latency median "
         f"{ns(facts['launch.latency_median_ns'])}",
+        *outcome_lines(report),
         "",
     ]
-    if report.get("findings"):
-        out.append("Findings")
-        for f in report["findings"]:
-            out.append(f"  [{f['severity']}] {f['title']}: {f['summary']}")
-            for c in f.get("changes", []):
-                out.append(f"      {c['flag']}: {c.get('from')} -> {c.get('to')}  ({c.get('why', '')})")
-        out.append("")
+    out += _findings(report)
     out += [
         "Time by kernel category",
         _table(report["categories"], {"category": lambda r: r["category"], "kernels": lambda r: r["count"],
@@ -93,4 +121,29 @@ def render_text(report: dict[str, Any], top: int = 10, name_width: int = 70) -> 
             "time": lambda r: ns(r["total_ns"]), "avg": lambda r: ns(r["avg_ns"]),
         }, top),
     ]
+    return "\n".join(out) + "\n"
+
+
+def _findings(report: dict[str, Any]) -> list[str]:
+    out = []
+    if report.get("findings"):
+        out.append("Findings")
+        for f in report["findings"]:
+            out.append(f"  [{f['severity']}] {f['title']}: {f['summary']}")
+            for c in f.get("changes", []):
+                action = f" [{c['action']}]" if c.get("action") else ""
+                out.append(f"      {c['flag']}: {change_from(c)} -> {change_to(c)}{action}  ({c.get('why', '')})")
+        out.append("")
+    return out + command_lines(report)
+
+
+def _render_evidence_only(report: dict[str, Any]) -> str:
+    src = report["source"]
+    out = [f"profkit report: {src['path'] or 'vLLM evidence'} (no trace: vLLM's own evidence only)",
+           *outcome_lines(report), ""]
+    out += _findings(report)
+    skipped = report.get("rules_skipped") or []
+    if skipped:
+        out.append(f"Rules not evaluated ({len(skipped)}; they need a trace or evidence not given): "
+                   + ", ".join(s["rule"] for s in skipped))
     return "\n".join(out) + "\n"

@@ -31,3 +31,31 @@ def size(value: float | int | None) -> str:
 def clip(text: str | None, width: int = 80) -> str:
     text = text or ""
     return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def flag_value(value: object) -> str:
+    """A flag's value as a person reads it: true/false, numbers as given, None as 'not set'."""
+    if value is None:
+        return "not set"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def change_from(change: dict) -> str:
+    """A change's current value and where it came from (`300000000 (vLLM log)`, `true (given)`)."""
+    source = change.get("from_source")
+    text = flag_value(change.get("from"))
+    return f"{text} ({source})" if source and source != "given" else text
+
+
+def change_to(change: dict) -> str:
+    return "(remove the flag)" if change.get("to") is None else flag_value(change.get("to"))
+
+
+_CONTROL = {c: None for c in range(32) if c not in (9, 10)} | {127: None} | {c: None for c in range(0x80, 0xA0)}
+
+
+def terminal_safe(text: object) -> str:
+    """Text from a trace or a user for a terminal: control characters (ESC, CR, NUL, ...) removed."""
+    return str(text).translate(_CONTROL).replace("\n", " ")

@@ -57,14 +57,20 @@ def open_trace(path: str | os.PathLike) -> Trace:
 
 def find_trace_in_folder(folder: Path) -> Path:
     """The trace inside a capture folder: trace.sqlite first, then a single *.sqlite or torch trace."""
+    found = trace_in_folder(folder)
+    if found is None:
+        raise TraceError(f"{folder}: folder holds no trace (*.sqlite, *.pt.trace.json[.gz])")
+    return found
+
+
+def trace_in_folder(folder: Path) -> Path | None:
+    """Like `find_trace_in_folder`, but None for a folder without a trace (an unprofiled capture)."""
     preferred = folder / "trace.sqlite"
     if preferred.is_file():
         return preferred
     found = sorted(folder.glob("*.sqlite")) or sorted(folder.glob("*.pt.trace.json*")) or sorted(
         folder.glob("torch/*.pt.trace.json*"))
-    if len(found) == 1:
-        return found[0]
-    if not found:
-        raise TraceError(f"{folder}: folder holds no trace (*.sqlite, *.pt.trace.json[.gz])")
+    if len(found) <= 1:
+        return found[0] if found else None
     names = ", ".join(f.name for f in found)
     raise TraceError(f"{folder}: folder holds several traces ({names}); name one")
