@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sqlite3
@@ -31,7 +32,7 @@ def cli() -> None:
 
 
 @cli.command()
-@click.argument("trace", type=click.Path(path_type=Path))
+@click.argument("trace", type=click.Path(path_type=Path), required=False)
 @click.option("--window", default="auto", show_default=True,
               help="all | auto (the benchmark phase) | nvtx:NAME | START_NS:END_NS")
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "md", "html"]), default="text",
@@ -49,10 +50,16 @@ def cli() -> None:
 @click.option("--vllm-args", help='the flags vLLM ran with, e.g. "--max-num-seqs 64 --enforce-eager"')
 @click.option("--rules", "rules_dirs", type=click.Path(file_okay=False, path_type=Path), multiple=True,
               help="extra folder of rule YAML files")
-def report(trace: Path, window: str, fmt: str, output: Path | None, gap_threshold: str, top: int,
+@click.option("--save", "save_db", type=click.Path(dir_okay=False, path_type=Path),
+              help="also store the run in this history database (SQLite; see `profkit history`)")
+@click.option("--label", help="with --save: a label for the run (runs with one label are replicates)")
+def report(trace: Path | None, window: str, fmt: str, output: Path | None, gap_threshold: str, top: int,
            progress: bool | None, bench: Path | None, vllm_log: Path | None, metrics: tuple[Path, ...],
-           vllm_args: str | None, rules_dirs: tuple[Path, ...]) -> None:
-    """Analyse TRACE (nsys SQLite export or capture folder) and print the report."""
+           vllm_args: str | None, rules_dirs: tuple[Path, ...], save_db: Path | None, label: str | None) -> None:
+    """Analyse TRACE (nsys SQLite export, torch trace or capture folder) and print the report.
+
+    Without a trace (an unprofiled capture folder, or only --bench/--vllm-log/--metrics/--vllm-args)
+    the report holds vLLM's evidence and the findings it supports."""
     from profkit.report import build_report
 
     show = sys.stderr.isatty() if progress is None else progress
@@ -60,16 +67,115 @@ def report(trace: Path, window: str, fmt: str, output: Path | None, gap_threshol
         doc = build_report(trace, window=window, gap_threshold_ns=parse_duration(gap_threshold),
                            progress=steps.step, bench=bench, vllm_log=vllm_log, metrics=list(metrics) or None,
                            vllm_args=vllm_args, rules_dirs=list(rules_dirs))
-    text = _render(doc, fmt, top)
+    inputs = [p for p in (trace, bench, vllm_log, *metrics) if p is not None]
     if output:
-        output.write_text(text, encoding="utf-8")
-        click.echo(f"wrote {output}", err=True)
-    else:
+        refuse_input(output, inputs)
+    if save_db:
+        from profkit.compare.history import save_run
+
+        run_id = save_run(save_db, doc, label=label, inputs=inputs)
+        click.echo(f"saved run {run_id} in {save_db}", err=True)
+    emit(_render(doc, fmt, top), output)
+
+
+@cli.command("diff")
+@click.argument("before")
+@click.argument("after")
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "md", "html"]), default="text",
+              show_default=True)
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="write here, not stdout")
+@click.option("--noise", default="5%", show_default=True,
+              help="threshold assumed where a side has a single run (replicates measure it)")
+@click.option("--fail-on", "fail_on", multiple=True,
+              help='exit 3 when a condition holds, e.g. "request_throughput<-5%" "p99_ttft_ms>+10%"')
+@click.option("--top", default=10, show_default=True, help="rows per table in text and Markdown")
+def diff_cmd(before: str, after: str, fmt: str, output: Path | None, noise: str, fail_on: tuple[str, ...],
+             top: int) -> None:
+    """Compare two runs: BEFORE and AFTER are each a trace, a capture folder (with or without a trace),
+    a folder of capture folders (replicates), a saved report JSON, or history runs (runs.db:ID,
+    runs.db:last, runs.db:last-1, runs.db:label=L)."""
+    from profkit.compare.diff import diff
+    from profkit.compare.gate import check, parse_condition
+
+    conditions = [parse_condition(c) for c in fail_on]  # bad conditions fail before any work
+    threshold = _parse_share(noise, "--noise")
+    if output:
+        refuse_input(output, [Path(before.rsplit(":", 1)[0]), Path(after.rsplit(":", 1)[0]), Path(before),
+                              Path(after)])
+    doc = diff(before, after, noise=threshold)
+    failed = check(doc, conditions)
+    doc["gate"] = {"conditions": [c.text for c in conditions], "failed": failed}
+    emit(_render_diff(doc, fmt, top), output)
+    if failed:
+        for line in failed:
+            click.echo(f"profkit: gate failed: {line}", err=True)
+        sys.exit(3)
+
+
+@cli.command("history")
+@click.argument("db", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "md"]), default="text", show_default=True)
+@click.option("--label", help="only runs with this label")
+@click.option("--last", type=click.IntRange(min=1), help="only the newest N runs")
+def history_cmd(db: Path, fmt: str, label: str | None, last: int | None) -> None:
+    """List the runs stored in a history database (`profkit report ... --save DB`) with their KPIs."""
+    from profkit.compare.history import list_runs, render_history
+
+    click.echo(render_history(list_runs(db, label=label, last=last), fmt), nl=False)
+
+
+def _parse_share(text: str, option: str) -> float:
+    m = re.fullmatch(r"\s*(\d{1,3}(?:\.\d+)?)\s*(%?)\s*", text)
+    if not m:
+        raise click.BadParameter(f"{text!r}: expected a share such as 5% or 0.05", param_hint=option)
+    value = float(m.group(1)) / (100 if m.group(2) else 1)
+    if not 0 <= value < 1:
+        raise click.BadParameter(f"{text!r}: expected a share below 100 %", param_hint=option)
+    return value
+
+
+def refuse_input(output: Path, inputs: list[Path]) -> None:
+    """An output never lands on an input (the same file through a symlink or a hard link too)."""
+    if output.exists() and not output.is_file() and not output.is_symlink():
+        raise ProfkitError(f"{output}: not a regular file; refusing to write the output there")
+    for p in inputs:
+        try:
+            same = output.exists() and p.exists() and os.path.samefile(output, p)
+        except OSError:
+            same = False
+        if same or (p.is_dir() and output.resolve().is_relative_to(p.resolve()) and output.name in (
+                "trace.sqlite", "manifest.json", "bench.json")):
+            raise ProfkitError(f"{output}: is one of the inputs ({p}); refusing to write the output over it")
+
+
+def emit(text: str, output: Path | None) -> None:
+    """stdout, or a file written whole: a temporary file beside it renamed into place (no half reports)."""
+    if not output:
         click.echo(text, nl=False)
+        return
+    folder = output.parent if str(output.parent) else Path(".")
+    if not folder.is_dir():
+        raise ProfkitError(f"{output}: folder {folder} does not exist")
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a report is an ordinary file
+        os.replace(tmp, output)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    click.echo(f"wrote {output}", err=True)
 
 
 @cli.command(context_settings={"ignore_unknown_options": True})
-@click.option("--tool", type=click.Choice(["nsys", "torch", "both"]), default="nsys", show_default=True)
+@click.option("--tool", type=click.Choice(["nsys", "torch", "both", "none"]), default="nsys", show_default=True,
+              help="profiler to record with; none: an unprofiled run (benchmark result, logs, metrics, flags)")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="capture folder (default: capture-YYYYmmdd-HHMMSS)")
 @click.option("--dry-run", is_flag=True, help="print every command it would run, exactly, and stop")
@@ -155,6 +261,24 @@ def rules_facts() -> None:
         click.echo(f"{name:34} {FACT_DOCS[name]}")
 
 
+def _render_diff(doc: dict, fmt: str, top: int) -> str:
+    if fmt == "html":
+        from profkit.render.diff_html import render_diff_html
+
+        return render_diff_html(doc)
+    if fmt == "json":
+        from profkit.render.json import render_json
+
+        return render_json(doc)
+    if fmt == "md":
+        from profkit.render.diff_markdown import render_diff_markdown
+
+        return render_diff_markdown(doc, top=top)
+    from profkit.render.diff_text import render_diff_text
+
+    return render_diff_text(doc, top=top)
+
+
 def _render(doc: dict, fmt: str, top: int) -> str:
     # Imported on demand: the HTML renderer pulls in matplotlib, which a text or JSON report never needs.
     if fmt == "html":
@@ -222,7 +346,7 @@ def main() -> None:
             raise
         click.echo(f"profkit: internal error: {type(exc).__name__}: {exc} "
                    "(set PROFKIT_DEBUG=1 for the traceback)", err=True)
-        sys.exit(3)
+        sys.exit(70)  # EX_SOFTWARE: 3 is the diff gate's
 
 
 if __name__ == "__main__":

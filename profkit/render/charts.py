@@ -95,3 +95,19 @@ def api_chart(report: dict[str, Any], top: int = 10) -> str:
     api = report["api"][:top]
     return _barh([a["name"] for a in api], [a["total_ns"] / 1e6 for a in api], "host time in call (ms)",
                  color="#9b59b6", annotate=[f"{a['count']} calls" for a in api])
+
+
+def delta_chart(rows: list[dict[str, Any]], key: str, title: str, limit: int = 12) -> str:
+    """Before/after bars of the rows that moved most (share of each side's window), for the diff page."""
+    rows = rows[:limit][::-1]
+    labels = [clip(str(r[key]), 60) for r in rows]
+    before = [100 * (r["before_window_share"] or 0) for r in rows]
+    after = [100 * (r["after_window_share"] or 0) for r in rows]
+    fig, ax = plt.subplots(figsize=(9, 0.42 * len(rows) + 0.9))
+    ys = range(len(rows))
+    ax.barh([y + 0.2 for y in ys], before, height=0.38, color="#9aa5b8", label="before")
+    ax.barh([y - 0.2 for y in ys], after, height=0.38, color=BUSY, label="after")
+    ax.set_yticks(list(ys), labels)
+    ax.set_xlabel(f"{title}: % of each side's window")
+    ax.legend(loc="lower right", frameon=False)
+    return _svg(fig)
