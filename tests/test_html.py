@@ -117,7 +117,11 @@ def test_capture_folder_html(sqlite_path, tmp_path: Path) -> None:
         shutil.copyfile(REAL_SERVE / name, folder / name)
     html = render_html(build_report(folder))
     assert "Requests preempted for lack of KV cache" in html
-    assert "vllm serve /tmp/tiny" in html and "--kv-cache-memory-bytes 600000000" in html
+    # No manifest: the command is rebuilt from the log's non-default args, and says so; the cap is struck out.
+    assert "from the vLLM log&#39;s non-default args" in html
+    assert "<del>--kv-cache-memory-bytes</del> <del>300000000</del>" in html
+    assert "<pre>vllm serve /tmp/tiny --port 8011 --max-model-len 2048</pre>" in html
+    assert "parses</p>" in html
 
 
 def test_markdown_for_a_ticket(sqlite_path) -> None:
@@ -127,6 +131,9 @@ def test_markdown_for_a_ticket(sqlite_path) -> None:
                           metrics=[REAL_SERVE / "metrics-before.txt", REAL_SERVE / "metrics-after.txt"])
     md = render_markdown(report)
     assert "**[critical] Requests preempted for lack of KV cache** (kv-preemption)" in md
-    assert "| `--kv-cache-memory-bytes` | 300000000 (vLLM log) | **600000000** |" in md
-    assert "```\nvllm serve /tmp/tiny --port 8011" in md  # the command line, unescaped, in a code block
+    assert "| `--kv-cache-memory-bytes` | 300000000 (vLLM log) | **(remove the flag)** | remove |" in md
+    # before -> after as a diff block, then the command alone, unescaped, to copy
+    assert ("```diff\n- vllm serve /tmp/tiny --port 8011 --max-model-len 2048 --kv-cache-memory-bytes 300000000\n"
+            "+ vllm serve /tmp/tiny --port 8011 --max-model-len 2048\n```") in md
+    assert "```\nvllm serve /tmp/tiny --port 8011 --max-model-len 2048\n```" in md
     assert "| category | kernels | time | share |" in md

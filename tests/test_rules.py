@@ -67,10 +67,13 @@ def test_findings_carry_checkable_numbers(auto) -> None:
 def test_changes_name_the_flag_current_value_and_its_source(auto) -> None:
     eager = auto("eager_b1", vllm_args="--enforce-eager --max-num-seqs 64")
     change = next(c for f in eager["findings"] if f["rule"] == "launch-overhead" for c in f["changes"])
-    assert change == {"flag": "--enforce-eager", "from": True, "to": "false", "why": change["why"]}
+    # Typed values (JSON true/false), where `from` came from, and what the command line change does.
+    assert {k: change[k] for k in ("flag", "from", "from_source", "to", "action")} == {
+        "flag": "--enforce-eager", "from": True, "from_source": "given", "to": False, "action": "remove"}
     # Without flags, `from` is vLLM's default and says so.
     default = next(c for f in auto("eager_b1")["findings"] if f["rule"] == "launch-overhead" for c in f["changes"])
-    assert default["flag"] == "--compilation-config" and default["from"] == "not set"
+    assert default["flag"] == "--compilation-config"
+    assert default["from"] is None and default["from_source"] == "unknown"
 
 
 def test_kv_preemption_from_the_log_stats_line(auto, tmp_path: Path) -> None:
@@ -84,9 +87,10 @@ def test_kv_preemption_from_the_log_stats_line(auto, tmp_path: Path) -> None:
     assert "31 preemptions" in f["summary"]
     flags = {c["flag"]: c for c in f["changes"]}
     assert flags["--kv-cache-memory-bytes"]["from"] == 300000000
-    assert flags["--kv-cache-memory-bytes"]["to"] == "600000000"
-    assert flags["--max-num-seqs"]["to"] == "128"
+    # This log says nothing about free memory: the cache is doubled, not dropped.
+    assert flags["--kv-cache-memory-bytes"]["to"] == 600000000
     assert "--gpu-memory-utilization" not in flags  # the cache was sized in bytes, not by utilization
+    assert "--max-num-seqs" not in flags and "--kv-cache-dtype" not in flags  # the cache can still grow
     assert "kv-cache-pressure" in fired(r)  # 100 % usage
 
 
@@ -164,7 +168,7 @@ def test_graph_coverage_and_communication_rules(auto) -> None:
     assert evaluate(rule, facts)[0] == []
     facts.update({"category.communication.share": 0.3, "config.tensor_parallel_size": 4})
     found = evaluate(rule, facts)[0]
-    assert found and found[0]["changes"][0]["to"] == "2"
+    assert found and found[0]["changes"][0]["to"] == 2
 
 
 def write_rule(folder: Path, name: str, text: str) -> Path:
@@ -258,9 +262,13 @@ def test_kv_preemption_on_the_real_serve_run(auto) -> None:
     f = next(f for f in r["findings"] if f["rule"] == "kv-preemption")
     assert "29 preemptions" in f["summary"] and "9,152 tokens" in f["summary"]
     flags = {c["flag"]: c for c in f["changes"]}
-    # The flag came from the log's non-default args, so `from` is the real value with its source.
-    assert flags["--kv-cache-memory-bytes"]["from"] == "300000000 (vLLM log)"
-    assert flags["--kv-cache-memory-bytes"]["to"] == "600000000"
+    # The flag came from the log's non-default args, so `from` is the real value with its source; the log
+    # also says 78.66 GiB were free while the cache got 0.28 GiB: the cap is dropped, not doubled.
+    kv = flags["--kv-cache-memory-bytes"]
+    assert (kv["from"], kv["from_source"], kv["to"]) == (300000000, "vLLM log", None)
+    assert r["facts"]["vllm.gpu_free_memory_bytes"] == int(78.66 * 2**30)
+    assert r["facts"]["vllm.kv_cache_memory_bytes"] == int(0.28 * 2**30)
+    assert "--max-num-seqs" not in flags and "--kv-cache-dtype" not in flags
     assert "kv-cache-pressure" in fired(r)
 
 
@@ -289,5 +297,5 @@ def test_capture_folder_supplies_the_evidence(sqlite_path, tmp_path: Path) -> No
     assert doc["facts"]["vllm.preemptions"] == 29 and doc["facts"]["config.max_num_seqs"] == 64
     assert doc["facts"]["config_source.enforce_eager"] == "given"
     kv = next(f for f in doc["findings"] if f["rule"] == "kv-preemption")
-    seqs = next(c for c in kv["changes"] if c["flag"] == "--max-num-seqs")
-    assert (seqs["from"], seqs["to"]) == (64, "32")
+    cap = next(c for c in kv["changes"] if c["flag"] == "--kv-cache-memory-bytes")
+    assert (cap["from"], cap["from_source"], cap["to"]) == (300000000, "vLLM log", None)
