@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -117,6 +118,49 @@ def test_serve_capture_with_metrics_then_report(env, tmp_path: Path) -> None:
     assert doc["facts"]["vllm.preemptions"] == 29  # the real /metrics scrapes the fake server returns
     kv = next(f for f in doc["findings"] if f["rule"] == "kv-preemption")
     assert any(c["flag"] == "--kv-cache-memory-bytes" and c["from"] == 300000000 for c in kv["changes"])
+    # The user's own commands, without nsys and the folder's output arguments, and their suggested form.
+    server = ["vllm", "serve", "/tmp/tiny", "--kv-cache-memory-bytes", "300000000", "--port", str(port)]
+    client = ["vllm", "bench", "serve", "--backend", "vllm", "--model", "/tmp/tiny", "--port", str(port),
+              "--num-prompts", "200"]
+    assert m["user_commands"] == [server, client]
+    cmd = doc["command"]
+    assert cmd["source"] == "capture manifest" and cmd["original_argv"] == [server, client]
+    assert cmd["suggested_argv"][0] == ["vllm", "serve", "/tmp/tiny", "--kv-cache-memory-bytes", "600000000",
+                                        "--port", str(port)]
+    assert cmd["suggested_argv"][1] == client  # no client-side change proposed
+    assert all(c["ok"] for c in cmd["checks"]), cmd["checks"]
+    assert doc["suggested_command"] == "\n".join(shlex.join(a) for a in cmd["suggested_argv"])
+
+
+def test_unprofiled_captures_report_the_evidence(env, tmp_path: Path) -> None:
+    """--tool none: the benchmark alone, no profiler; `profkit report` on the folder needs no trace."""
+    out = tmp_path / "offline"
+    r = capture(env, "--tool", "none", "--out", str(out), "--", "vllm", "bench", "throughput", "--model", "/m",
+                "--enforce-eager", "--num-prompts", "32")
+    assert r.returncode == 0, r.stderr
+    m = manifest(out)
+    assert m["commands"] == [f"vllm bench throughput --model /m --enforce-eager --num-prompts 32 "
+                             f"--output-json {out}/bench.json"]
+    assert m["user_commands"] == [["vllm", "bench", "throughput", "--model", "/m", "--enforce-eager",
+                                   "--num-prompts", "32"]]
+    assert not any(f.endswith((".sqlite", ".nsys-rep")) for f in m["files"])
+    doc = report_json(out)
+    assert doc["source"]["kind"] == "evidence" and doc["gpu"] is None
+    assert doc["facts"]["vllm.requests_per_second"] == 21.3  # the fake bench's JSON
+    assert doc["facts"]["config.enforce_eager"] is True
+    assert {"rule": "launch-overhead", "missing": ["gaps.sub_ms_idle_share", "kernels.graph_share"]} in \
+        doc["rules_skipped"]
+    port = free_port()
+    serve = tmp_path / "serve"
+    r = capture(env, "serve", "--tool", "none", "--out", str(serve), "--model", "/tmp/tiny", "--port", str(port),
+                "--server-args", "--kv-cache-memory-bytes 300000000", "--bench-args", "--num-prompts 200")
+    assert r.returncode == 0, r.stderr
+    m = manifest(serve)
+    assert "nsys" not in " ".join(m["commands"]) and m["status"] == "ok"
+    doc = report_json(serve)
+    assert doc["facts"]["vllm.preemptions"] == 29 and doc["source"]["kind"] == "evidence"
+    assert doc["command"]["suggested_argv"][0][:5] == ["vllm", "serve", "/tmp/tiny", "--kv-cache-memory-bytes",
+                                                       "600000000"]
 
 
 def one_line_error(r: subprocess.CompletedProcess, needle: str) -> None:

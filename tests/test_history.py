@@ -135,7 +135,8 @@ def test_evidence_only_report_saves_with_null_window(tmp_path: Path, evidence_re
     assert row["request_throughput"] == 11.066771364919576
     assert row["vllm_preemptions"] == 29.0
     assert row["mean_ttft_ms"] == run_metrics(evidence_report)["mean_ttft_ms"] > 1000
-    assert row["command"] == "\n".join(evidence_report["command"]["original"]) == "vllm serve /tmp/tiny"
+    assert row["command"] == "\n".join(evidence_report["command"]["original"]) == (
+        "vllm serve /tmp/tiny --port 8011 --max-model-len 2048 --kv-cache-memory-bytes 300000000")
     conn = sqlite3.connect(db)
     flags = dict(conn.execute("select flag, value from flags").fetchall())
     assert flags == {k: str(v) for k, v in effective_flags(evidence_report).items()}

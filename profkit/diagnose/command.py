@@ -15,7 +15,8 @@ import shlex
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from profkit.diagnose.vllm_cli import Spec, check_command, normalize_flag, spec_for
+from profkit.analysis.vllm import VLLM_DEFAULTS
+from profkit.diagnose.vllm_cli import Option, Spec, check_command, normalize_flag, spec_for
 
 # What `profkit capture` adds to a user's command so a profiler or the capture folder gets its data.
 PROFILER_ONLY_WITH_VALUE = {"--profiler-config"}
@@ -168,7 +169,7 @@ def from_log(non_default: dict[str, Any], bench: dict[str, Any] | None) -> UserC
     for key, value in args.items():
         flag = "--" + key.replace("_", "-")
         opt = spec.options.get(flag) if spec else None
-        if opt is None or value is None or value == opt.default or (key == "tokenizer" and value == model):
+        if opt is None or value is None or value == effective_default(opt) or (key == "tokenizer" and value == model):
             continue
         if isinstance(value, bool):
             negation = f"--no-{flag[2:]}"
@@ -269,7 +270,7 @@ def apply_change(cmd: VllmCommand, flag: str, to: Any) -> tuple[VllmCommand, str
     if to is None:
         new, action = [], "remove" if where else "none"
     elif is_switch:
-        default = opt.default if opt else None
+        default = effective_default(opt)
         if bool(to) == bool(default):
             if not where:
                 return cmd, "none", f"{flag} is already at vLLM's default ({default})"
@@ -286,6 +287,15 @@ def apply_change(cmd: VllmCommand, flag: str, to: Any) -> tuple[VllmCommand, str
         at = len(args)
     args[at:at] = new
     return VllmCommand(cmd.program, cmd.subcommand, args), action, ""
+
+
+def effective_default(opt: Option | None) -> Any:
+    """What vLLM does when a switch is not given. The parser's default is often None ("decided later":
+    prefix caching, async scheduling); profkit's table of vLLM 0.26's effective defaults says what it becomes."""
+    if opt is None:
+        return None
+    known = VLLM_DEFAULTS.get(opt.dest)
+    return known if known is not None else opt.default
 
 
 def _check(cmd: VllmCommand) -> dict[str, Any]:
