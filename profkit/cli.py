@@ -224,6 +224,65 @@ def capture(tool: str, out: Path | None, dry_run: bool, capture_range: bool, del
     click.echo(f"profkit: capture complete: {done} (profkit report {done})", err=True)
 
 
+@cli.command(context_settings={"ignore_unknown_options": True})
+@click.option("--budget", type=click.IntRange(min=2), default=6, show_default=True,
+              help="runs in all: baseline, its replicates, a profiled run, candidates")
+@click.option("--objective", default="request_throughput", show_default=True,
+              help="the metric to improve: a vLLM bench metric or a fact (see `profkit diff`)")
+@click.option("--slo", "slos", multiple=True, help='a bound every kept step must meet, e.g. "p99_ttft_ms<=2000"')
+@click.option("--profile", type=click.Choice(["never", "first", "always"]), default="first", show_default=True,
+              help="nsys: never; once, for the baseline's diagnosis; or on every run")
+@click.option("--replicates", type=click.IntRange(min=1), default=2, show_default=True,
+              help="baseline runs that measure the run-to-run noise")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="tune folder (default: tune-YYYYmmdd-HHMMSS)")
+@click.option("--dry-run", is_flag=True, help="print the baseline run, the settings and the flags tune may change")
+@click.option("--nsys", "nsys_exe", default="nsys", show_default=True)
+@click.option("--timeout", type=float, default=3600, show_default=True, help="seconds per step")
+@click.option("--model", help="serve: the model")
+@click.option("--server-args", default="", help="serve: flags for vllm serve")
+@click.option("--bench-args", default="", help="serve: flags for vllm bench serve")
+@click.option("--port", type=int, default=8000, show_default=True)
+@click.option("--health-timeout", type=float, default=600, show_default=True)
+@click.option("--rules", "rules_dirs", type=click.Path(file_okay=False, path_type=Path), multiple=True)
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def tune(budget: int, objective: str, slos: tuple[str, ...], profile: str, replicates: int, out: Path | None,
+         dry_run: bool, nsys_exe: str, timeout: float, model: str | None, server_args: str, bench_args: str,
+         port: int, health_timeout: float, rules_dirs: tuple[Path, ...], command: tuple[str, ...]) -> None:
+    """Diagnose, apply the suggested flag changes, re-run, keep what is measured to help.
+
+    \b
+    profkit tune [options] -- vllm bench throughput|latency ARGS...
+    profkit tune [options] serve --model M [--server-args "..."] [--bench-args "..."]
+    """
+    import time
+
+    from profkit.tune.loop import TuneOptions, Tuner, dry_run_lines, parse_slo, user_from_cli
+    from profkit.tune.render import render_tune
+
+    folder = out or Path(time.strftime("tune-%Y%m%d-%H%M%S"))
+    opts = TuneOptions(out=folder, user=user_from_cli(list(command), model, server_args, bench_args, port),
+                       budget=budget, objective=objective, slos=[parse_slo(s) for s in slos], profile=profile,
+                       replicates=replicates, nsys=nsys_exe, port=port, timeout_s=timeout,
+                       health_timeout_s=health_timeout, rules_dirs=list(rules_dirs))
+    if dry_run:
+        for line in dry_run_lines(opts):
+            click.echo(line)
+        return
+    if (folder / "tune.json").exists():
+        raise ProfkitError(f"{folder} already holds a tune run: choose another --out")
+    from profkit.capture.run import main_interrupt_safe
+
+    # SIGTERM stops the loop like Ctrl-C: the run in flight is stopped cleanly and tune.json keeps the best so far
+    doc = main_interrupt_safe(Tuner(opts, say=lambda msg: click.echo(f"profkit: {msg}", err=True)).run)
+    for fmt, name in (("md", "tune.md"), ("html", "tune.html")):
+        (folder / name).write_text(render_tune(doc, fmt), encoding="utf-8")
+    click.echo(render_tune(doc, "text"), nl=False)
+    click.echo(f"profkit: tune folder {folder} (tune.json, tune.md, tune.html, runs/)", err=True)
+    if doc["stopped"].startswith("interrupted"):
+        sys.exit(130)
+
+
 @cli.group()
 def rules() -> None:
     """List and explain the diagnosis rules."""

@@ -18,11 +18,13 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from profkit.capture.folder import Manifest
 from profkit.capture.plan import Plan, Step
 from profkit.errors import ProfkitError
 
+T = TypeVar("T")
 STOP_GRACE_S = 180.0  # nsys needs time to flush a large report after SIGINT
 
 
@@ -38,6 +40,8 @@ def preflight(plan: Plan) -> None:
             raise CaptureError(f"{exe!r} not found on PATH: install it or pass its path (--nsys / --vllm)")
     if plan.port is not None:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            # As servers do (uvicorn, http.server): a port whose last server just exited (TIME_WAIT) is free
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 s.bind(("127.0.0.1", plan.port))
             except OSError:
@@ -174,7 +178,7 @@ def _stop(proc: subprocess.Popen, manifest: Manifest, say: Callable[[str], None]
     manifest.server_exit(proc.returncode)
 
 
-def main_interrupt_safe(fn: Callable[[], Path]) -> Path:
+def main_interrupt_safe(fn: Callable[[], T]) -> T:
     """Run `fn` with SIGTERM treated like Ctrl-C, so a killed capture still stops vLLM and keeps files."""
     previous = signal.getsignal(signal.SIGTERM)
 

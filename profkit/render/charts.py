@@ -111,3 +111,25 @@ def delta_chart(rows: list[dict[str, Any]], key: str, title: str, limit: int = 1
     ax.set_xlabel(f"{title}: % of each side's window")
     ax.legend(loc="lower right", frameon=False)
     return _svg(fig)
+
+
+def trajectory_chart(doc: dict[str, Any]) -> str:
+    """The objective of every step of a tune run; kept steps (and the baseline) in colour, reverted grey."""
+    steps = [s for s in doc["steps"] if s["objective"] is not None]
+    fig, ax = plt.subplots(figsize=(9, 2.8))
+    best_line = []
+    best = None
+    for s in steps:
+        kept = s["decision"] in ("keep", "baseline")
+        if kept:
+            best = s["objective"]
+        best_line.append(best)
+        for r in s["runs"]:
+            if r["objective"] is not None:
+                ax.plot(s["step"], r["objective"], "o", color=ACCENT if kept else "#9aa5b8", markersize=4)
+        ax.bar(s["step"], s["objective"], width=0.6, color=ACCENT if kept else "#d5dae3", alpha=0.6)
+    ax.step([s["step"] for s in steps], best_line, where="post", color=BUSY, linewidth=1.5, label="best so far")
+    ax.set_xticks([s["step"] for s in steps], [f"{s['step']}\n{s['kind']}" for s in steps])
+    ax.set_ylabel(clip(doc["objective"]["name"], 30))
+    ax.legend(loc="lower right", frameon=False)
+    return _svg(fig)

@@ -1,0 +1,61 @@
+"""The tune report: the trajectory (objective per step), the winning command line, and best vs baseline."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from profkit.render.diff_text import metric_value
+from profkit.render.units import terminal_safe
+
+
+def _changes(step: dict[str, Any]) -> str:
+    cand = step.get("candidate")
+    if not cand:
+        return ""
+    parts = [f"{c['flag']} {'(removed)' if c['to'] is None else c['to']}" for c in cand["changes"]]
+    return f"{cand['rule']}: " + ", ".join(parts)
+
+
+def render_text(doc: dict[str, Any]) -> str:
+    obj = doc["objective"]["name"]
+    out = [f"profkit tune: objective {obj} ({doc['objective']['better']} is better), "
+           f"{doc['runs_used']}/{doc['budget']} runs, profile {doc['profile']}",
+           f"stopped: {doc['stopped']}", ""]
+    noise = doc.get("noise") or {}
+    if noise.get("spread_pct") is not None:
+        out.append(f"noise: baseline runs {', '.join(f'{v:.4g}' for v in noise['baseline_runs'])} "
+                   f"(spread {noise['spread_pct']:.1f} %)")
+    out.append(f"  {'step':>4}  {'kind':10} {'objective':>10}  {'decision':9} what")
+    for s in doc["steps"]:
+        value = "-" if s["objective"] is None else metric_value(obj, s["objective"])
+        out.append(f"  {s['step']:>4}  {s['kind']:10} {value:>10}  {s['decision']:9} "
+                   f"{terminal_safe(_changes(s) or s['why'])}")
+        if s["candidate"]:
+            out.append(f"  {'':>4}  {'':10} {'':>10}  {'':9} {terminal_safe(s['why'])}")
+    best = doc.get("best")
+    if best:
+        change = f" ({best['change_pct']:+.1f} % vs the baseline)" if best["change_pct"] is not None else ""
+        out += ["", f"best {obj}: {metric_value(obj, best['best'])}{change}", "winning command line:"]
+        out += [f"  {terminal_safe(c)}" for c in best["commands"]]
+    if doc.get("diff"):
+        out += ["", "best vs baseline: " + terminal_safe(doc["diff"]["verdict"])]
+    return "\n".join(out) + "\n"
+
+
+def render_tune(doc: dict[str, Any], fmt: str) -> str:
+    if fmt == "text":
+        return render_text(doc)
+    if fmt == "md":
+        from profkit.render import markdown
+
+        env = markdown.environment()
+        env.filters.update(metric=metric_value, changes=_changes)
+        return env.get_template("tune.md.j2").render(d=doc)
+    import jinja2
+
+    from profkit.render import charts, html
+
+    env = html.environment()
+    env.filters.update(metric=metric_value, changes=_changes)
+    chart = jinja2.filters.Markup(charts.trajectory_chart(doc)) if doc["steps"] else ""
+    return env.get_template("tune.html.j2").render(d=doc, chart=chart)
