@@ -234,6 +234,8 @@ def capture(tool: str, out: Path | None, dry_run: bool, capture_range: bool, del
               help="nsys: never; once, for the baseline's diagnosis; or on every run")
 @click.option("--replicates", type=click.IntRange(min=1), default=2, show_default=True,
               help="baseline runs that measure the run-to-run noise")
+@click.option("--patience", type=click.IntRange(min=1), default=2, show_default=True,
+              help="stop after this many candidates in a row that did not help")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="tune folder (default: tune-YYYYmmdd-HHMMSS)")
 @click.option("--dry-run", is_flag=True, help="print the baseline run, the settings and the flags tune may change")
@@ -246,7 +248,8 @@ def capture(tool: str, out: Path | None, dry_run: bool, capture_range: bool, del
 @click.option("--health-timeout", type=float, default=600, show_default=True)
 @click.option("--rules", "rules_dirs", type=click.Path(file_okay=False, path_type=Path), multiple=True)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def tune(budget: int, objective: str, slos: tuple[str, ...], profile: str, replicates: int, out: Path | None,
+def tune(budget: int, objective: str, slos: tuple[str, ...], profile: str, replicates: int, patience: int,
+         out: Path | None,
          dry_run: bool, nsys_exe: str, timeout: float, model: str | None, server_args: str, bench_args: str,
          port: int, health_timeout: float, rules_dirs: tuple[Path, ...], command: tuple[str, ...]) -> None:
     """Diagnose, apply the suggested flag changes, re-run, keep what is measured to help.
@@ -263,7 +266,7 @@ def tune(budget: int, objective: str, slos: tuple[str, ...], profile: str, repli
     folder = out or Path(time.strftime("tune-%Y%m%d-%H%M%S"))
     opts = TuneOptions(out=folder, user=user_from_cli(list(command), model, server_args, bench_args, port),
                        budget=budget, objective=objective, slos=[parse_slo(s) for s in slos], profile=profile,
-                       replicates=replicates, nsys=nsys_exe, port=port, timeout_s=timeout,
+                       replicates=replicates, patience=patience, nsys=nsys_exe, port=port, timeout_s=timeout,
                        health_timeout_s=health_timeout, rules_dirs=list(rules_dirs))
     if dry_run:
         for line in dry_run_lines(opts):

@@ -26,6 +26,7 @@ from profkit.errors import ProfkitError
 
 T = TypeVar("T")
 STOP_GRACE_S = 180.0  # nsys needs time to flush a large report after SIGINT
+GROUP_GRACE_S = 60.0  # for the server's children to exit after the server itself
 
 
 class CaptureError(ProfkitError):
@@ -175,7 +176,26 @@ def _stop(proc: subprocess.Popen, manifest: Manifest, say: Callable[[str], None]
         say("stopping vllm serve (SIGINT)")
         _signal_group(proc, signal.SIGINT)
         _wait_or_kill(proc, STOP_GRACE_S)
+    # vLLM's EngineCore and workers are children in the server's process group and hold the GPU memory:
+    # the next run (a replicate, a tune step) must not start while they linger.
+    if not _group_gone(proc.pid, GROUP_GRACE_S):
+        _signal_group(proc, signal.SIGKILL)
+        _group_gone(proc.pid, 10.0)
+        manifest.note("server processes outlived the server; killed")
     manifest.server_exit(proc.returncode)
+
+
+def _group_gone(pgid: int, timeout: float) -> bool:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        time.sleep(0.2)
+    return False
 
 
 def main_interrupt_safe(fn: Callable[[], T]) -> T:

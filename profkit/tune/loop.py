@@ -284,7 +284,7 @@ class Tuner:
                 self.stopped = f"the budget of {opts.budget} runs is spent"
                 return
             if misses >= opts.patience:
-                self.stopped = f"{misses} candidates in a row gained less than the noise"
+                self.stopped = f"{misses} candidate(s) in a row gained less than the noise"
                 return
             cand, user = self._next_candidate()
             if cand is None:

@@ -1,0 +1,176 @@
+"""`profkit tune` end to end with the fake vLLM's deterministic performance model (tests/fakes/vllm,
+FAKE_VLLM_PERF): every path of the loop — keep, revert, stop (no candidate, budget, patience), SLO,
+a crashed run, Ctrl-C — without a GPU. The real runs on the H100 are in the issue note."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import FIXTURES
+
+FAKES = Path(__file__).parent / "fakes"
+WORKLOAD = "--dataset-name random --random-input-len 1024 --random-output-len 256 --num-prompts 800 --request-rate inf"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def env(sqlite_path, tmp_path: Path) -> dict[str, str]:
+    perf = tmp_path / "perf"
+    perf.mkdir()
+    return {**os.environ, "PATH": f"{FAKES}:{os.environ['PATH']}", "FAKE_VLLM_PERF": str(perf),
+            "FAKE_NSYS_SQLITE": str(sqlite_path("eager_b1")), "FAKE_VLLM_SEED": "1",
+            "FAKE_METRICS_DIR": str(Path(__file__).parent / "data" / "vllm_serve_kv300mb"),
+            "FAKE_TORCH_TRACE": str(FIXTURES / "h100_toy" / "torch_eager_b1.json.gz")}
+
+
+def tune(env: dict[str, str], out: Path, *args: str, timeout: float = 240) -> tuple[subprocess.CompletedProcess, dict]:
+    r = subprocess.run([sys.executable, "-m", "profkit.cli", "tune", "--out", str(out), *args], capture_output=True,
+                       text=True, env=env, timeout=timeout)
+    doc = json.loads((out / "tune.json").read_text()) if (out / "tune.json").exists() else {}
+    return r, doc
+
+
+def serve(server_args: str) -> list[str]:
+    return ["serve", "--model", "/tmp/tiny", "--server-args", server_args, "--bench-args", WORKLOAD]
+
+
+def decisions(doc: dict) -> list[tuple[str, str]]:
+    return [(s["kind"], s["decision"]) for s in doc["steps"]]
+
+
+def test_hand_sized_kv_cache_is_dropped_and_kept(env, tmp_path: Path) -> None:
+    out = tmp_path / "t"
+    r, doc = tune(env, out, "--profile", "never", "--port", str(free_port()),
+                  *serve("--kv-cache-memory-bytes 300000000 --max-model-len 2048"))
+    assert r.returncode == 0, r.stderr
+    assert doc["schema"] == "profkit.tune/1" and doc["objective"] == {"name": "request_throughput", "better": "higher"}
+    assert decisions(doc)[:2] == [("baseline", "baseline"), ("candidate", "keep")]
+    kept = doc["steps"][1]
+    assert kept["candidate"]["rule"] == "kv-preemption"
+    assert kept["candidate"]["changes"] == [{"flag": "--kv-cache-memory-bytes", "to": None, "action": "remove"}]
+    # every replicate is kept, and the noise is what the baseline's runs measured
+    base = doc["steps"][0]
+    assert len(base["runs"]) == 2 and doc["noise"]["baseline_runs"] == [r["objective"] for r in base["runs"]]
+    assert doc["best"]["commands"][0].startswith("vllm serve /tmp/tiny --max-model-len 2048 --port")
+    assert "--kv-cache-memory-bytes" not in doc["best"]["commands"][0]
+    assert doc["best"]["change_pct"] > 100
+    assert doc["diff"]["findings"]["resolved"] == ["kv-cache-pressure", "kv-preemption"]
+    assert doc["stopped"] in ("no finding proposes an untried change", "the budget of 6 runs is spent",
+                              "2 candidates in a row gained less than the noise")
+    # the folder: every run's capture folder with its report, and the final report in three formats
+    for step in doc["steps"]:
+        for run in step["runs"]:
+            assert (Path(run["folder"]) / "manifest.json").is_file() and (Path(run["folder"]) / "report.json").is_file()
+    assert "Winning command line" in (out / "tune.html").read_text()
+    assert "<svg" in (out / "tune.html").read_text() and "<script" not in (out / "tune.html").read_text()
+    assert "| 1 | candidate |" in (out / "tune.md").read_text()
+    assert "winning command line:" in r.stdout
+
+
+def test_enforce_eager_found_from_the_profiled_baseline(env, tmp_path: Path) -> None:
+    """Offline: launch-overhead needs the trace, so the profiled run diagnoses; unprofiled runs measure."""
+    r, doc = tune(env, tmp_path / "t", "--profile", "first", "--", "vllm", "bench", "throughput", "--model",
+                  "/tmp/tiny", "--num-prompts", "1000", "--enforce-eager")
+    assert r.returncode == 0, r.stderr
+    assert decisions(doc)[:3] == [("profile", "diagnose"), ("baseline", "baseline"), ("candidate", "keep")]
+    assert doc["steps"][0]["runs"][0]["profiled"] and not doc["steps"][1]["runs"][0]["profiled"]
+    assert doc["steps"][2]["candidate"]["rule"] == "launch-overhead"
+    assert doc["best"]["commands"] == ["vllm bench throughput --model /tmp/tiny --num-prompts 1000"]
+
+
+def test_batch_cap_goes_back_to_the_default(env, tmp_path: Path) -> None:
+    r, doc = tune(env, tmp_path / "t", "--profile", "never", "--port", str(free_port()),
+                  *serve("--max-num-seqs 4 --max-model-len 2048"))
+    assert r.returncode == 0, r.stderr
+    assert doc["steps"][1]["candidate"]["rule"] == "batch-cap" and doc["steps"][1]["decision"] == "keep"
+    assert "--max-num-seqs" not in doc["best"]["commands"][0]
+
+
+def test_slo_reverts_and_budget_stops(env, tmp_path: Path) -> None:
+    r, doc = tune(env, tmp_path / "t", "--profile", "never", "--budget", "3", "--slo", "p99_ttft_ms<=1",
+                  "--port", str(free_port()), *serve("--kv-cache-memory-bytes 300000000 --max-model-len 2048"))
+    assert r.returncode == 0, r.stderr
+    step = doc["steps"][1]
+    assert step["decision"] == "revert" and step["why"] == "SLO not met: p99_ttft_ms<=1"
+    assert doc["stopped"] == "the budget of 3 runs is spent" and doc["runs_used"] == 3
+    assert doc["best"]["change_pct"] == 0 and doc["best"]["best_step"] == 0  # the baseline stays best
+
+
+def test_nothing_to_change_stops_at_once(env, tmp_path: Path) -> None:
+    r, doc = tune(env, tmp_path / "t", "--profile", "never", "--port", str(free_port()),
+                  *serve("--max-model-len 2048"))
+    assert r.returncode == 0, r.stderr
+    assert decisions(doc) == [("baseline", "baseline")]
+    assert doc["stopped"] == "no finding proposes an untried change" and doc["runs_used"] == 2
+
+
+def test_worse_and_crashed_candidates_are_reverted(env, tmp_path: Path) -> None:
+    """A 300 MB cache fits 7 sequences of this workload: lifting --max-num-seqs 4 makes it preempt, measured
+    worse, reverted. The same candidate on a server that dies (as vLLM does on a flag it rejects): reverted,
+    and the loop ends on patience or on having nothing left to try, never on the crash."""
+    args = serve("--max-num-seqs 4 --kv-cache-memory-bytes 300000000 --max-model-len 2048")
+    r, doc = tune(env, tmp_path / "t", "--profile", "never", "--patience", "1", "--port", str(free_port()), *args)
+    assert r.returncode == 0, r.stderr
+    worse = doc["steps"][1]
+    assert worse["candidate"]["rule"] == "batch-cap" and worse["decision"] == "revert"
+    assert worse["why"].endswith("worse") and worse["comparison"]["change_pct"] < 0
+    assert doc["stopped"] == "1 candidate(s) in a row gained less than the noise"
+    assert doc["best"]["best_step"] == 0 and doc["diff"] is None
+    crash = {**env, "FAKE_VLLM_CRASH_ON": "!--max-num-seqs"}
+    r, doc = tune(crash, tmp_path / "t2", "--profile", "never", "--port", str(free_port()), *args)
+    assert r.returncode == 0, r.stderr
+    crashed = doc["steps"][1]
+    assert crashed["decision"] == "revert" and "the run failed" in crashed["why"]
+    assert crashed["runs"][0]["status"] == "failed" and "exited with code 1" in crashed["runs"][0]["error"]
+    assert doc["stopped"] == "no finding proposes an untried change"
+    assert doc["best"]["commands"][0].startswith("vllm serve /tmp/tiny --max-num-seqs 4")
+
+
+def test_ctrl_c_keeps_the_folder_and_the_best_so_far(env, tmp_path: Path) -> None:
+    out = tmp_path / "t"
+    env = {**env, "FAKE_VLLM_BENCH_S": "2"}
+    proc = subprocess.Popen([sys.executable, "-m", "profkit.cli", "tune", "--out", str(out), "--profile", "never",
+                             "--port", str(free_port()), *serve("--kv-cache-memory-bytes 300000000")],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not list((out / "runs").glob("03-*/manifest.json")):
+        time.sleep(0.2)
+    time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    doc = json.loads((out / "tune.json").read_text())
+    assert doc["stopped"].startswith("interrupted")
+    assert doc["best"]["best_step"] == 0 and doc["best"]["commands"][0].startswith("vllm serve /tmp/tiny")
+    assert (out / "tune.html").is_file() and "Traceback" not in err
+    assert json.loads((out / "runs" / "03-kv-preemption" / "manifest.json").read_text())["status"] == "interrupted"
+
+
+def test_dry_run_shows_the_allow_list(env, tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "profkit.cli", "tune", "--dry-run", "--out", str(tmp_path / "t"),
+                        "--", "vllm", "bench", "throughput", "--model", "/m", "--enforce-eager"],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert "  vllm bench throughput --model /m --enforce-eager --output-json" in r.stdout
+    allow = next(line for line in lines if line.startswith("flags tune may change"))
+    assert "--enforce-eager" in allow and "--max-num-seqs" in allow
+    assert "--max-concurrency" not in allow and "--request-rate" not in allow  # client flags change the workload
+    assert not (tmp_path / "t").exists()
+    bad = subprocess.run([sys.executable, "-m", "profkit.cli", "tune", "--slo", "p99_ttft_ms<+5%", "--", "vllm",
+                          "bench", "throughput"], capture_output=True, text=True, env=env, timeout=60)
+    assert bad.returncode == 1 and bad.stderr.strip().startswith("profkit: error: --slo")
