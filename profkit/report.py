@@ -29,7 +29,7 @@ from profkit.analysis.launch import launch_latency
 from profkit.analysis.nvtx import nvtx_summary
 from profkit.analysis.stats import records
 from profkit.analysis.transfers import memop_summary, memory_kinds
-from profkit.analysis.vllm import vllm_evidence
+from profkit.analysis.vllm import set_gpu_defaults, vllm_evidence
 from profkit.analysis.window import Window, choose_window, with_seq_ranges
 from profkit.diagnose.command import (
     UserCommand,
@@ -86,6 +86,8 @@ def build_report(path: str | os.PathLike | None, window: str = "auto", gap_thres
             report["source"]["path"] = str(folder)
     if inputs.get("environment"):
         report["environment"] = inputs["environment"]
+    # Some of vLLM's defaults depend on the GPU (the trace's, else the capture manifest's).
+    set_gpu_defaults(evidence, report["source"].get("gpu") or (inputs.get("environment") or {}).get("gpu"))
     report["vllm"] = evidence
     report["facts"] = compute_facts(report)
     report["findings"], report["rules_skipped"] = evaluate(rules, report["facts"])

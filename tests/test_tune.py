@@ -93,11 +93,20 @@ def test_enforce_eager_found_from_the_profiled_baseline(env, tmp_path: Path) -> 
 
 
 def test_batch_cap_goes_back_to_the_default(env, tmp_path: Path) -> None:
-    r, doc = tune(env, tmp_path / "t", "--profile", "never", "--port", str(free_port()),
+    """On an H100 vLLM's default is 1024 and 800 requests were offered: the cap is dropped. Where the GPU
+    is not known, the cap goes to what was offered (800)."""
+    h100 = {**env, "FAKE_GPU": "NVIDIA H100 80GB HBM3, 580.159.04"}
+    r, doc = tune(h100, tmp_path / "t", "--profile", "never", "--port", str(free_port()),
                   *serve("--max-num-seqs 4 --max-model-len 2048"))
     assert r.returncode == 0, r.stderr
     assert doc["steps"][1]["candidate"]["rule"] == "batch-cap" and doc["steps"][1]["decision"] == "keep"
+    assert doc["steps"][1]["candidate"]["changes"] == [{"flag": "--max-num-seqs", "to": None, "action": "remove"}]
     assert "--max-num-seqs" not in doc["best"]["commands"][0]
+    r, doc = tune(env, tmp_path / "t2", "--profile", "never", "--port", str(free_port()),
+                  *serve("--max-num-seqs 4 --max-model-len 2048"))
+    assert r.returncode == 0, r.stderr
+    assert doc["steps"][1]["candidate"]["changes"] == [{"flag": "--max-num-seqs", "to": 800, "action": "edit"}]
+    assert doc["best"]["commands"][0].startswith("vllm serve /tmp/tiny --max-num-seqs 800 --max-model-len 2048")
 
 
 def test_slo_reverts_and_budget_stops(env, tmp_path: Path) -> None:
@@ -130,7 +139,7 @@ def test_worse_and_crashed_candidates_are_reverted(env, tmp_path: Path) -> None:
     assert worse["why"].endswith("worse") and worse["comparison"]["change_pct"] < 0
     assert doc["stopped"] == "1 candidate(s) in a row gained less than the noise"
     assert doc["best"]["best_step"] == 0 and doc["diff"] is None
-    crash = {**env, "FAKE_VLLM_CRASH_ON": "!--max-num-seqs"}
+    crash = {**env, "FAKE_VLLM_CRASH_ON": "!--max-num-seqs", "FAKE_GPU": "NVIDIA H100 80GB HBM3, 580.159.04"}
     r, doc = tune(crash, tmp_path / "t2", "--profile", "never", "--port", str(free_port()), *args)
     assert r.returncode == 0, r.stderr
     crashed = doc["steps"][1]

@@ -22,7 +22,7 @@ from profkit.errors import ProfkitError
 # "Chunked prefill is enabled with max_num_batched_tokens=16384" for the offline LLM entry point).
 VLLM_DEFAULTS: dict[str, Any] = {
     "tensor_parallel_size": 1,
-    "max_num_seqs": 256,
+    "max_num_seqs": None,  # by GPU: default_max_num_seqs()
     "max_num_batched_tokens": None,  # depends on the entry point (8192 serve / 16384 offline on H100)
     "gpu_memory_utilization": 0.92,
     "max_model_len": None,  # the model's own context length
@@ -35,6 +35,23 @@ VLLM_DEFAULTS: dict[str, Any] = {
     "async_scheduling": True,
 }
 BOOL_FLAGS = {"enforce_eager", "enable_chunked_prefill", "enable_prefix_caching", "async_scheduling"}
+# vLLM 0.26 sizes --max-num-seqs by the GPU (EngineArgs._set_default_max_num_seqs_and_batched_tokens_args):
+# 1024 on GPUs with 70 GiB or more that are not A100s (H100, H200, MI300x, ...), 256 elsewhere.
+BIG_GPU_MAX_NUM_SEQS, SMALL_GPU_MAX_NUM_SEQS = 1024, 256
+_BIG_GPUS = ("h100", "h200", "gh200", "b200", "gb200", "mi300", "mi325", "mi355")
+
+
+def default_max_num_seqs(gpu: str | None) -> int | None:
+    """vLLM 0.26's --max-num-seqs when not given, for this GPU (None when the GPU is not known)."""
+    if not gpu:
+        return None
+    name = gpu.lower()
+    if "a100" in name:
+        return SMALL_GPU_MAX_NUM_SEQS
+    size = re.search(r"(\d+)\s*gb", name)
+    if any(g in name for g in _BIG_GPUS) or (size and int(size.group(1)) >= 75):
+        return BIG_GPU_MAX_NUM_SEQS
+    return SMALL_GPU_MAX_NUM_SEQS
 
 # One periodic stats line of vLLM V1's LoggingStatLogger, e.g.
 # "Engine 000: Avg prompt throughput: 5325.0 tokens/s, Avg generation throughput: 1218.6 tokens/s,
@@ -186,13 +203,14 @@ def _coerce(value: str) -> Any:
     return value
 
 
-def config_facts(flags: dict[str, Any], log: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def config_facts(flags: dict[str, Any], log: dict[str, Any], gpu: str | None = None) -> dict[str, dict[str, Any]]:
     """Every flag rules may name: its value and where it came from (given / logged / vLLM default)."""
     out = {}
+    defaults = {**VLLM_DEFAULTS, "max_num_seqs": default_max_num_seqs(gpu)}
     logged = {k: v for k, v in (log.get("non_default_args") or {}).items() if v is not None}
     logged.setdefault("max_num_batched_tokens", log.get("logged_max_num_batched_tokens"))
     logged.setdefault("gpu_memory_utilization", log.get("logged_gpu_memory_utilization"))
-    for key, default in VLLM_DEFAULTS.items():
+    for key, default in defaults.items():
         if key in flags:
             out[key] = {"value": flags[key], "source": "given"}
         elif logged.get(key) is not None:
@@ -202,8 +220,14 @@ def config_facts(flags: dict[str, Any], log: dict[str, Any]) -> dict[str, dict[s
     return out
 
 
+def set_gpu_defaults(section: dict[str, Any], gpu: str | None) -> None:
+    """The config facts again with the defaults of this GPU (vLLM sizes --max-num-seqs by the GPU)."""
+    section["defaults"] = {"max_num_seqs": default_max_num_seqs(gpu), "gpu": gpu}
+    section["config"] = config_facts(section.get("flags") or {}, section.get("log") or {}, gpu)
+
+
 def vllm_evidence(bench: Path | None = None, log: Path | None = None, metrics: list[Path] | None = None,
-                  args: str | None = None) -> dict[str, Any]:
+                  args: str | None = None, gpu: str | None = None) -> dict[str, Any]:
     """The report's `vllm` section from whichever inputs exist."""
     section: dict[str, Any] = {}
     if bench:
@@ -221,7 +245,7 @@ def vllm_evidence(bench: Path | None = None, log: Path | None = None, metrics: l
             section["metrics_delta"] = {k: v - snaps[0].get(k, 0.0) for k, v in snaps[-1].items()}
     flags = parse_args(args) if args else {}
     section["flags"] = flags
-    section["config"] = config_facts(flags, log_info)
+    section["config"] = config_facts(flags, log_info, gpu)
     return section
 
 
@@ -263,4 +287,5 @@ def vllm_facts(section: dict[str, Any]) -> dict[str, Any]:
         facts[f"vllm.{key}"] = log.get(key)
     for key, entry in section.get("config", {}).items():
         facts[f"config.{key}"] = entry["value"]
+    facts["vllm.default_max_num_seqs"] = (section.get("defaults") or {}).get("max_num_seqs")
     return facts

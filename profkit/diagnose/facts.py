@@ -88,6 +88,7 @@ VLLM_FACT_DOCS = {
     "vllm.gpu_free_memory_bytes": "free GPU memory when the engine started (log, runs with --kv-cache-memory-bytes)",
     "vllm.kv_cache_memory_bytes": "GPU memory the KV cache got (log: reserved or available KV cache memory)",
     "vllm.model_memory_bytes": "GPU memory the model weights took (log)",
+    "vllm.default_max_num_seqs": "vLLM 0.26's --max-num-seqs for this GPU when not given (1024 on H100/H200, else 256)",
 }
 FACT_DOCS.update(VLLM_FACT_DOCS)
 for _k in VLLM_DEFAULTS:
