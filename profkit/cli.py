@@ -48,6 +48,8 @@ def cli() -> None:
 @click.option("--metrics", type=click.Path(dir_okay=False, path_type=Path), multiple=True,
               help="Prometheus text from /metrics; give two (before, after) for counter deltas")
 @click.option("--vllm-args", help='the flags vLLM ran with, e.g. "--max-num-seqs 64 --enforce-eager"')
+@click.option("--host", "host_json", type=click.Path(dir_okay=False, path_type=Path),
+              help="per-process CPU samples (host.json, written by profkit capture)")
 @click.option("--rules", "rules_dirs", type=click.Path(file_okay=False, path_type=Path), multiple=True,
               help="extra folder of rule YAML files")
 @click.option("--save", "save_db", type=click.Path(dir_okay=False, path_type=Path),
@@ -55,7 +57,8 @@ def cli() -> None:
 @click.option("--label", help="with --save: a label for the run (runs with one label are replicates)")
 def report(trace: Path | None, window: str, fmt: str, output: Path | None, gap_threshold: str, top: int,
            progress: bool | None, bench: Path | None, vllm_log: Path | None, metrics: tuple[Path, ...],
-           vllm_args: str | None, rules_dirs: tuple[Path, ...], save_db: Path | None, label: str | None) -> None:
+           vllm_args: str | None, host_json: Path | None, rules_dirs: tuple[Path, ...], save_db: Path | None,
+           label: str | None) -> None:
     """Analyse TRACE (nsys SQLite export, torch trace or capture folder) and print the report.
 
     Without a trace (an unprofiled capture folder, or only --bench/--vllm-log/--metrics/--vllm-args)
@@ -66,8 +69,8 @@ def report(trace: Path | None, window: str, fmt: str, output: Path | None, gap_t
     with _Steps(show) as steps:
         doc = build_report(trace, window=window, gap_threshold_ns=parse_duration(gap_threshold),
                            progress=steps.step, bench=bench, vllm_log=vllm_log, metrics=list(metrics) or None,
-                           vllm_args=vllm_args, rules_dirs=list(rules_dirs))
-    inputs = [p for p in (trace, bench, vllm_log, *metrics) if p is not None]
+                           vllm_args=vllm_args, rules_dirs=list(rules_dirs), host=host_json)
+    inputs = [p for p in (trace, bench, vllm_log, host_json, *metrics) if p is not None]
     if output:
         refuse_input(output, inputs)
     if save_db:

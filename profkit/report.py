@@ -24,6 +24,7 @@ from profkit.analysis import api as api_analysis
 from profkit.analysis import timeline
 from profkit.analysis.categories import category_breakdown
 from profkit.analysis.cpu import cpu_op_summary
+from profkit.analysis.host import read_host
 from profkit.analysis.kernels import kernel_summary
 from profkit.analysis.launch import launch_latency
 from profkit.analysis.nvtx import nvtx_summary
@@ -56,7 +57,7 @@ Progress = Callable[[str], None]
 def build_report(path: str | os.PathLike | None, window: str = "auto", gap_threshold_ns: int = 100_000,
                  buckets: int = 100, progress: Progress | None = None, bench: Path | None = None,
                  vllm_log: Path | None = None, metrics: list[Path] | None = None, vllm_args: str | None = None,
-                 rules_dirs: list[Path] | None = None) -> dict[str, Any]:
+                 rules_dirs: list[Path] | None = None, host: Path | None = None) -> dict[str, Any]:
     """Analyse one trace (or capture folder), join vLLM's evidence, run the rules; return the document.
 
     Without a trace (`path` None, or a capture folder of an unprofiled run) the report holds the vLLM
@@ -66,7 +67,9 @@ def build_report(path: str | os.PathLike | None, window: str = "auto", gap_thres
         raise TraceError(f"{path}: no such file or directory")
     inputs = capture_folder_inputs(folder) if folder else {}
     trace_path = (trace_in_folder(folder) if folder else path) if path is not None else None
-    if trace_path is None and not (bench or vllm_log or metrics or vllm_args or inputs):
+    host_file = host or inputs.get("host")
+    host_section = read_host(Path(host_file)) if host_file else None
+    if trace_path is None and not (bench or vllm_log or metrics or vllm_args or host or inputs):
         where = f"{folder}: folder holds no trace and no vLLM evidence" if folder else "nothing to report"
         raise ProfkitError(f"{where} (give a trace, a capture folder, or --bench/--vllm-log/--metrics/--vllm-args)")
     evidence = vllm_evidence(bench=bench or inputs.get("bench"), log=vllm_log or inputs.get("log"),
@@ -89,6 +92,7 @@ def build_report(path: str | os.PathLike | None, window: str = "auto", gap_thres
     # Some of vLLM's defaults depend on the GPU (the trace's, else the capture manifest's).
     set_gpu_defaults(evidence, report["source"].get("gpu") or (inputs.get("environment") or {}).get("gpu"))
     report["vllm"] = evidence
+    report["host"] = host_section
     report["facts"] = compute_facts(report)
     report["findings"], report["rules_skipped"] = evaluate(rules, report["facts"])
     suggestion = suggest(user_command(report, given), report_changes(report))
@@ -107,6 +111,8 @@ def capture_folder_inputs(folder: Path) -> dict[str, Any]:
         if (folder / name).is_file():
             found["log"] = folder / name
             break
+    if (folder / "host.json").is_file():
+        found["host"] = folder / "host.json"
     metrics = [folder / n for n in ("metrics-before.txt", "metrics-after.txt") if (folder / n).is_file()]
     if metrics:
         found["metrics"] = metrics

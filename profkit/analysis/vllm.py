@@ -33,6 +33,8 @@ VLLM_DEFAULTS: dict[str, Any] = {
     "kv_cache_memory_bytes": None,
     "cpu_offload_gb": 0,
     "async_scheduling": True,
+    "api_server_count": 1,  # data_parallel_size when not given
+    "stream_interval": 1,
 }
 BOOL_FLAGS = {"enforce_eager", "enable_chunked_prefill", "enable_prefix_caching", "async_scheduling"}
 # vLLM 0.26 sizes --max-num-seqs by the GPU (EngineArgs._set_default_max_num_seqs_and_batched_tokens_args):

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from profkit.capture.folder import Manifest
+from profkit.capture.host import HostSampler, write_host_json
 from profkit.capture.plan import Plan, Step
 from profkit.errors import ProfkitError
 
@@ -61,11 +62,24 @@ def run_capture(plan: Plan, say: Callable[[str], None] = lambda _m: None) -> Pat
         if plan.kind == "offline":
             for run in plan.runs:
                 for step in run:
-                    _run_step(step, plan.out, manifest, say)
+                    bench = step.name.startswith("vllm bench")
+                    sampler = _sampler(manifest) if bench and not (plan.out / "host.json").exists() else None
+                    try:
+                        _run_step(step, plan.out, manifest, say,
+                                  on_start=(lambda p, s=sampler: s.watch("offline", p.pid)) if sampler else None)
+                    finally:
+                        _write_host(sampler, plan.out)
         else:
             server = _start_server(plan, manifest, say)
             _scrape(plan, "metrics-before.txt", manifest)
-            _run_step(plan.bench, plan.out, manifest, say)
+            sampler = _sampler(manifest)
+            if sampler:
+                sampler.watch("server", server.pid)
+            try:
+                _run_step(plan.bench, plan.out, manifest, say,
+                          on_start=(lambda p: sampler.watch("client", p.pid)) if sampler else None)
+            finally:
+                _write_host(sampler, plan.out)
             _scrape(plan, "metrics-after.txt", manifest)
             _stop(server, manifest, say)
             server = None
@@ -90,12 +104,29 @@ def run_capture(plan: Plan, say: Callable[[str], None] = lambda _m: None) -> Pat
     return plan.out
 
 
-def _run_step(step: Step, out: Path, manifest: Manifest, say: Callable[[str], None]) -> None:
+def _sampler(manifest: Manifest) -> HostSampler | None:
+    """Per-process CPU sampling while the benchmark runs (host.json); never fails a capture."""
+    try:
+        return HostSampler().start()
+    except ImportError:
+        manifest.note("host.json not written: psutil is not installed")
+        return None
+
+
+def _write_host(sampler: HostSampler | None, out: Path) -> None:
+    if sampler is not None:
+        write_host_json(out / "host.json", sampler.stop())
+
+
+def _run_step(step: Step, out: Path, manifest: Manifest, say: Callable[[str], None],
+              on_start: Callable[[subprocess.Popen], None] | None = None) -> None:
     say(f"{step.name}: {step.shell()}")
     started = time.time()
     with (out / step.log).open("ab") as log:
         proc = subprocess.Popen(step.argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **step.env},
                                 start_new_session=True)
+        if on_start:
+            on_start(proc)
         try:
             code = proc.wait(timeout=step.timeout_s)
         except subprocess.TimeoutExpired:

@@ -11,6 +11,7 @@ from typing import Any
 
 from profkit.analysis.api import GRAPH_LAUNCH_APIS, LAUNCH_APIS, SYNC_APIS
 from profkit.analysis.categories import categories
+from profkit.analysis.host import HOST_FACT_DOCS, host_facts
 from profkit.analysis.vllm import VLLM_DEFAULTS, vllm_facts
 
 # What each fact means, for `profkit rules explain` and for validating rule files.
@@ -91,6 +92,8 @@ VLLM_FACT_DOCS = {
     "vllm.default_max_num_seqs": "vLLM 0.26's --max-num-seqs for this GPU when not given (1024 on H100/H200, else 256)",
 }
 FACT_DOCS.update(VLLM_FACT_DOCS)
+FACT_DOCS.update(HOST_FACT_DOCS)
+FACT_DOCS["gpu.busy"] = "share of the run the GPU was busy: NVML samples (host.json) if taken, else gpu.utilization"
 for _k in VLLM_DEFAULTS:
     FACT_DOCS[f"config.{_k}"] = f"the run's --{_k.replace('_', '-')} (given, logged, or the vLLM default)"
     FACT_DOCS[f"config_source.{_k}"] = f"where config.{_k} came from: given, vLLM log, vLLM 0.26 default, unknown"
@@ -101,12 +104,12 @@ def known_fact_names() -> set[str]:
 
 
 def compute_facts(report: dict[str, Any]) -> dict[str, float | int | None]:
-    if report.get("gpu") is None:  # no trace: only vLLM's evidence is known
-        facts: dict[str, Any] = {k: None for k in FACT_DOCS if not k.startswith(("vllm.", "config"))}
+    if report.get("gpu") is None:  # no trace: only vLLM's evidence (and the host samples) are known
+        facts: dict[str, Any] = {k: None for k in FACT_DOCS if not k.startswith(("vllm.", "config", "host."))}
         facts.update(vllm_facts(report.get("vllm") or {}))
         for key, entry in (report.get("vllm") or {}).get("config", {}).items():
             facts[f"config_source.{key}"] = entry["source"]
-        return facts
+        return _with_host(facts, report)
     win = report["window"]["duration_ns"] or 1
     gpu = report["gpu"]
     facts = {
@@ -125,6 +128,14 @@ def compute_facts(report: dict[str, Any]) -> dict[str, float | int | None]:
     facts.update(vllm_facts(report.get("vllm") or {}))
     for key, entry in (report.get("vllm") or {}).get("config", {}).items():
         facts[f"config_source.{key}"] = entry["source"]
+    return _with_host(facts, report)
+
+
+def _with_host(facts: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
+    facts.update(host_facts(report.get("host")))
+    # How busy the GPU was: NVML's samples over the benchmark when the capture took them, else the trace.
+    nvml = facts.get("host.gpu_util_mean")
+    facts["gpu.busy"] = nvml if nvml is not None else facts.get("gpu.utilization")
     return facts
 
 

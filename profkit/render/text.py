@@ -6,7 +6,7 @@ from typing import Any
 
 import pandas as pd
 
-from profkit.render.units import change_from, change_to, clip, ns, pct, size
+from profkit.render.units import change_from, change_to, clip, ns, pct, size, terminal_safe
 
 
 def _table(rows: list[dict[str, Any]], columns: dict[str, Any], limit: int) -> str:
@@ -59,6 +59,23 @@ def outcome_lines(report: dict[str, Any]) -> list[str]:
     return ["  vLLM: " + ", ".join(parts)] if parts else []
 
 
+def host_lines(report: dict[str, Any]) -> list[str]:
+    """Per-process CPU while the benchmark ran (host.json): which side was busy."""
+    host = report.get("host")
+    if not host or not host.get("processes"):
+        return []
+    out = [f"Host CPU while the benchmark ran (cores used; {host.get('cores') or '?'} cores; a Python process "
+           "tops out at 1.0)"]
+    rows = sorted(host["processes"], key=lambda p: -p["cpu_mean"])[:8]
+    out.append(_table(rows, {"role": lambda r: r["role"], "pid": lambda r: r["pid"],
+                             "mean": lambda r: f"{r['cpu_mean']:.2f}", "p90": lambda r: f"{r['cpu_p90']:.2f}",
+                             "at a full core": lambda r: pct(r["saturated_share"]),
+                             "process": lambda r: clip(terminal_safe(r["name"]), 60)}, 8))
+    if host.get("gpu_util_mean") is not None:
+        out.append(f"  GPU utilization (NVML): {pct(host['gpu_util_mean'])}")
+    return out + [""]
+
+
 def render_text(report: dict[str, Any], top: int = 10, name_width: int = 70) -> str:
     src, win, gpu, facts = report["source"], report["window"], report["gpu"], report["facts"]
     if gpu is None:
@@ -76,6 +93,7 @@ def render_text(report: dict[str, Any], top: int = 10, name_width: int = 70) -> 
         "",
     ]
     out += _findings(report)
+    out += host_lines(report)
     out += [
         "Time by kernel category",
         _table(report["categories"], {"category": lambda r: r["category"], "kernels": lambda r: r["count"],
@@ -142,6 +160,7 @@ def _render_evidence_only(report: dict[str, Any]) -> str:
     out = [f"profkit report: {src['path'] or 'vLLM evidence'} (no trace: vLLM's own evidence only)",
            *outcome_lines(report), ""]
     out += _findings(report)
+    out += host_lines(report)
     skipped = report.get("rules_skipped") or []
     if skipped:
         out.append(f"Rules not evaluated ({len(skipped)}; they need a trace or evidence not given): "

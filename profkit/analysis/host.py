@@ -1,0 +1,101 @@
+"""The host side of a run from `host.json` (written by capture): which process was busy, and how busy.
+
+A process at one core is saturated: vLLM's API server, engine core and the benchmark client are
+single-threaded Python (the GIL), so one of them near 100 % of a core while the GPU waits is the limit.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from profkit.errors import ProfkitError
+
+SCHEMA = "profkit.host/1"
+SATURATED = 0.9  # of one core: a single-threaded Python process cannot use more than one
+ROLES = ("api_server", "engine_core", "worker", "bench_client", "frontend")
+MAX_BYTES = 64 << 20
+
+
+def read_host(path: Path) -> dict[str, Any]:
+    """host.json -> the `host` section: per role, CPU use (cores) and how often a process was saturated."""
+    try:
+        if path.stat().st_size > MAX_BYTES:
+            raise ProfkitError(f"{path}: {path.stat().st_size >> 20} MiB is more than a host.json holds")
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ProfkitError(f"{path}: {exc.strerror}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise ProfkitError(f"{path}: not JSON ({' '.join(str(exc).split())[:120]})") from None
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        raise ProfkitError(f"{path}: not a {SCHEMA} document")
+    procs = []
+    skipped = 0
+    for p in data.get("processes") if isinstance(data.get("processes"), list) else []:
+        if not isinstance(p, dict) or not isinstance(p.get("role"), str):
+            skipped += 1
+            continue
+        raw = p.get("cpu") if isinstance(p.get("cpu"), list) else []
+        samples = [pair[1] for pair in raw if _number_pair(pair) and pair[1] >= 0]
+        skipped += len(raw) - len(samples)
+        if not samples:
+            continue
+        ordered = sorted(samples)
+        procs.append({"pid": p.get("pid"), "role": p["role"], "name": str(p.get("name", ""))[:200],
+                      "cpu_mean": sum(samples) / len(samples), "cpu_p90": ordered[int(0.9 * (len(ordered) - 1))],
+                      "cpu_max": ordered[-1], "saturated_share": sum(c >= SATURATED for c in samples) / len(samples),
+                      "samples": len(samples)})
+    gpus = data.get("gpus") if isinstance(data.get("gpus"), list) else []
+    gpu = [pair[1] for g in gpus if isinstance(g, dict) and isinstance(g.get("util"), list)
+           for pair in g["util"] if _number_pair(pair) and 0 <= pair[1] <= 1]
+    roles: dict[str, Any] = {}
+    for role in ROLES:
+        mine = [p for p in procs if p["role"] == role]
+        if mine:
+            top = max(mine, key=lambda p: p["cpu_mean"])
+            roles[role] = {"count": len(mine), "cpu_mean": top["cpu_mean"], "cpu_p90": top["cpu_p90"],
+                           "saturated_share": top["saturated_share"],
+                           "cpu_total_mean": sum(p["cpu_mean"] for p in mine)}
+    cores = data.get("cores")
+    return {"file": str(path), "cores": cores if isinstance(cores, int) and 0 < cores < 1 << 20 else None,
+            "duration_s": data.get("duration_s"), "interval_s": data.get("interval_s"), "processes": procs,
+            "roles": roles, "gpu_util_mean": sum(gpu) / len(gpu) if gpu else None,
+            "skipped_samples": skipped}
+
+
+def _number_pair(pair: Any) -> bool:
+    """A sample: [seconds, value], both finite numbers."""
+    return (isinstance(pair, list) and len(pair) == 2
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in pair))
+
+
+def host_facts(host: dict[str, Any] | None) -> dict[str, Any]:
+    """`host.*` facts (None where the run has no host.json or the role did not appear)."""
+    roles = (host or {}).get("roles") or {}
+    facts: dict[str, Any] = {}
+    for role, prefix in (("api_server", "host.api_server"), ("engine_core", "host.engine_core"),
+                         ("bench_client", "host.client"), ("frontend", "host.frontend")):
+        r = roles.get(role)
+        facts[f"{prefix}_cpu"] = r["cpu_mean"] if r else None
+        facts[f"{prefix}_saturated_share"] = r["saturated_share"] if r else None
+    facts["host.api_server_count"] = roles["api_server"]["count"] if "api_server" in roles else None
+    facts["host.cores"] = (host or {}).get("cores")
+    facts["host.gpu_util_mean"] = (host or {}).get("gpu_util_mean")
+    return facts
+
+
+HOST_FACT_DOCS = {
+    "host.api_server_cpu": "mean CPU of the busiest API-server process, in cores (1.0 = one core) (host.json)",
+    "host.api_server_saturated_share": "share of samples the busiest API server used >= 90 % of a core",
+    "host.api_server_count": "API-server processes seen (the vllm serve process itself when there is one)",
+    "host.engine_core_cpu": "mean CPU of the engine-core process, in cores",
+    "host.engine_core_saturated_share": "share of samples the engine core used >= 90 % of a core",
+    "host.client_cpu": "mean CPU of the benchmark client (vllm bench serve), in cores",
+    "host.client_saturated_share": "share of samples the benchmark client used >= 90 % of a core",
+    "host.frontend_cpu": "mean CPU of an offline benchmark's front-end process, in cores",
+    "host.frontend_saturated_share": "share of samples the offline front end used >= 90 % of a core",
+    "host.cores": "CPU cores of the machine",
+    "host.gpu_util_mean": "mean NVML GPU utilization over the benchmark, 0..1 (host.json)",
+}

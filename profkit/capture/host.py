@@ -1,0 +1,146 @@
+"""Per-process CPU (and NVML GPU utilization) while the benchmark runs: the capture folder's `host.json`.
+
+vLLM splits a server into processes it names (`VLLM::EngineCore`, `VLLM::APIServer_N`, workers);
+with one API server the `vllm serve` process itself serves HTTP. The GPU trace cannot say which of them
+holds the GPU back; their CPU time can: a single-threaded Python process tops out at one core.
+
+Sampling at ~10 Hz reads each process's CPU times (psutil) and, on the GPU box, NVML's utilization:
+well under 1 % of a core. Format (`profkit.host/1`):
+
+    {"schema": "profkit.host/1", "interval_s": 0.1, "cores": 16, "duration_s": 31.2,
+     "processes": [{"pid", "ppid", "name", "role", "tree", "cpu": [[t_s, cores_used], ...]}],
+     "gpus": [{"index", "name", "util": [[t_s, 0..1], ...]}]}
+
+`role` is api_server | engine_core | worker | bench_client | frontend (offline benchmarks) | profiler |
+other; `tree` is the root it was found under (server, client, offline); `cores_used` is CPU seconds
+per second (1.0 = one core busy).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+SCHEMA = "profkit.host/1"
+
+
+def role_of(name: str, tree: str, is_root: bool) -> str:
+    """vLLM's process titles say what each process is; the server's root process is the API server when
+    there is one API server (no APIServer_N children)."""
+    low = name.lower()
+    if "nsys" in low or "nsight" in low:
+        return "profiler"
+    if "apiserver" in low or "api_server" in low:
+        return "api_server"
+    if "enginecore" in low or "engine_core" in low:
+        return "engine_core"
+    if "worker" in low:
+        return "worker"
+    if tree == "client":
+        return "bench_client" if is_root or "vllm" in low or "python" in low else "other"
+    if tree == "offline":  # `vllm bench throughput|latency`: the LLM front end and the bench loop in one process
+        return "frontend" if is_root or ("vllm" in low and "bench" in low) else "other"
+    if is_root or ("vllm" in low and "serve" in low):
+        return "api_server"
+    return "other"
+
+
+class HostSampler:
+    """Samples the process trees under `roots` ({"server": pid, "client": pid}) until `stop()`."""
+
+    def __init__(self, interval_s: float = 0.1, nvml: bool = True) -> None:
+        import psutil  # the GPU box has it (vLLM depends on it); `profkit report` never imports this module
+
+        self.psutil = psutil
+        self.interval = interval_s
+        self.roots: dict[str, int] = {}
+        self.procs: dict[int, dict[str, Any]] = {}
+        self.handles: dict[int, Any] = {}
+        self.last: dict[int, tuple[float, float]] = {}
+        self.gpus: list[dict[str, Any]] = []
+        self.nvml = self._init_nvml() if nvml else None
+        self.t0 = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="profkit-host-sampler", daemon=True)
+
+    def _init_nvml(self) -> Any:
+        try:
+            import pynvml  # nvidia-ml-py
+
+            pynvml.nvmlInit()
+            for i in range(pynvml.nvmlDeviceGetCount()):
+                h = pynvml.nvmlDeviceGetHandleByIndex(i)
+                name = pynvml.nvmlDeviceGetName(h)
+                self.gpus.append({"index": i, "name": name.decode() if isinstance(name, bytes) else name,
+                                  "util": [], "_handle": h})
+            return pynvml
+        except Exception:  # noqa: BLE001 - no NVML here: CPU sampling still works
+            return None
+
+    def watch(self, tree: str, pid: int) -> None:
+        self.roots[tree] = pid
+
+    def start(self) -> HostSampler:
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.sample()
+
+    def sample(self) -> None:
+        ps = self.psutil
+        now = time.monotonic() - self.t0
+        for tree, root in list(self.roots.items()):
+            try:
+                top = self.handles.get(root) or ps.Process(root)
+                family = [top, *top.children(recursive=True)]
+            except ps.Error:
+                continue
+            for proc in family:
+                try:
+                    if proc.pid not in self.handles:
+                        self.handles[proc.pid] = proc
+                        title = " ".join(proc.cmdline())[:200] or proc.name()
+                        self.procs[proc.pid] = {"pid": proc.pid, "ppid": proc.ppid(), "name": title, "tree": tree,
+                                                "role": role_of(title, tree, proc.pid == root), "cpu": []}
+                    times = self.handles[proc.pid].cpu_times()
+                except ps.Error:
+                    continue
+                used = times.user + times.system
+                prev = self.last.get(proc.pid)
+                self.last[proc.pid] = (now, used)
+                if prev and now > prev[0]:
+                    self.procs[proc.pid]["cpu"].append([round(now, 3), round((used - prev[1]) / (now - prev[0]), 4)])
+        if self.nvml:
+            for g in self.gpus:
+                try:
+                    util = self.nvml.nvmlDeviceGetUtilizationRates(g["_handle"]).gpu
+                    g["util"].append([round(now, 3), util / 100])
+                except Exception:  # noqa: BLE001, S112 - a sample missed is not a failure
+                    continue
+
+    def stop(self) -> dict[str, Any]:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        if self.nvml:
+            with contextlib.suppress(Exception):
+                self.nvml.nvmlShutdown()
+        return {
+            "schema": SCHEMA, "interval_s": self.interval, "cores": os.cpu_count(),
+            "duration_s": round(time.monotonic() - self.t0, 3),
+            "processes": [p for p in self.procs.values() if p["cpu"]],
+            "gpus": [{k: v for k, v in g.items() if k != "_handle"} for g in self.gpus],
+        }
+
+
+def write_host_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data) + "\n", encoding="utf-8")
+    tmp.replace(path)

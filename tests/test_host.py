@@ -1,0 +1,96 @@
+"""The host side: capture samples each process's CPU (host.json), report turns it into facts, and the
+frontend-, engine-core- and client-bound rules judge it. The processes here are the fake vLLM's (tests/fakes),
+sampled for real by psutil while one of them keeps a core busy; the trace is a real H100 one
+(hostgap_b16: the GPU waits on the host)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from profkit.analysis.host import read_host
+from profkit.errors import ProfkitError
+from tests.test_capture import FAKES, free_port
+
+WORKLOAD = "--dataset-name random --random-input-len 1024 --random-output-len 256 --num-prompts 800"
+
+
+def capture_and_report(env: dict[str, str], out: Path, burn: str, tool: str = "nsys") -> dict:
+    env = {**env, "FAKE_VLLM_BURN": burn, "FAKE_VLLM_BENCH_S": "2.5"}
+    r = subprocess.run([sys.executable, "-m", "profkit.cli", "capture", "serve", "--tool", tool, "--out", str(out),
+                        "--model", "/tmp/tiny", "--port", str(free_port()), "--server-args", "--max-model-len 2048",
+                        "--bench-args", WORKLOAD], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    rep = subprocess.run([sys.executable, "-m", "profkit.cli", "report", str(out), "--format", "json"],
+                         capture_output=True, text=True, timeout=120)
+    assert rep.returncode == 0, rep.stderr
+    return json.loads(rep.stdout)
+
+
+@pytest.fixture
+def env(sqlite_path, tmp_path: Path) -> dict[str, str]:
+    perf = tmp_path / "perf"
+    perf.mkdir()
+    return {**os.environ, "PATH": f"{FAKES}:{os.environ['PATH']}", "FAKE_VLLM_PERF": str(perf),
+            "FAKE_NSYS_SQLITE": str(sqlite_path("hostgap_b16")),
+            "FAKE_METRICS_DIR": str(Path(__file__).parent / "data" / "vllm_serve_kv300mb")}
+
+
+def test_saturated_api_server_is_named_with_its_change(env, tmp_path: Path) -> None:
+    doc = capture_and_report(env, tmp_path / "c", burn="server")
+    host = json.loads((tmp_path / "c" / "host.json").read_text())
+    assert host["schema"] == "profkit.host/1" and host["cores"] == os.cpu_count()
+    roles = {p["role"] for p in host["processes"]}
+    assert {"api_server", "bench_client", "profiler"} <= roles
+    f = doc["facts"]
+    assert f["host.api_server_cpu"] > 0.8 and f["host.api_server_saturated_share"] > 0.5
+    assert f["host.client_saturated_share"] < 0.5
+    assert f["gpu.busy"] == f["gpu.utilization"] < 0.85  # no NVML here: the trace says how busy the GPU was
+    finding = next(x for x in doc["findings"] if x["rule"] == "frontend-bound")
+    assert finding["severity"] == "critical" and "API server" in finding["summary"]
+    changes = {c["flag"]: c for c in finding["changes"]}
+    cores = os.cpu_count() or 1
+    if cores // 4 > 1:  # room for more API servers: as many as the GPU's busy share says, a quarter of the cores
+        assert 2 <= changes["--api-server-count"]["to"] <= cores // 4
+    else:  # a small machine: fewer, larger streamed chunks instead
+        assert changes["--stream-interval"]["to"] == 8
+    assert "engine-core-bound" not in [x["rule"] for x in doc["findings"]]
+    assert "client-bound" not in [x["rule"] for x in doc["findings"]]
+
+
+def test_saturated_client_is_said_and_no_server_flag_changes(env, tmp_path: Path) -> None:
+    doc = capture_and_report(env, tmp_path / "c", burn="client")
+    fired = {x["rule"]: x for x in doc["findings"]}
+    assert "client-bound" in fired and fired["client-bound"]["changes"] == []
+    assert "frontend-bound" not in fired
+    assert doc["facts"]["host.client_saturated_share"] > 0.5
+
+
+def test_quiet_without_a_busy_host_or_without_gpu_evidence(env, tmp_path: Path) -> None:
+    doc = capture_and_report(env, tmp_path / "c", burn="")
+    assert not {"frontend-bound", "engine-core-bound", "client-bound"} & {x["rule"] for x in doc["findings"]}
+    # unprofiled and no NVML: how busy the GPU was is unknown, so the host rules cannot judge
+    doc = capture_and_report(env, tmp_path / "d", burn="server", tool="none")
+    assert doc["facts"]["gpu.busy"] is None and doc["facts"]["host.api_server_saturated_share"] > 0.5
+    assert {"rule": "frontend-bound", "missing": ["gpu.busy"]} in doc["rules_skipped"]
+
+
+def test_bad_host_json_is_one_line(tmp_path: Path) -> None:
+    for text, needle in (("{", "not JSON"), ('{"schema": "other"}', "not a profkit.host/1"),
+                         ("[" * 100000, "not JSON")):
+        p = tmp_path / "host.json"
+        p.write_text(text)
+        with pytest.raises(ProfkitError, match=needle):
+            read_host(p)
+    # partly readable: the good sample is used, the rest counted as skipped (no failure, no NaN in the facts)
+    p.write_text(json.dumps({"schema": "profkit.host/1", "cores": "many", "processes": [
+        {"role": "api_server", "cpu": [[0.1, float("nan")], [0.2, -1], [0.3, 0.95], "junk", [1, 2, 3]]},
+        "not a process", {"role": 7}], "gpus": [{"util": [[0, 1e300], [1, 0.5]]}]}))
+    host = read_host(p)
+    assert host["roles"]["api_server"]["cpu_mean"] == 0.95 and host["skipped_samples"] == 6
+    assert host["cores"] is None and host["gpu_util_mean"] == 0.5
