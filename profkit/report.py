@@ -29,6 +29,7 @@ from profkit.analysis.kernels import kernel_summary
 from profkit.analysis.launch import launch_latency
 from profkit.analysis.nvtx import nvtx_summary
 from profkit.analysis.stats import records
+from profkit.analysis.steps import engine_steps
 from profkit.analysis.transfers import memop_summary, memory_kinds
 from profkit.analysis.vllm import set_gpu_defaults, vllm_evidence
 from profkit.analysis.window import Window, choose_window, with_seq_ranges
@@ -144,6 +145,7 @@ def evidence_only_report(folder: Path | None) -> dict[str, Any]:
         "source": {"path": str(folder) if folder else None, "kind": "evidence"},
         "window": None, "gpu": None, "timeline": [], "kernels": [], "categories": [], "memops": [],
         "memory_kinds": [], "api": [], "sync": [], "nvtx": [], "cpu_ops": [], "gaps": [], "gap_classes": {},
+        "steps": None,
         "launch": {}, "vllm": {}, "findings": [],
     }
 
@@ -167,6 +169,7 @@ def _build(path: str | os.PathLike, window: str, gap_threshold_ns: int, buckets:
             if not auto:
                 timeline.build_gap_table(trace)
             tl = timeline.gpu_timeline(trace, win, gap_threshold_ns=gap_threshold_ns, n_buckets=buckets)
+            steps = engine_steps(trace, win)  # the gap table lives on this connection
             step("kernels")
             kernels, memops, kinds, nvtx, launch = gpu_side.result()
             step("CUDA API")
@@ -191,6 +194,7 @@ def _build(path: str | os.PathLike, window: str, gap_threshold_ns: int, buckets:
         "cpu_ops": _stat_records(cpu_ops, first="name"),
         "gaps": tl.gaps,
         "gap_classes": tl.gap_classes,
+        "steps": steps,
         "launch": launch,
         "vllm": {},
         "findings": [],

@@ -12,6 +12,7 @@ from typing import Any
 from profkit.analysis.api import GRAPH_LAUNCH_APIS, LAUNCH_APIS, SYNC_APIS
 from profkit.analysis.categories import categories
 from profkit.analysis.host import HOST_FACT_DOCS, host_facts
+from profkit.analysis.steps import STEP_FACT_DOCS, step_facts
 from profkit.analysis.vllm import VLLM_DEFAULTS, vllm_facts
 
 # What each fact means, for `profkit rules explain` and for validating rule files.
@@ -93,6 +94,7 @@ VLLM_FACT_DOCS = {
 }
 FACT_DOCS.update(VLLM_FACT_DOCS)
 FACT_DOCS.update(HOST_FACT_DOCS)
+FACT_DOCS.update(STEP_FACT_DOCS)
 FACT_DOCS["gpu.busy"] = "share of the run the GPU was busy: NVML samples (host.json) if taken, else gpu.utilization"
 for _k in VLLM_DEFAULTS:
     FACT_DOCS[f"config.{_k}"] = f"the run's --{_k.replace('_', '-')} (given, logged, or the vLLM default)"
@@ -105,7 +107,8 @@ def known_fact_names() -> set[str]:
 
 def compute_facts(report: dict[str, Any]) -> dict[str, float | int | None]:
     if report.get("gpu") is None:  # no trace: only vLLM's evidence (and the host samples) are known
-        facts: dict[str, Any] = {k: None for k in FACT_DOCS if not k.startswith(("vllm.", "config", "host."))}
+        facts: dict[str, Any] = {k: None for k in FACT_DOCS
+                                 if not k.startswith(("vllm.", "config", "host.", "steps."))}
         facts.update(vllm_facts(report.get("vllm") or {}))
         for key, entry in (report.get("vllm") or {}).get("config", {}).items():
             facts[f"config_source.{key}"] = entry["source"]
@@ -132,6 +135,7 @@ def compute_facts(report: dict[str, Any]) -> dict[str, float | int | None]:
 
 
 def _with_host(facts: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
+    facts.update(step_facts(report.get("steps")))
     facts.update(host_facts(report.get("host")))
     # How busy the GPU was: NVML's samples over the benchmark when the capture took them, else the trace.
     nvml = facts.get("host.gpu_util_mean")

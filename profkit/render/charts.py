@@ -133,3 +133,18 @@ def trajectory_chart(doc: dict[str, Any]) -> str:
     ax.set_ylabel(clip(doc["objective"]["name"], 30))
     ax.legend(loc="lower right", frameon=False)
     return _svg(fig)
+
+
+def steps_chart(report: dict[str, Any]) -> str:
+    """Each engine step's cycle time and the GPU busy time inside it (prefill-bearing steps marked)."""
+    series = report["steps"]["series"]
+    xs = list(range(len(series)))
+    fig, ax = plt.subplots(figsize=(9, 2.6))
+    ax.bar(xs, [s["cycle_ns"] / 1e6 for s in series], width=1.0, color="#d5dae3", label="step cycle")
+    ax.bar(xs, [s["gpu_busy_ns"] / 1e6 for s in series], width=1.0,
+           color=[ACCENT if s["prefill"] else BUSY for s in series], label="GPU busy (green: prefill steps)")
+    ax.set_yscale("log")
+    ax.set_ylabel("ms")
+    ax.set_xlabel("engine step (in order)")
+    ax.legend(loc="upper right", frameon=False)
+    return _svg(fig)

@@ -42,6 +42,7 @@ def render_html(report: dict[str, Any]) -> str:
         "kernels": charts.top_kernels_chart(report) if report["kernels"] else "",
         "memops": charts.memops_chart(report) if report["memops"] else "",
         "api": charts.api_chart(report) if report["api"] else "",
+        "steps": charts.steps_chart(report) if report.get("steps") else "",
     }
     svgs = {k: jinja2.filters.Markup(v) for k, v in svgs.items()}  # matplotlib escaped the labels
     return environment().get_template("report.html.j2").render(r=report, charts=svgs, commands=pairs)

@@ -76,6 +76,21 @@ def host_lines(report: dict[str, Any]) -> list[str]:
     return out + [""]
 
 
+def step_lines(report: dict[str, Any]) -> list[str]:
+    st = report.get("steps")
+    if not st:
+        return []
+    out = [f"Engine steps: {st['count']:,} ({st['source']})",
+           f"  GPU busy {pct(st['gpu_share'])} of step time; the GPU waited for the host at step starts "
+           f"{pct(st['wait_share'])} of it (median wait {ns(st['wait_p50_ns'])})"]
+    for label in ("decode", "prefill"):
+        s = st[label]
+        if s["count"]:
+            out.append(f"  {label:8} {s['count']:>6,} steps  cycle p50 {ns(s['cycle_p50_ns'])}, p90 "
+                       f"{ns(s['cycle_p90_ns'])}; GPU busy p50 {ns(s['gpu_busy_p50_ns'])} ({pct(s['gpu_share'])})")
+    return out + [""]
+
+
 def render_text(report: dict[str, Any], top: int = 10, name_width: int = 70) -> str:
     src, win, gpu, facts = report["source"], report["window"], report["gpu"], report["facts"]
     if gpu is None:
@@ -93,6 +108,7 @@ def render_text(report: dict[str, Any], top: int = 10, name_width: int = 70) -> 
         "",
     ]
     out += _findings(report)
+    out += step_lines(report)
     out += host_lines(report)
     out += [
         "Time by kernel category",
