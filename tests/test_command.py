@@ -49,7 +49,7 @@ def eager_capture(sqlite_path, tmp_path_factory) -> Path:
 
 def test_recorded_options_match_the_help_texts() -> None:
     """The option list came from vLLM's parsers; every option it names for `vllm serve` is in vLLM's own
-    `vllm serve --help=all` output, and the reverse. (`vllm bench X --help` lists only option groups.)"""
+    `vllm serve --help=all` output, and the reverse; the same for `vllm bench throughput|latency|serve`."""
     specs = recorded_specs()
     text = (HELP / "serve_help_all.txt").read_text()
     in_help = set(re.findall(r"(?<![\w-])(--[a-z0-9][\w-]*)(?=[ ,=\n])", text))
@@ -60,8 +60,14 @@ def test_recorded_options_match_the_help_texts() -> None:
     # --json-arg is the placeholder in vLLM's own explanation of JSON arguments, not an option
     assert len(defined) > 200 and defined - options - {"--help", "--json-arg"} == set()
     for sub in (("bench", "throughput"), ("bench", "latency"), ("bench", "serve")):
-        groups = (HELP / f"bench_{sub[1]}_help.txt").read_text()
-        assert f"usage: vllm bench {sub[1]} [options]" in groups and len(specs[sub].options) > 100
+        groups = (HELP / f"bench_{sub[1]}_help.txt").read_text()  # `--help`: option groups only
+        assert f"usage: vllm bench {sub[1]} [options]" in groups
+        text = (HELP / f"bench_{sub[1]}_help_all.txt").read_text()  # `--help=all`: every option
+        defined = set(re.findall(r"^\s{2,}(?:-[\w.]+, )?(--[a-z0-9][\w-]*)[ ,\n]", text, flags=re.M))
+        options = {o for o in specs[sub].options if o.startswith("--")}
+        assert len(options) > 100 and defined - options - {"--help", "--json-arg"} == set()
+        in_help = set(re.findall(r"(?<![\w-])(--[a-z0-9][\w-]*)(?=[ ,=\n])", text))
+        assert options - in_help == set(), sub
     assert specs[("serve",)].options["--enforce-eager"].takes_value is False
     assert specs[("serve",)].options["--no-enforce-eager"].negation_of == "--enforce-eager"
     assert specs[("serve",)].options["--max-num-seqs"].takes_value is True

@@ -243,3 +243,64 @@ def test_history_round_trip_through_the_cli(sqlite_path, tmp_path: Path) -> None
     r = profkit("report", str(trace), "--save", str(trace))
     assert r.returncode == 1 and trace.read_bytes() == before
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.fixture(scope="module")
+def real_pair(tmp_path_factory) -> Path:
+    """A real vLLM 0.26 serve pair on the H100 (vllm bench serve, 800 prompts random 1024/256, rate inf,
+    seed 0; unprofiled captures): before = `--kv-cache-memory-bytes 300000000 --max-model-len 2048`, three
+    runs; after = what profkit suggested for the first of them (the cap dropped), one run."""
+    import tarfile
+
+    folder = tmp_path_factory.mktemp("pair")
+    with tarfile.open(Path(__file__).parent / "data" / "vllm_serve_pair.tar.xz") as tar:
+        tar.extractall(folder, filter="data")
+    return folder
+
+
+def _bench(folder: Path) -> float:
+    return json.loads((folder / "bench.json").read_text())["request_throughput"]
+
+
+def test_real_serve_pair_before_and_after_the_suggestion(real_pair: Path, tmp_path: Path) -> None:
+    before_runs = sorted((real_pair / "before").iterdir())
+    # the AFTER side is exactly the command profkit suggested for the first BEFORE run
+    suggested = build_report(before_runs[0])["command"]["suggested_argv"]
+    after_manifest = json.loads((real_pair / "after" / "r1" / "manifest.json").read_text())
+    assert suggested == after_manifest["user_commands"]
+    doc = diff(str(real_pair / "before"), str(real_pair / "after"))
+    rt = metric(doc, "request_throughput")
+    values = [_bench(r) for r in before_runs]
+    assert rt["before_runs"] == values and rt["after_runs"] == [_bench(real_pair / "after" / "r1")]
+    assert rt["before"] == pytest.approx(sum(values) / 3) and rt["after"] > 4 * rt["before"]
+    assert rt["noise"] == "measured"
+    assert rt["threshold_pct"] == pytest.approx(100 * (max(values) - min(values)) / (sum(values) / 3))
+    assert rt["verdict"] == "better" and metric(doc, "mean_ttft_ms")["verdict"] == "better"
+    assert metric(doc, "mean_tpot_ms")["verdict"] == "worse"  # 647 streams at once instead of ~7: said, not hidden
+    assert metric(doc, "vllm.preemptions")["after"] == 0 and metric(doc, "vllm.preemptions")["before"] > 100
+    assert doc["findings"]["resolved"] == ["kv-cache-pressure", "kv-preemption"] and doc["findings"]["new"] == []
+    assert doc["flags"] == [{"flag": "--kv-cache-memory-bytes", "before": 300000000, "after": None}]
+    comp = doc["comparability"]
+    assert comp["comparable"] and comp["unknown"] == []
+    assert comp["before"]["workload"]["--num-prompts"] == "800" and comp["before"]["gpu"] == "NVIDIA H100 80GB HBM3"
+    assert doc["noise"]["measured_metric"] == "request_throughput" and doc["noise"]["replicates"] == [3, 1]
+    assert f"noise: {rt['threshold_pct']:.1f} % on request_throughput measured over 3+1 runs" in doc["verdict"]
+    # every format; the page in headless Chromium
+    from tests.test_html import assert_not_blank, browse
+
+    for fmt in ("md", "html", "text"):
+        out = tmp_path / f"pair.{fmt}"
+        r = profkit("diff", str(real_pair / "before"), str(real_pair / "after"), "--format", fmt, "-o", str(out))
+        assert r.returncode == 0, r.stderr
+    assert "| `--kv-cache-memory-bytes` | 300000000 | not set |" in (tmp_path / "pair.md").read_text()
+    dom, log, shot = browse(tmp_path / "pair.html", tmp_path)
+    assert "kv-preemption" in dom and "Requests preempted for lack of KV cache" in dom
+    assert "CONSOLE" not in log
+    assert_not_blank(shot)
+    # a CI gate on the same pair
+    gate_ok = profkit("diff", str(real_pair / "before"), str(real_pair / "after"),
+                      "--fail-on", "request_throughput<-5%", "--fail-on", "vllm.preemptions>+0")
+    assert gate_ok.returncode == 0, gate_ok.stderr
+    regress = profkit("diff", str(real_pair / "after"), str(real_pair / "before"), "--fail-on",
+                      "request_throughput<-5%")
+    assert regress.returncode == 3 and "request_throughput<-5%" in regress.stderr
