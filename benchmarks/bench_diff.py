@@ -11,14 +11,12 @@ each command runs in its own process, best of `--repeat`.
 from __future__ import annotations
 
 import argparse
-import lzma
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_report import DEFAULT_FIXTURE, build_replicated, floor_cmd, run_measured  # noqa: E402
+from bench_report import DEFAULT_FIXTURE, build_replicated, floor_cmd, prepare, run_measured  # noqa: E402
 
 
 def best(cmd: list[str], repeat: int) -> float:
@@ -32,12 +30,7 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--repeat", type=int, default=2)
     args = ap.parse_args()
-    work = args.workdir or Path(tempfile.mkdtemp(prefix="profkit-bench-"))
-    work.mkdir(parents=True, exist_ok=True)
-    base = work / "base.sqlite"
-    if not base.exists():
-        with lzma.open(args.fixture) as src, base.open("wb") as dst:
-            shutil.copyfileobj(src, dst, 1 << 20)
+    work, base = prepare(args.fixture, args.workdir)
     a, b = work / "a.sqlite", work / "b.sqlite"
     kernels = build_replicated(base, args.copies, a)
     shutil.copyfile(a, b)

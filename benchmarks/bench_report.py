@@ -82,6 +82,17 @@ def floor_cmd(path: Path) -> list[str]:
     return [sys.executable, "-c", code]
 
 
+def prepare(fixture: Path, workdir: Path | None) -> tuple[Path, Path]:
+    """(work folder, the decompressed fixture in it): reused when the folder already holds it."""
+    work = workdir or Path(tempfile.mkdtemp(prefix="profkit-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    base = work / "base.sqlite"
+    if not base.exists():
+        with lzma.open(fixture) as src, base.open("wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+    return work, base
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fixture", type=Path, default=DEFAULT_FIXTURE)
@@ -89,12 +100,7 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--repeat", type=int, default=2)
     args = ap.parse_args()
-    work = args.workdir or Path(tempfile.mkdtemp(prefix="profkit-bench-"))
-    work.mkdir(parents=True, exist_ok=True)
-    base = work / "base.sqlite"
-    if not base.exists():
-        with lzma.open(args.fixture) as src, base.open("wb") as dst:
-            shutil.copyfileobj(src, dst, 1 << 20)
+    work, base = prepare(args.fixture, args.workdir)
 
     rows = []
     for copies in (int(s) for s in args.scales.split(",")):

@@ -108,7 +108,7 @@ def diff_cmd(before: str, after: str, fmt: str, output: Path | None, noise: str,
     doc = diff(before, after, noise=threshold)
     failed = check(doc, conditions)
     doc["gate"] = {"conditions": [c.text for c in conditions], "failed": failed}
-    emit(_render_diff(doc, fmt, top), output)
+    emit(_render(doc, fmt, top, kind="diff"), output)
     if failed:
         for line in failed:
             click.echo(f"profkit: gate failed: {line}", err=True)
@@ -326,41 +326,28 @@ def rules_facts() -> None:
         click.echo(f"{name:34} {FACT_DOCS[name]}")
 
 
-def _render_diff(doc: dict, fmt: str, top: int) -> str:
-    if fmt == "html":
-        from profkit.render.diff_html import render_diff_html
+# (document, format) -> (module, function, takes `top`). Imported on demand: the HTML renderers pull in
+# matplotlib, which a text or JSON output never needs.
+_RENDERERS = {
+    ("report", "html"): ("profkit.render.html", "render_html", False),
+    ("report", "md"): ("profkit.render.markdown", "render_markdown", True),
+    ("report", "text"): ("profkit.render.text", "render_text", True),
+    ("diff", "html"): ("profkit.render.diff_html", "render_diff_html", False),
+    ("diff", "md"): ("profkit.render.diff_markdown", "render_diff_markdown", True),
+    ("diff", "text"): ("profkit.render.diff_text", "render_diff_text", True),
+}
 
-        return render_diff_html(doc)
+
+def _render(doc: dict, fmt: str, top: int, kind: str = "report") -> str:
+    import importlib
+
     if fmt == "json":
         from profkit.render.json import render_json
 
         return render_json(doc)
-    if fmt == "md":
-        from profkit.render.diff_markdown import render_diff_markdown
-
-        return render_diff_markdown(doc, top=top)
-    from profkit.render.diff_text import render_diff_text
-
-    return render_diff_text(doc, top=top)
-
-
-def _render(doc: dict, fmt: str, top: int) -> str:
-    # Imported on demand: the HTML renderer pulls in matplotlib, which a text or JSON report never needs.
-    if fmt == "html":
-        from profkit.render.html import render_html
-
-        return render_html(doc)
-    if fmt == "json":
-        from profkit.render.json import render_json
-
-        return render_json(doc)
-    if fmt == "md":
-        from profkit.render.markdown import render_markdown
-
-        return render_markdown(doc, top=top)
-    from profkit.render.text import render_text
-
-    return render_text(doc, top=top)
+    module, name, takes_top = _RENDERERS[(kind, fmt)]
+    fn = getattr(importlib.import_module(module), name)
+    return fn(doc, top=top) if takes_top else fn(doc)
 
 
 class _Steps:
