@@ -13,6 +13,7 @@ import click
 
 from profkit import __version__
 from profkit.errors import ProfkitError
+from profkit.inputs import one_line
 
 _UNITS = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
 
@@ -388,15 +389,15 @@ def main() -> None:
         exc.show()
         sys.exit(exc.exit_code)
     except ProfkitError as exc:
-        click.echo(f"profkit: error: {exc}", err=True)
+        click.echo(f"profkit: error: {one_line(exc, 600)}", err=True)
         sys.exit(1)
     except sqlite3.DatabaseError as exc:
-        click.echo(f"profkit: error: damaged or unreadable trace database ({exc})", err=True)
+        click.echo(f"profkit: error: damaged or unreadable trace database ({one_line(exc, 200)})", err=True)
         sys.exit(1)
     except Exception as exc:  # noqa: BLE001 - last resort: never a traceback unless asked
         if os.environ.get("PROFKIT_DEBUG"):
             raise
-        click.echo(f"profkit: internal error: {type(exc).__name__}: {exc} "
+        click.echo(f"profkit: internal error: {type(exc).__name__}: {one_line(exc, 300)} "
                    "(set PROFKIT_DEBUG=1 for the traceback)", err=True)
         sys.exit(70)  # EX_SOFTWARE: 3 is the diff gate's
 

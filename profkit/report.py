@@ -45,6 +45,7 @@ from profkit.diagnose.command import (
 from profkit.diagnose.engine import evaluate, load_rules
 from profkit.diagnose.facts import compute_facts
 from profkit.errors import ProfkitError, TraceError
+from profkit.inputs import one_line, read_text
 from profkit.traces import Trace, open_trace
 from profkit.traces.open import trace_in_folder
 
@@ -120,9 +121,9 @@ def capture_folder_inputs(folder: Path) -> dict[str, Any]:
     manifest = folder / "manifest.json"
     if manifest.is_file():
         try:
-            data = json.loads(manifest.read_text())
-        except json.JSONDecodeError as exc:
-            raise ProfkitError(f"{manifest}: not JSON ({exc})") from None
+            data = json.loads(read_text(manifest, "capture manifest"))
+        except (json.JSONDecodeError, RecursionError) as exc:
+            raise ProfkitError(f"{manifest}: not JSON ({one_line(exc, 120)})") from None
         if not isinstance(data, dict):
             raise ProfkitError(f"{manifest}: not a capture manifest (expected a JSON object)")
         args = data.get("vllm_args")

@@ -12,22 +12,18 @@ from pathlib import Path
 from typing import Any
 
 from profkit.errors import ProfkitError
+from profkit.inputs import read_text
 
 SCHEMA = "profkit.host/1"
 SATURATED = 0.9  # of one core: a single-threaded Python process cannot use more than one
 ROLES = ("api_server", "engine_core", "worker", "bench_client", "frontend")
-MAX_BYTES = 64 << 20
 
 
 def read_host(path: Path) -> dict[str, Any]:
     """host.json -> the `host` section: per role, CPU use (cores) and how often a process was saturated."""
     try:
-        if path.stat().st_size > MAX_BYTES:
-            raise ProfkitError(f"{path}: {path.stat().st_size >> 20} MiB is more than a host.json holds")
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ProfkitError(f"{path}: {exc.strerror}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        data = json.loads(read_text(path, "host samples"))
+    except (json.JSONDecodeError, RecursionError) as exc:
         raise ProfkitError(f"{path}: not JSON ({' '.join(str(exc).split())[:120]})") from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         raise ProfkitError(f"{path}: not a {SCHEMA} document")

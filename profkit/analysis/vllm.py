@@ -7,6 +7,7 @@ report's `vllm` section. Nothing here reads the trace.
 from __future__ import annotations
 
 import json
+import math
 import re
 import shlex
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from profkit.errors import ProfkitError
+from profkit.inputs import one_line, read_text
 
 # vLLM 0.26 defaults for the flags rules talk about, used (and labelled as defaults) when the run's
 # own flags are unknown. gpu_memory_utilization and max_num_batched_tokens are what vLLM 0.26 logs
@@ -59,13 +61,13 @@ def default_max_num_seqs(gpu: str | None) -> int | None:
 # "Engine 000: Avg prompt throughput: 5325.0 tokens/s, Avg generation throughput: 1218.6 tokens/s,
 #  Running: 7 reqs, Waiting: 148 reqs, Preemptions: 3, GPU KV cache usage: 85.8%, Prefix cache hit rate: 0.0%"
 _STAT_FIELDS = {
-    "prompt_throughput": r"Avg prompt throughput:\s*([\d.]+)",
-    "generation_throughput": r"Avg generation throughput:\s*([\d.]+)",
-    "running": r"Running:\s*(\d+)",
-    "waiting": r"Waiting:\s*(\d+)",
-    "preemptions": r"Preemptions:\s*(\d+)",
-    "kv_cache_usage": r"GPU KV cache usage:\s*([\d.]+)%",
-    "prefix_cache_hit_rate": r"Prefix cache hit rate:\s*([\d.]+)%",
+    "prompt_throughput": r"Avg prompt throughput: ?(\d{1,12}(?:\.\d{1,6})?)\b",
+    "generation_throughput": r"Avg generation throughput: ?(\d{1,12}(?:\.\d{1,6})?)\b",
+    "running": r"Running: ?(\d{1,9}) reqs",
+    "waiting": r"Waiting: ?(\d{1,9}) reqs",
+    "preemptions": r"Preemptions: ?(\d{1,12})\b",
+    "kv_cache_usage": r"GPU KV cache usage: ?(\d{1,3}(?:\.\d{1,6})?)%",
+    "prefix_cache_hit_rate": r"Prefix cache hit rate: ?(\d{1,3}(?:\.\d{1,6})?)%",
 }
 _KV_TOKENS = re.compile(r"GPU KV cache size:\s*([\d,]+) tokens")
 _MAX_CONCURRENCY = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request:\s*([\d.]+)x")
@@ -80,22 +82,36 @@ _MODEL_MEMORY = re.compile(r"Model loading took ([\d.]+) GiB")
 GIB = 1 << 30
 # "non-default args: {'tokenizer': '/tmp/tiny', 'max_model_len': 2048, ...}": the flags the run set.
 _NON_DEFAULT = re.compile(r"non-default args: (\{.*\})")
+_STARTUP_KEYS = ("GPU KV cache size", "Maximum concurrency", "max_num_batched_tokens=", "Desired GPU memory",
+                 "Initial free memory", "Available KV cache memory", "Model loading took", "non-default args")
 _LITERAL_ARG = re.compile(r"'(\w+)': ('[^']*'|-?[\d.]+(?:e-?\d+)?|True|False|None)(?=[,}])")
 
 
+MAX_LINE = 16384  # longer lines are not vLLM's (its longest, the engine config line, is a few KB): skipped
+
+
 def parse_log(text: str) -> dict[str, Any]:
-    """Periodic stats lines (max/mean over the run) and start-up facts from a vLLM log."""
+    """Periodic stats lines (max/mean over the run) and start-up facts from a vLLM log.
+
+    Line by line, each pattern anchored on a literal and bounded: any line costs linear time."""
     stats: dict[str, list[float]] = {k: [] for k in _STAT_FIELDS}
-    lines = 0
+    lines = skipped = 0
+    startup: list[str] = []
     for line in text.splitlines():
+        if len(line) > MAX_LINE:
+            skipped += 1
+            continue
         if "Avg prompt throughput" not in line:
+            if len(startup) < 2000 and any(k in line for k in _STARTUP_KEYS):
+                startup.append(line)
             continue
         lines += 1
         for key, pattern in _STAT_FIELDS.items():
             m = re.search(pattern, line)
             if m:
                 stats[key].append(float(m.group(1)))
-    out: dict[str, Any] = {"stats_lines": lines}
+    text = "\n".join(startup)
+    out: dict[str, Any] = {"stats_lines": lines, "skipped_lines": skipped}
     for key, values in stats.items():
         if values:
             out[f"{key}_max"] = max(values)
@@ -136,9 +152,12 @@ def parse_metrics(text: str) -> dict[str, float]:
             for sample in family.samples:
                 if sample.name.endswith("_bucket") or sample.name.endswith("_created"):
                     continue
-                out[sample.name] = out.get(sample.name, 0.0) + float(sample.value)
-    except ValueError as exc:
-        raise ProfkitError(f"not Prometheus text format: {exc}") from None
+                value = float(sample.value)
+                if not math.isfinite(value):  # NaN/Inf samples say nothing a rule could use
+                    continue
+                out[sample.name] = out.get(sample.name, 0.0) + value
+    except (ValueError, TypeError, IndexError, KeyError) as exc:
+        raise ProfkitError(f"not Prometheus text format: {one_line(exc, 160)}") from None
     return out
 
 
@@ -158,10 +177,18 @@ def parse_bench(data: dict[str, Any]) -> dict[str, Any]:
     out = {}
     for name, candidates in keys.items():
         for c in candidates:
-            if isinstance(data.get(c), (int, float)) and not isinstance(data.get(c), bool):
-                out[name] = float(data[c])
+            value = data.get(c)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and _finite(value):
+                out[name] = float(value)
                 break
     return out
+
+
+def _finite(value: float) -> bool:
+    try:
+        return math.isfinite(float(value)) and abs(float(value)) < 1e15
+    except OverflowError:  # an int too large for a float
+        return False
 
 
 def parse_args(text: str) -> dict[str, Any]:
@@ -234,14 +261,23 @@ def vllm_evidence(bench: Path | None = None, log: Path | None = None, metrics: l
     section: dict[str, Any] = {}
     if bench:
         try:
-            section["bench"] = parse_bench(json.loads(_read(bench)))
-        except json.JSONDecodeError as exc:
-            raise ProfkitError(f"{bench}: not a benchmark JSON ({exc})") from None
-    log_info = parse_log(_read(log)) if log else {}
+            data = json.loads(_read(bench, "benchmark JSON"))
+        except (json.JSONDecodeError, RecursionError) as exc:
+            raise ProfkitError(f"{bench}: not a benchmark JSON ({one_line(exc, 120)})") from None
+        if not isinstance(data, dict):
+            raise ProfkitError(f"{bench}: not a benchmark JSON (expected an object, got a {type(data).__name__})")
+        section["bench"] = parse_bench(data)
+    log_info = parse_log(_read(log, "vLLM log")) if log else {}
     if log:
         section["log"] = log_info
     if metrics:
-        snaps = [parse_metrics(_read(p)) for p in metrics]
+        snaps = []
+        for p in metrics:
+            text = _read(p, "metrics file")
+            try:
+                snaps.append(parse_metrics(text))
+            except ProfkitError as exc:
+                raise ProfkitError(f"{p}: {exc}") from None
         section["metrics"] = snaps[-1]
         if len(snaps) > 1:  # before/after scrapes: counters over the benchmark are the difference
             section["metrics_delta"] = {k: v - snaps[0].get(k, 0.0) for k, v in snaps[-1].items()}
@@ -251,11 +287,8 @@ def vllm_evidence(bench: Path | None = None, log: Path | None = None, metrics: l
     return section
 
 
-def _read(path: Path) -> str:
-    try:
-        return Path(path).read_text(encoding="utf-8", errors="replace")
-    except OSError as exc:
-        raise ProfkitError(f"{path}: {exc.strerror}") from None
+def _read(path: Path, what: str) -> str:
+    return read_text(Path(path), what)
 
 
 def vllm_facts(section: dict[str, Any]) -> dict[str, Any]:

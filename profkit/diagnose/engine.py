@@ -21,6 +21,7 @@ import yaml
 
 from profkit.diagnose.command import typed
 from profkit.errors import ProfkitError
+from profkit.inputs import one_line, read_text
 from profkit.render import units
 from profkit.resources import shipped_dir
 
@@ -94,13 +95,23 @@ def fact_names(expression: str) -> set[str]:
     return {n for n in names if not any(o != n and o.startswith(n + ".") for o in names)}
 
 
+MAX_EXPRESSION = 2000  # characters; a condition is a few comparisons
+MAX_NODES = 300
+
+
 def _check_expression(expr: Any, where: str, known: set[str]) -> str:
     if not isinstance(expr, str) or not expr.strip():
         raise RuleError(f"{where}: expected an expression string")
+    if len(expr) > MAX_EXPRESSION:
+        raise RuleError(f"{where}: expression of {len(expr)} characters (at most {MAX_EXPRESSION})")
     try:
         tree = ast.parse(expr, mode="eval")
-    except SyntaxError as exc:
-        raise RuleError(f"{where}: bad expression {expr!r}: {exc.msg}") from None
+    except (SyntaxError, ValueError) as exc:
+        raise RuleError(f"{where}: bad expression {one_line(expr, 80)!r}: {getattr(exc, 'msg', exc)}") from None
+    except (RecursionError, MemoryError):
+        raise RuleError(f"{where}: expression nested too deeply") from None
+    if sum(1 for _ in ast.walk(tree)) > MAX_NODES:
+        raise RuleError(f"{where}: expression too large (more than {MAX_NODES} parts)")
     bases = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
     for node in ast.walk(tree):
         if isinstance(node, ast.Name) and id(node) not in bases and node.id not in ("True", "False", "None"):
@@ -113,15 +124,28 @@ def _check_expression(expr: Any, where: str, known: set[str]) -> str:
     return expr
 
 
+def _refuse_aliases(text: str, path: Path) -> None:
+    """Rule files need no YAML anchors or aliases, and an alias bomb (a billion laughs) needs them."""
+    for token in yaml.scan(text, Loader=yaml.SafeLoader):
+        if isinstance(token, (yaml.AliasToken, yaml.AnchorToken)):
+            raise RuleError(f"{path}:{token.start_mark.line + 1}: YAML anchors and aliases are not allowed in rule "
+                            "files")
+
+
 def load_rule_file(path: Path, known_facts: set[str]) -> Rule:
     try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_LineLoader)  # noqa: S506 - SafeLoader subclass
+        text = read_text(path, "rule file")
+    except ProfkitError as exc:
+        raise RuleError(str(exc)) from None
+    try:
+        _refuse_aliases(text, path)
+        data = yaml.load(text, Loader=_LineLoader)  # noqa: S506 - SafeLoader subclass
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f":{mark.line + 1}" if mark else ""
-        raise RuleError(f"{path}{line}: bad YAML: {getattr(exc, 'problem', exc)}") from None
-    except OSError as exc:
-        raise RuleError(f"{path}: {exc.strerror}") from None
+        raise RuleError(f"{path}{line}: bad YAML: {one_line(getattr(exc, 'problem', exc), 160)}") from None
+    except RecursionError:
+        raise RuleError(f"{path}: bad YAML: nested too deeply") from None
     if not isinstance(data, dict):
         raise RuleError(f"{path}:1: a rule file is a mapping (id, title, severity, when, ...)")
     top = data.get("__line__", 1)
@@ -133,6 +157,11 @@ def load_rule_file(path: Path, known_facts: set[str]) -> Rule:
             raise RuleError(f"{path}:{top}: missing {key!r}")
     if data["severity"] not in SEVERITIES:
         raise RuleError(f"{path}:{top}: severity must be one of {SEVERITIES}, not {data['severity']!r}")
+    for key in ("evidence", "changes"):
+        if data.get(key) is not None and not isinstance(data[key], list):
+            raise RuleError(f"{path}:{top}: {key} must be a list")
+    if not isinstance(data["summary"], str):
+        raise RuleError(f"{path}:{top}: summary must be a text (a template)")
     where = f"{path}:{top}: when"
     when = _check_expression(data["when"], where, known_facts)
     _check_template(data["summary"], f"{path}:{top}: summary")
@@ -151,17 +180,57 @@ def load_rule_file(path: Path, known_facts: set[str]) -> Rule:
         if not {"flag", "to", "why"} <= keys or keys - CHANGE_KEYS:
             raise RuleError(f"{path}:{line}: changes items are {{flag, to, why, when?}}")
         cond = _check_expression(item["when"], f"{path}:{line}: changes.when", known_facts) if "when" in item else None
+        if not isinstance(item["flag"], str) or not item["flag"].startswith("--"):
+            raise RuleError(f"{path}:{line}: changes.flag must be a flag such as --max-num-seqs")
         _check_template(str(item["why"]), f"{path}:{line}: why")
+        if isinstance(item["to"], str):
+            _check_template(item["to"], f"{path}:{line}: to")
         changes.append(Change(flag=item["flag"], to=item["to"], why=str(item["why"]), when=cond, line=line))
     return Rule(id=str(data["id"]), title=str(data["title"]), severity=data["severity"], when=when,
                 summary=str(data["summary"]), path=path, description=str(data.get("description", "")).strip(),
                 evidence=evidence, changes=changes)
 
 
+MAX_TEMPLATE_OUTPUT = 20_000  # characters a summary or why may render to
+MAX_REPEAT = 10_000  # items a `*` may build, range() may yield
+
+
+class _BoundedSandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
+    """Jinja's sandbox, immutable (a template reads the facts, never changes them), with bounded work:
+    no string or list multiplied past MAX_REPEAT items, no huge powers, ranges of at most MAX_REPEAT."""
+
+    intercepted_binops = frozenset(["*", "**"])
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        if operator == "**" and isinstance(right, (int, float)) and abs(right) > 64:
+            raise jinja2.sandbox.SecurityError("exponent too large in a rule template")
+        if operator == "*":
+            for seq, n in ((left, right), (right, left)):
+                if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * max(n, 0) > MAX_REPEAT:
+                    raise jinja2.sandbox.SecurityError("repetition too large in a rule template")
+        return super().call_binop(context, operator, left, right)
+
+
+def _bounded_range(*args: int) -> range:
+    r = range(*args)
+    if len(r) > MAX_REPEAT:
+        raise jinja2.sandbox.SecurityError(f"range of {len(r)} items in a rule template (at most {MAX_REPEAT})")
+    return r
+
+
 def _template_env() -> jinja2.sandbox.SandboxedEnvironment:
-    env = jinja2.sandbox.SandboxedEnvironment(undefined=jinja2.StrictUndefined, autoescape=False)
+    env = _BoundedSandbox(undefined=jinja2.StrictUndefined, autoescape=False)
     env.filters.update(ns=units.ns, pct=units.pct, size=units.size, num=_num)
+    env.globals["range"] = _bounded_range
     return env
+
+
+def render_template(env: jinja2.sandbox.SandboxedEnvironment, text: str, facts: dict[str, Any]) -> str:
+    """A rule's template over a copy of the facts, its output bounded."""
+    out = env.from_string(text).render(f=dict(facts))
+    if len(out) > MAX_TEMPLATE_OUTPUT:
+        raise jinja2.sandbox.SecurityError(f"template output of {len(out)} characters (at most {MAX_TEMPLATE_OUTPUT})")
+    return out
 
 
 def _num(value: Any, digits: int = 3) -> str:
@@ -176,7 +245,9 @@ def _check_template(text: str, where: str) -> None:
     try:
         _template_env().parse(text)
     except jinja2.TemplateSyntaxError as exc:
-        raise RuleError(f"{where}: bad template: {exc.message}") from None
+        raise RuleError(f"{where}: bad template: {one_line(exc.message, 160)}") from None
+    except (RecursionError, MemoryError):
+        raise RuleError(f"{where}: template nested too deeply") from None
 
 
 def load_rules(extra_dirs: list[Path] | None = None, known_facts: set[str] | None = None) -> list[Rule]:
@@ -254,7 +325,7 @@ def _finding(rule: Rule, facts: dict[str, Any], tree: dict[str, Any],
         "rule": rule.id,
         "severity": rule.severity,
         "title": rule.title,
-        "summary": env.from_string(rule.summary).render(f=facts),
+        "summary": render_template(env, rule.summary, facts),
         "evidence": [{"fact": e["fact"], "value": facts.get(e["fact"]), "threshold": e.get("threshold"),
                       "source": e.get("source")} for e in rule.evidence],
         "changes": changes,
@@ -267,9 +338,9 @@ def _change(c: Change, facts: dict[str, Any], env: jinja2.sandbox.SandboxedEnvir
     # Both values are typed (true/false, numbers); `to: null` in a rule means "remove the flag".
     current = facts.get(f"config.{key}")
     source = facts.get(f"config_source.{key}") or ("unknown" if current is None else None)
-    to = typed(env.from_string(c.to).render(f=facts)) if isinstance(c.to, str) else c.to
+    to = typed(render_template(env, c.to, facts)) if isinstance(c.to, str) else c.to
     return {"flag": c.flag, "from": current, "from_source": source, "to": to,
-            "why": env.from_string(c.why).render(f=facts)}
+            "why": render_template(env, c.why, facts)}
 
 
 def explain(rule: Rule) -> str:

@@ -23,4 +23,4 @@ def render_diff_html(doc: dict[str, Any]) -> str:
     svgs = {k: jinja2.filters.Markup(v) for k, v in svgs.items()}  # matplotlib escaped the labels
     env = html.environment()
     env.filters.update(metric=metric_value, change=change_text, flag=units.flag_value)
-    return env.get_template("diff.html.j2").render(d=doc, charts=svgs, arrows=ARROWS)
+    return units.strip_controls(env.get_template("diff.html.j2").render(d=doc, charts=svgs, arrows=ARROWS))

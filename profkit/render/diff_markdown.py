@@ -11,4 +11,4 @@ from profkit.render.diff_text import change_text, metric_value
 def render_diff_markdown(doc: dict[str, Any], top: int = 10) -> str:
     env = markdown.environment()
     env.filters.update(metric=metric_value, change=change_text, flag=units.flag_value)
-    return env.get_template("diff.md.j2").render(d=doc, top=top)
+    return units.strip_controls(env.get_template("diff.md.j2").render(d=doc, top=top))

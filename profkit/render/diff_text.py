@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from profkit.compare.metrics import is_share
-from profkit.render.units import clip, flag_value, ns, pct, terminal_safe
+from profkit.render.units import clip, flag_value, ns, pct, strip_controls, terminal_safe
 
 ARROW = {"better": "better", "worse": "WORSE", "within noise": "within noise", "same": "same", "changed": "changed"}
 
@@ -83,4 +83,4 @@ def render_diff_text(doc: dict[str, Any], top: int = 10) -> str:
         for r in k["rows"][:top]:
             out.append(f"    {pct(r['before_window_share']):>6} -> {pct(r['after_window_share']):>6}  {r['status']:8} "
                        f"{terminal_safe(clip(r['name'], 80))}")
-    return "\n".join(out) + "\n"
+    return strip_controls("\n".join(out) + "\n")

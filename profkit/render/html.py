@@ -35,7 +35,7 @@ def render_html(report: dict[str, Any]) -> str:
     # Charts are made here, not in the template: a template never computes anything.
     pairs = cmdline.command_pairs(report)
     if report.get("gpu") is None:  # evidence only: no trace, no charts
-        return environment().get_template("report.html.j2").render(r=report, charts={}, commands=pairs)
+        return _page(report, {}, pairs)
     svgs = {
         "timeline": charts.timeline_chart(report),
         "categories": charts.category_chart(report) if report["categories"] else "",
@@ -45,4 +45,9 @@ def render_html(report: dict[str, Any]) -> str:
         "steps": charts.steps_chart(report) if report.get("steps") else "",
     }
     svgs = {k: jinja2.filters.Markup(v) for k, v in svgs.items()}  # matplotlib escaped the labels
-    return environment().get_template("report.html.j2").render(r=report, charts=svgs, commands=pairs)
+    return _page(report, svgs, pairs)
+
+
+def _page(report: dict[str, Any], svgs: dict[str, Any], pairs: list[dict[str, Any]]) -> str:
+    page = environment().get_template("report.html.j2").render(r=report, charts=svgs, commands=pairs)
+    return units.strip_controls(page)  # trace strings may carry control characters; no HTML needs them

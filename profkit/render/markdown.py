@@ -45,4 +45,4 @@ def environment() -> jinja2.Environment:
 
 
 def render_markdown(report: dict[str, Any], top: int = 10) -> str:
-    return environment().get_template("report.md.j2").render(r=report, top=top)
+    return units.strip_controls(environment().get_template("report.md.j2").render(r=report, top=top))

@@ -6,7 +6,7 @@ from typing import Any
 
 import pandas as pd
 
-from profkit.render.units import change_from, change_to, clip, ns, pct, size, terminal_safe
+from profkit.render.units import change_from, change_to, clip, ns, pct, size, strip_controls, terminal_safe
 
 
 def _table(rows: list[dict[str, Any]], columns: dict[str, Any], limit: int) -> str:
@@ -155,7 +155,7 @@ def render_text(report: dict[str, Any], top: int = 10, name_width: int = 70) -> 
             "time": lambda r: ns(r["total_ns"]), "avg": lambda r: ns(r["avg_ns"]),
         }, top),
     ]
-    return "\n".join(out) + "\n"
+    return strip_controls("\n".join(out) + "\n")
 
 
 def _findings(report: dict[str, Any]) -> list[str]:
@@ -181,4 +181,4 @@ def _render_evidence_only(report: dict[str, Any]) -> str:
     if skipped:
         out.append(f"Rules not evaluated ({len(skipped)}; they need a trace or evidence not given): "
                    + ", ".join(s["rule"] for s in skipped))
-    return "\n".join(out) + "\n"
+    return strip_controls("\n".join(out) + "\n")

@@ -59,3 +59,12 @@ _CONTROL = {c: None for c in range(32) if c not in (9, 10)} | {127: None} | {c: 
 def terminal_safe(text: object) -> str:
     """Text from a trace or a user for a terminal: control characters (ESC, CR, NUL, ...) removed."""
     return str(text).translate(_CONTROL).replace("\n", " ")
+
+
+_OUTPUT_CONTROL = {c: None for c in range(32) if c not in (9, 10)} | {127: None} | {c: None for c in range(0x80, 0xA0)}
+
+
+def strip_controls(text: str) -> str:
+    """A rendered document without control characters (terminal escapes, CR, NUL); newlines and tabs stay.
+    Trace strings (kernel names, NVTX text) reach every format: this is the last line of defence."""
+    return text.translate(_OUTPUT_CONTROL)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from profkit.errors import TraceError
+from profkit.errors import ProfkitError, TraceError
+from profkit.inputs import require_file
 from profkit.traces.kineto import open_kineto
 from profkit.traces.model import Trace
 from profkit.traces.nsys import SQLITE_MAGIC, open_nsys
@@ -40,6 +41,10 @@ def open_trace(path: str | os.PathLike) -> Trace:
         raise TraceError(f"{p}: no such file or directory")
     if p.is_dir():
         return open_trace(find_trace_in_folder(p))
+    try:
+        require_file(p, "trace")
+    except ProfkitError as exc:
+        raise TraceError(str(exc)) from None
     if not os.access(p, os.R_OK):
         raise TraceError(f"{p}: permission denied")
     with p.open("rb") as f:

@@ -43,6 +43,12 @@ def render_text(doc: dict[str, Any]) -> str:
 
 
 def render_tune(doc: dict[str, Any], fmt: str) -> str:
+    from profkit.render.units import strip_controls
+
+    return strip_controls(_render_tune(doc, fmt))
+
+
+def _render_tune(doc: dict[str, Any], fmt: str) -> str:
     if fmt == "text":
         return render_text(doc)
     if fmt == "md":

@@ -1,0 +1,57 @@
+"""Reading the user's input files safely: regular files only, bounded sizes, printable error lines.
+
+A FIFO or a device given as a log would block or never end; a huge "rule file" would exhaust memory.
+Every reader of user files goes through `require_file` / `read_text`.
+"""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+from profkit.errors import ProfkitError
+
+MiB = 1 << 20
+LIMITS = {"rule file": 1 * MiB, "benchmark JSON": 16 * MiB, "vLLM log": 512 * MiB, "metrics file": 64 * MiB,
+          "capture manifest": 4 * MiB, "report JSON": 512 * MiB, "host samples": 64 * MiB}
+_CONTROL = {c: None for c in range(32) if c not in (9,)} | {127: None}
+
+
+def one_line(text: object, limit: int = 300) -> str:
+    """A message fit for one terminal line: control characters and newlines out, bounded length."""
+    s = " ".join(str(text).translate(_CONTROL).split())
+    return s if len(s) <= limit else s[: limit - 1] + "…"
+
+
+def require_file(path: Path, what: str) -> int:
+    """The size of `path`, which must be a regular file (a symlink to one is fine); else one clear error."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise ProfkitError(f"{path}: no such file ({what})") from None
+    except OSError as exc:
+        raise ProfkitError(f"{path}: {exc.strerror} ({what})") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise ProfkitError(f"{path}: a folder, not a {what}")
+    if not stat.S_ISREG(st.st_mode):
+        raise ProfkitError(f"{path}: not a regular file (a FIFO, socket or device); a {what} must be a file")
+    return st.st_size
+
+
+def read_text(path: Path, what: str) -> str:
+    """The file's text (UTF-8, undecodable bytes replaced), refusing non-files and files over the limit."""
+    path = Path(path)
+    size = require_file(path, what)
+    limit = LIMITS.get(what, 64 * MiB)
+    if size > limit:
+        raise ProfkitError(f"{path}: {size / MiB:.0f} MiB is more than a {what} can be ({limit / MiB:.0f} MiB)")
+    try:
+        with path.open("rb") as f:
+            data = f.read(limit + 1)
+    except OSError as exc:
+        raise ProfkitError(f"{path}: {exc.strerror}") from None
+    if len(data) > limit:  # grew while read
+        raise ProfkitError(f"{path}: more than a {what} can be ({limit / MiB:.0f} MiB)")
+    if b"\x00" in data[:65536]:
+        raise ProfkitError(f"{path}: binary data, not a {what}")
+    return data.decode("utf-8", errors="replace")

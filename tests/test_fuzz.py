@@ -1,0 +1,128 @@
+"""Property-based fuzzing of the readers of user input (hypothesis; issue 18). Oracle for every example:
+either a result whose numbers are finite, or a ProfkitError (one printable line) — never another exception.
+Bounded for CI (PROFKIT_FUZZ_EXAMPLES, default 150 per property); run long locally with e.g.
+PROFKIT_FUZZ_EXAMPLES=20000 python -m pytest tests/test_fuzz.py."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shlex
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from profkit.analysis.vllm import parse_args, parse_bench, parse_log, parse_metrics
+from profkit.compare.gate import parse_condition
+from profkit.diagnose.command import VllmCommand, apply_change, parse_command_text
+from profkit.diagnose.engine import RuleError, load_rule_file
+from profkit.diagnose.facts import known_fact_names
+from profkit.errors import ProfkitError
+from profkit.inputs import one_line
+
+EXAMPLES = int(os.environ.get("PROFKIT_FUZZ_EXAMPLES", "150"))
+FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+REAL_LOG = (Path(__file__).parent / "data" / "vllm_serve_kv300mb" / "server.log").read_text().splitlines()
+REAL_METRICS = (Path(__file__).parent / "data" / "vllm_serve_kv300mb" / "metrics-after.txt").read_text().splitlines()
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=12), inner, max_size=5),
+    max_leaves=30)
+
+
+def finite_numbers(value: object) -> bool:
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(finite_numbers(v) for v in value.values())
+    if isinstance(value, list):
+        return all(finite_numbers(v) for v in value)
+    return True
+
+
+def printable(exc: Exception) -> bool:
+    line = one_line(exc)
+    return "\n" not in line and all(ord(c) >= 32 for c in line)
+
+
+@FUZZ
+@given(st.lists(st.sampled_from(REAL_LOG) | st.text(max_size=200), max_size=30),
+       st.lists(st.tuples(st.integers(0, 199), st.text(max_size=40)), max_size=10))
+def test_log_parser(lines: list[str], mutations: list[tuple[int, str]]) -> None:
+    """Real log lines, cut and spliced with junk."""
+    for i, junk in mutations:
+        if lines:
+            line = lines[i % len(lines)]
+            cut = i % (len(line) + 1)
+            lines[i % len(lines)] = line[:cut] + junk + line[cut:]
+    out = parse_log("\n".join(lines))
+    assert finite_numbers(out) and out["stats_lines"] >= 0
+
+
+@FUZZ
+@given(json_values)
+def test_bench_parser(data: object) -> None:
+    if isinstance(data, dict):
+        assert finite_numbers(parse_bench(data))
+
+
+@FUZZ
+@given(st.lists(st.sampled_from(REAL_METRICS) | st.text(max_size=80), max_size=40))
+def test_metrics_parser(lines: list[str]) -> None:
+    try:
+        out = parse_metrics("\n".join(lines))
+    except ProfkitError as exc:
+        assert printable(exc)
+        return
+    assert all(math.isfinite(v) for v in out.values())
+
+
+@FUZZ
+@given(st.text(max_size=60))
+def test_gate_conditions(text: str) -> None:
+    try:
+        cond = parse_condition(text)
+    except ProfkitError as exc:
+        assert printable(exc)
+        return
+    assert cond.op in ("<", "<=", ">", ">=") and math.isfinite(cond.value)
+
+
+@FUZZ
+@given(st.text(max_size=120))
+def test_flag_text(text: str) -> None:
+    for parse in (parse_args, parse_command_text):
+        try:
+            parse(text)
+        except (ProfkitError, ValueError) as exc:  # shlex: unbalanced quotes -> the caller says which option
+            assert printable(exc)
+
+
+@FUZZ
+@given(st.lists(st.sampled_from(["--max-num-seqs", "4", "--enforce-eager", "--no-enforce-eager", "--model", "m",
+                                 "--kv-cache-memory-bytes=3", "--max_num_seqs", "x y", "'", "--"]), max_size=10),
+       st.sampled_from(["--max-num-seqs", "--enforce-eager", "--kv-cache-memory-bytes", "--kv-cache-dtype"]),
+       st.none() | st.booleans() | st.integers(0, 10 ** 6) | st.sampled_from(["fp8", "auto"]))
+def test_apply_change_round_trips(args: list[str], flag: str, to: object) -> None:
+    new, action, _ = apply_change(VllmCommand(["vllm"], ["serve"], args), flag, to)
+    assert action in ("edit", "add", "remove", "none")
+    assert shlex.split(new.shell()) == new.argv()
+
+
+rule_keys = st.sampled_from(["id", "title", "severity", "when", "summary", "evidence", "changes", "description",
+                             "bogus"])
+
+
+@FUZZ
+@given(st.dictionaries(rule_keys, json_values | st.sampled_from(
+    ["gpu.utilization < 0.5", "info", "{{ f['gpu.utilization'] }}", "{% for %}", "x(", "1/0"]), max_size=8))
+def test_rule_files(tmp_path_factory, data: dict) -> None:
+    path = tmp_path_factory.mktemp("rules") / "r.yaml"
+    path.write_text(json.dumps(data, default=str))  # JSON is YAML
+    try:
+        load_rule_file(path, known_fact_names())
+    except RuleError as exc:
+        assert printable(exc) and str(path) in str(exc)

@@ -1,0 +1,167 @@
+"""Hostile and broken input (issue 18): each class gets one clear line and a non-zero exit, or a report
+that is safe wherever it lands; never a hang, a traceback or a write onto an input."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REAL_SERVE = Path(__file__).parent / "data" / "vllm_serve_kv300mb"
+CONTROL = "\x1b[31mRED\x1b[0m\r\x00\x07"
+
+
+def profkit(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "profkit.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def one_clear_line(r: subprocess.CompletedProcess, needle: str) -> None:
+    assert r.returncode not in (0, 70), r.stderr
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("profkit: error: ") and needle in lines[0], r.stderr
+    assert "Traceback" not in r.stderr and "internal error" not in r.stderr
+    assert all(ch == "\t" or ord(ch) >= 32 for ch in lines[0])
+
+
+@pytest.mark.parametrize("option", ["TRACE", "--bench", "--vllm-log", "--metrics", "--host"])
+def test_fifo_and_devices_are_refused_without_hanging(tmp_path: Path, option: str) -> None:
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    args = [str(fifo)] if option == "TRACE" else [option, str(fifo)]
+    one_clear_line(profkit("report", *args, timeout=30), "not a regular file")
+    if option == "TRACE":
+        one_clear_line(profkit("report", "/dev/zero", timeout=30), "not a regular file")
+
+
+def test_rule_file_fifo_alias_bomb_and_wrong_shapes(tmp_path: Path, sqlite_path) -> None:
+    trace = str(sqlite_path("eager_b1"))
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    os.mkfifo(rules / "pipe.yaml")
+    one_clear_line(profkit("report", trace, "--rules", str(rules), timeout=30), "not a regular file")
+    (rules / "pipe.yaml").unlink()
+    bomb = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]\n"
+        for i in range(9)) + "id: bomb\n"
+    (rules / "bomb.yaml").write_text(bomb)
+    one_clear_line(profkit("report", trace, "--rules", str(rules), timeout=30), "anchors and aliases are not allowed")
+    (rules / "bomb.yaml").unlink()
+    base = "id: r\ntitle: t\nseverity: info\nwhen: gpu.utilization < 2\nsummary: s\n"
+    for extra, needle in (("changes: 5\n", "changes must be a list"), ("evidence: x\n", "evidence must be a list"),
+                          ("changes:\n  - flag: x\n    to: 1\n    why: w\n", "changes.flag must be a flag"),
+                          ("changes:\n  - flag: --x\n    to: '{{ oops'\n    why: w\n", "bad template")):
+        (rules / "r.yaml").write_text(base + extra)
+        one_clear_line(profkit("report", trace, "--rules", str(rules)), needle)
+    (rules / "r.yaml").write_text(base.replace("summary: s", "summary: [1, 2]"))
+    one_clear_line(profkit("report", trace, "--rules", str(rules)), "summary must be a text")
+    (rules / "r.yaml").write_text(base.replace("gpu.utilization < 2", " + ".join(["gpu.utilization"] * 400) + " > 0"))
+    one_clear_line(profkit("report", trace, "--rules", str(rules)), "at most 2000")
+    (rules / "r.yaml").write_bytes(base.encode() + b"description: \xff\xfe bad utf-8\n")
+    assert profkit("report", trace, "--rules", str(rules)).returncode == 0
+
+
+@pytest.mark.parametrize(("template", "needle"), [
+    ("{{ 'x' * 1000000000 }}", "repetition too large"),
+    ("{% for i in range(100000000) %}x{% endfor %}", "range of 100000000 items"),
+    ("{{ f.update({'gpu.utilization': 9}) }}", "SecurityError"),
+    ("{{ f.clear() }}", "SecurityError"),
+    ("{{ 10 ** 100000 }}", "exponent too large"),
+    ("{% for i in range(9000) %}{{ 'y' * 9000 }}{% endfor %}", "template output"),
+    ("{{ 1 / 0 }}", "ZeroDivisionError"),
+])
+def test_rule_templates_are_bounded_and_cannot_change_facts(tmp_path: Path, sqlite_path, template: str,
+                                                            needle: str) -> None:
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    (rules / "evil.yaml").write_text(json.dumps({"id": "evil", "title": "t", "severity": "info",
+                                                 "when": "gpu.utilization < 2", "summary": template}))
+    r = profkit("report", str(sqlite_path("eager_b1")), "--format", "json", "--rules", str(rules), timeout=60)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    skipped = next(s for s in doc["rules_skipped"] if s["rule"] == "evil")
+    assert needle in skipped["error"] and str(rules / "evil.yaml") in skipped["error"]
+    assert doc["facts"]["gpu.utilization"] < 1  # unchanged
+    assert any(f["rule"] == "launch-overhead" for f in doc["findings"])  # the other rules still ran
+
+
+def test_broken_evidence(tmp_path: Path, sqlite_path) -> None:
+    trace = str(sqlite_path("eager_b1"))
+    bench = tmp_path / "bench.json"
+    for text, needle in (("[1, 2]", "expected an object"), ("[" * 100000, "not a benchmark JSON"),
+                         ('{"x": 1', "not a benchmark JSON")):
+        bench.write_text(text)
+        one_clear_line(profkit("report", trace, "--bench", str(bench)), needle)
+    bench.write_text(json.dumps({"request_throughput": 10 ** 400, "mean_ttft_ms": 5.0}))
+    r = profkit("report", trace, "--bench", str(bench), "--format", "json")
+    assert r.returncode == 0, r.stderr
+    facts = json.loads(r.stdout)["facts"]
+    assert facts["vllm.requests_per_second"] is None and facts["vllm.ttft_mean_ms"] == 5.0
+    # a log with odd numbers and a 100 kB pathological line: parsed (in linear time), not a failure
+    log = tmp_path / "server.log"
+    log.write_text("Engine 000: Avg prompt throughput: 1.2.3 tokens/s, Running: reqs, Waiting: 5 reqs, "
+                   "GPU KV cache usage: 50.0%\n" + "non-default args: {'a': " + "1" * 100000 + "\n"
+                   + "GPU KV cache size: " + "9," * 50000 + " tokens\n"
+                   + (REAL_SERVE / "server.log").read_text())
+    r = profkit("report", trace, "--vllm-log", str(log), "--format", "json", timeout=30)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["vllm"]["log"]["kv_cache_tokens"] == 9152 and doc["vllm"]["log"]["skipped_lines"] == 2
+    metrics = tmp_path / "m.txt"
+    metrics.write_text((REAL_SERVE / "metrics-after.txt").read_text().replace(
+        "vllm:num_preemptions_total{", "vllm:num_preemptions_total_x{") + "vllm:weird NaN\n")
+    assert profkit("report", trace, "--metrics", str(metrics)).returncode == 0
+    metrics.write_bytes(b"\x00\x01binary\x00")
+    one_clear_line(profkit("report", trace, "--metrics", str(metrics)), "binary data")
+    folder = tmp_path / "cap"
+    folder.mkdir()
+    (folder / "manifest.json").write_text(json.dumps({"vllm_args": 5, "commands": "x", "user_commands": [3]}))
+    shutil.copyfile(REAL_SERVE / "bench.json", folder / "bench.json")
+    assert profkit("report", str(folder)).returncode == 0
+    (folder / "manifest.json").write_text("[]")
+    one_clear_line(profkit("report", str(folder)), "not a capture manifest")
+
+
+def test_control_characters_never_reach_an_output(tmp_path: Path, sqlite_path) -> None:
+    trace = tmp_path / "t.sqlite"
+    shutil.copyfile(sqlite_path("eager_b1"), trace)
+    with sqlite3.connect(trace) as conn:
+        top = conn.execute("SELECT demangledName, shortName FROM CUPTI_ACTIVITY_KIND_KERNEL GROUP BY demangledName "
+                           "ORDER BY sum(end - start) DESC LIMIT 1").fetchone()
+        conn.execute("UPDATE StringIds SET value = ? WHERE id IN (?, ?)", (f"k|a](javascript:x){CONTROL}", *top))
+    for fmt in ("text", "md", "html"):
+        r = profkit("report", str(trace), "--format", fmt)
+        assert r.returncode == 0, r.stderr
+        assert not any(ord(ch) < 32 and ch not in "\n\t" for ch in r.stdout), fmt
+        assert "RED" in r.stdout
+    md = profkit("report", str(trace), "--format", "md").stdout
+    assert not re.search(r"(?<!\\)\]\(javascript:", md) and "k\\|a\\]" in md  # escaped: no link, no cell break
+    doc = json.loads(profkit("report", str(trace), "--format", "json").stdout)
+    assert doc["kernels"][0]["name"].startswith("k|a](javascript:x)\x1b[31m")  # JSON keeps the data, escaped
+
+
+def test_outputs_never_land_on_inputs(tmp_path: Path, sqlite_path) -> None:
+    trace = tmp_path / "t.sqlite"
+    shutil.copyfile(sqlite_path("graphs_b1"), trace)
+    before = trace.read_bytes()
+    link = tmp_path / "link.html"
+    link.symlink_to(trace)
+    hard = tmp_path / "hard.sqlite"
+    os.link(trace, hard)
+    for out in (trace, link, hard):
+        one_clear_line(profkit("report", str(trace), "-o", str(out)), "is one of the inputs")
+    assert trace.read_bytes() == before
+    one_clear_line(profkit("report", str(trace), "-o", str(tmp_path / "missing" / "r.html")), "does not exist")
+    # a failed run leaves no half-written output and no temporary file
+    target = tmp_path / "r.json"
+    target.write_text("old")
+    r = profkit("report", str(tmp_path / "nope.sqlite"), "-o", str(target))
+    assert r.returncode == 1 and target.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".r.json")] == []
