@@ -165,3 +165,25 @@ def test_outputs_never_land_on_inputs(tmp_path: Path, sqlite_path) -> None:
     r = profkit("report", str(tmp_path / "nope.sqlite"), "-o", str(target))
     assert r.returncode == 1 and target.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".r.json")] == []
+
+
+def test_wal_transactions_are_read_and_the_files_untouched(tmp_path: Path, sqlite_path) -> None:
+    """Committed transactions in the export's -wal file are part of the database: the report counts them
+    (read through a private checkpointed copy); the export, its -wal and the folder stay as they were."""
+    trace = tmp_path / "t.sqlite"
+    shutil.copyfile(sqlite_path("graphs_b1"), trace)
+    trace.chmod(0o644)
+    before = json.loads(profkit("report", str(trace), "--window", "all", "--format", "json").stdout)
+    conn = sqlite3.connect(trace)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA wal_autocheckpoint = 0")
+    conn.execute("DELETE FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE rowid IN (SELECT rowid FROM CUPTI_ACTIVITY_KIND_KERNEL "
+                 "ORDER BY start LIMIT 100)")
+    conn.commit()
+    wal = Path(f"{trace}-wal")
+    assert wal.stat().st_size > 0
+    files = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    after = json.loads(profkit("report", str(trace), "--window", "all", "--format", "json").stdout)
+    assert after["facts"]["kernels.count"] == before["facts"]["kernels.count"] - 100
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == files
+    conn.close()

@@ -39,13 +39,15 @@ class Trace:
     # A torch trace is loaded into a SQLite file of profkit's own; the Trace that built it deletes it.
     db_file: Path | None = None
     owns_db: bool = False
+    # An nsys export read through a private checkpointed copy (its -wal file had transactions).
+    snapshot: Path | None = None
 
     def reopen(self) -> Trace:
         """Another connection to the same normalized trace (for analyses running in parallel)."""
         if self.db_file is None:
             from profkit.traces.nsys import open_nsys
 
-            return open_nsys(self.path)
+            return open_nsys(self.path, snapshot=self.snapshot)
         conn = sqlite3.connect(f"file:{self.db_file}?mode=ro", uri=True, check_same_thread=False)
         return Trace(conn=conn, path=self.path, kind=self.kind, meta=self.meta, present=self.present,
                      db_file=self.db_file, owns_db=False)
@@ -67,6 +69,10 @@ class Trace:
         self.conn.close()
         if self.owns_db and self.db_file is not None:
             self.db_file.unlink(missing_ok=True)
+        if self.owns_db and self.snapshot is not None:
+            import shutil
+
+            shutil.rmtree(self.snapshot.parent, ignore_errors=True)
 
     def __enter__(self) -> Trace:
         return self

@@ -48,9 +48,16 @@ PID_OF = "(({col} >> 24) & 16777215)"
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
-def open_nsys(path: Path) -> Trace:
-    """Open an nsys SQLite export read-only and expose the normalized relations."""
-    conn = _connect_read_only(path)
+def open_nsys(path: Path, snapshot: Path | None = None) -> Trace:
+    """Open an nsys SQLite export read-only and expose the normalized relations.
+
+    A non-empty `-wal` file beside the export holds committed transactions that are part of the database;
+    immutable reads would skip them. Then a private copy (export + WAL, checkpointed) is read instead, so
+    the numbers are what SQLite sees and the user's files stay untouched. The copy goes with the Trace."""
+    wal = Path(f"{path}-wal")
+    if snapshot is None and wal.is_file() and wal.stat().st_size > 0:
+        return _open_with_wal(path, wal)
+    conn = _connect_read_only(snapshot or path)
     try:
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         _check_is_nsys_export(path, tables)
@@ -71,7 +78,33 @@ def open_nsys(path: Path) -> Trace:
     except TraceError:
         conn.close()
         raise
-    return Trace(conn=conn, path=path, kind="nsys-sqlite", meta=meta, present=frozenset(present))
+    return Trace(conn=conn, path=path, kind="nsys-sqlite", meta=meta, present=frozenset(present), snapshot=snapshot)
+
+
+def _open_with_wal(path: Path, wal: Path) -> Trace:
+    import shutil
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="profkit-wal-"))
+    try:
+        copy = folder / "trace.sqlite"
+        shutil.copyfile(path, copy)
+        shutil.copyfile(wal, f"{copy}-wal")
+        conn = sqlite3.connect(copy)
+        try:
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            conn.execute("PRAGMA journal_mode = DELETE")
+        finally:
+            conn.close()
+        trace = open_nsys(path, snapshot=copy)
+    except sqlite3.DatabaseError as exc:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise TraceError(f"{path}: damaged or unreadable SQLite file with its -wal file ({exc})") from None
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    trace.owns_db = True  # the snapshot's folder is removed when this Trace closes
+    return trace
 
 
 def _connect_read_only(path: Path) -> sqlite3.Connection:
