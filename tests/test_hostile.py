@@ -187,3 +187,23 @@ def test_wal_transactions_are_read_and_the_files_untouched(tmp_path: Path, sqlit
     assert after["facts"]["kernels.count"] == before["facts"]["kernels.count"] - 100
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == files
     conn.close()
+
+
+def test_rows_ending_before_they_start_are_left_out_and_said(tmp_path: Path, sqlite_path) -> None:
+    trace = tmp_path / "t.sqlite"
+    shutil.copyfile(sqlite_path("graphs_b1"), trace)
+    trace.chmod(0o644)
+    good = json.loads(profkit("report", str(trace), "--window", "all", "--format", "json").stdout)
+    with sqlite3.connect(trace) as conn:  # 7 kernels whose end lies before their start, one overflowing
+        conn.execute("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET end = start - 1000 WHERE rowid IN "
+                     "(SELECT rowid FROM CUPTI_ACTIVITY_KIND_KERNEL ORDER BY start LIMIT 6)")
+        conn.execute("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET end = -9223372036854775807 WHERE rowid = "
+                     "(SELECT rowid FROM CUPTI_ACTIVITY_KIND_KERNEL ORDER BY start LIMIT 1 OFFSET 10)")
+    r = profkit("report", str(trace), "--window", "all", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["source"]["inconsistent"].startswith("7 kernel rows end before they start")
+    assert doc["facts"]["kernels.count"] == good["facts"]["kernels.count"] - 7
+    assert all(k["min_ns"] >= 0 and k["total_ns"] >= 0 for k in doc["kernels"])
+    assert 0 <= doc["gpu"]["utilization"] <= 1
+    assert "TRACE INCONSISTENT: 7 kernel rows" in profkit("report", str(trace)).stdout

@@ -100,6 +100,7 @@ def render_text(report: dict[str, Any], top: int = 10, name_width: int = 70) -> 
         f"  {src.get('tool', src['kind'])} {src.get('tool_version') or ''} | GPU {src.get('gpu') or '?'}"
         f" | driver {src.get('driver') or '?'}",
         f"  window: {ns(win['duration_ns'])} ({win['how']}: {win['detail']})",
+        *([f"  TRACE INCONSISTENT: {src['inconsistent']}"] if src.get("inconsistent") else []),
         f"  GPU utilization {pct(gpu['utilization'])}: busy {ns(gpu['busy_ns'])}, idle {ns(gpu['idle_ns'])}",
         f"  kernels {facts['kernels.count']:,} ({pct(facts['kernels.graph_share'])} from CUDA graphs, "
         f"{pct(facts['kernels.short_share'])} shorter than 10 us); launch latency median "

@@ -72,6 +72,12 @@ def open_nsys(path: Path, snapshot: Path | None = None) -> Trace:
         present = _create_views(conn, tables, columns)
         if conn.execute(f"SELECT 1 FROM main.{KERNEL} LIMIT 1").fetchone() is None:
             raise TraceError(f"{path}: the trace has no CUDA kernels (was it recorded with `-t cuda`?)")
+        # Rows that end before they start (or have no end) cannot be durations: the views leave them out,
+        # and the report says how many.
+        dropped = conn.execute(f"SELECT count(*) FROM main.{KERNEL} WHERE NOT (end >= start) OR end IS NULL"
+                               ).fetchone()[0]
+        if dropped:
+            meta["inconsistent"] = f"{dropped} kernel rows end before they start (or have no end); left out"
     except sqlite3.DatabaseError as exc:
         conn.close()
         raise TraceError(f"{path}: damaged or unreadable SQLite file ({exc})") from None
@@ -151,7 +157,7 @@ def _create_views(conn: sqlite3.Connection, tables: set[str], columns: dict[str,
         f"""CREATE TEMP VIEW kernels AS SELECT rowid AS seq, start, end, deviceId AS device, streamId AS stream,
         {_col(k, 'correlationId', 'correlation')}, {_col(k, 'globalPid', 'pid', PID_OF.format(col='globalPid'))},
         demangledName AS name_id, shortName AS short_id, {_col(k, 'graphNodeId', 'graph_node')}
-        FROM main.{KERNEL}"""
+        FROM main.{KERNEL} WHERE end >= start"""
     )
 
     copy_kinds = _enum_labels(conn, tables, "ENUM_CUDA_MEMCPY_OPER", MEMCPY_KIND_LABELS)
@@ -170,13 +176,13 @@ def _create_views(conn: sqlite3.Connection, tables: set[str], columns: dict[str,
                 f"SELECT {common}, {_label_case('copyKind', copy_kinds, '[CUDA memcpy ', ']')} AS operation, "
                 f"bytes, {_col(c, 'srcKind', 'src_kind', _label_case('srcKind', mem_kinds))}, "
                 f"{_col(c, 'dstKind', 'dst_kind', _label_case('dstKind', mem_kinds))}, "
-                f"{_col(c, 'graphNodeId', 'graph_node')} FROM main.{MEMCPY}"
+                f"{_col(c, 'graphNodeId', 'graph_node')} FROM main.{MEMCPY} WHERE end >= start"
             )
         else:
             parts.append(
                 f"SELECT {common}, '[CUDA memset]' AS operation, bytes, NULL AS src_kind, "
                 f"{_col(c, 'memKind', 'dst_kind', _label_case('memKind', mem_kinds))}, "
-                f"{_col(c, 'graphNodeId', 'graph_node')} FROM main.{MEMSET}"
+                f"{_col(c, 'graphNodeId', 'graph_node')} FROM main.{MEMSET} WHERE end >= start"
             )
     if parts:
         conn.execute("CREATE TEMP VIEW memops AS " + " UNION ALL ".join(parts))
@@ -193,7 +199,7 @@ def _create_views(conn: sqlite3.Connection, tables: set[str], columns: dict[str,
         conn.execute(
             f"""CREATE TEMP VIEW api AS SELECT rowid AS seq, start, end, {_col(r, 'globalTid', 'tid')},
             {_col(r, 'globalTid', 'pid', PID_OF.format(col='globalTid'))},
-            {_col(r, 'correlationId', 'correlation')}, nameId AS name_id FROM main.{RUNTIME}"""
+            {_col(r, 'correlationId', 'correlation')}, nameId AS name_id FROM main.{RUNTIME} WHERE end >= start"""
         )
         present.add("api")
     else:
