@@ -20,10 +20,13 @@ _UNITS = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
 
 def parse_duration(text: str) -> int:
     """'100us', '1.5ms', '2s', '500000' (ns) -> integer nanoseconds."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(ns|us|ms|s)?\s*", text)
+    m = re.fullmatch(r"\s*([0-9]{0,15}\.?[0-9]{1,15})\s*(ns|us|ms|s)?\s*", text)
     if not m:
         raise click.BadParameter(f"{text!r}: expected a duration such as 100us, 2ms or 1s")
-    return int(float(m.group(1)) * _UNITS[m.group(2) or "ns"])
+    value = int(float(m.group(1)) * _UNITS[m.group(2) or "ns"])
+    if value >= 1 << 62:
+        raise click.BadParameter(f"{text!r}: longer than any trace (at most about 146 years)")
+    return value
 
 
 @click.group()
@@ -212,9 +215,13 @@ def capture(tool: str, out: Path | None, dry_run: bool, capture_range: bool, del
     from profkit.capture.run import main_interrupt_safe, run_capture
 
     folder = out or Path(time.strftime("capture-%Y%m%d-%H%M%S"))
+    try:
+        server_words, bench_words = shlex.split(server_args), shlex.split(bench_args)
+    except ValueError as exc:
+        raise ProfkitError(f"--server-args/--bench-args: {exc} (quote as in a shell)") from None
     opts = CaptureOptions(out=folder, tool=tool, nsys=nsys_exe, vllm=vllm_exe, capture_range=capture_range,
                           delay_s=delay, duration_s=duration, timeout_s=timeout, bench_cmd=list(command),
-                          model=model, server_args=shlex.split(server_args), bench_args=shlex.split(bench_args),
+                          model=model, server_args=server_words, bench_args=bench_words,
                           port=port, health_timeout_s=health_timeout)
     try:
         plan = plan_serve(opts) if list(command) == ["serve"] else plan_offline(opts)

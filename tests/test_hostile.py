@@ -207,3 +207,49 @@ def test_rows_ending_before_they_start_are_left_out_and_said(tmp_path: Path, sql
     assert all(k["min_ns"] >= 0 and k["total_ns"] >= 0 for k in doc["kernels"])
     assert 0 <= doc["gpu"]["utilization"] <= 1
     assert "TRACE INCONSISTENT: 7 kernel rows" in profkit("report", str(trace)).stdout
+
+
+KINETO_MUTATIONS = {
+    "dur is a string": lambda d, k: d["traceEvents"][k].__setitem__("dur", "long"),
+    "ts past int64": lambda d, k: d["traceEvents"][k].__setitem__("ts", 1e20),
+    "ts NaN": lambda d, k: d["traceEvents"][k].__setitem__("ts", "NaN"),
+    "args a list": lambda d, k: d["traceEvents"][k].__setitem__("args", [1, 2]),
+    "device a string": lambda d, k: d["traceEvents"][k]["args"].__setitem__("device", "gpu0"),
+    "negative duration": lambda d, k: d["traceEvents"][k].__setitem__("dur", -50),
+    "deviceProperties a string": lambda d, k: d.__setitem__("deviceProperties", "x"),
+    "driver version junk": lambda d, k: d.__setitem__("cuda_driver_version", "²"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(KINETO_MUTATIONS))
+def test_kineto_fields_of_the_wrong_type(tmp_path: Path, case: str) -> None:
+    """One real kernel event (or header field) of the torch trace mutated: the report runs, the event is
+    left out and counted, every number stays plausible."""
+    import gzip
+
+    from tests.conftest import FIXTURES
+
+    with gzip.open(FIXTURES / "h100_toy" / "torch_graphs_b16.json.gz") as f:
+        doc = json.load(f)
+    k = next(i for i, e in enumerate(doc["traceEvents"]) if e.get("cat") == "kernel")
+    KINETO_MUTATIONS[case](doc, k)
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(doc))
+    r = profkit("report", str(path), "--format", "json")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    header_case = case.startswith(("deviceProperties", "driver"))
+    assert ("inconsistent" in rep["source"]) != header_case
+    assert all(k["min_ns"] >= 0 for k in rep["kernels"]) and 0 <= rep["gpu"]["utilization"] <= 1
+
+
+def test_deep_json_and_cli_numbers(tmp_path: Path, sqlite_path) -> None:
+    deep = tmp_path / "deep.json"
+    deep.write_text('{"traceEvents": [], "meta": ' + "[" * 200000 + "]" * 200000 + "}")
+    one_clear_line(profkit("report", str(deep)), "nested too deeply")
+    trace = str(sqlite_path("eager_b1"))
+    r = profkit("report", trace, "--gap-threshold", "99999999999999999999999s")
+    assert r.returncode == 2 and "longer than any trace" in r.stderr and "Traceback" not in r.stderr
+    one_clear_line(profkit("report", trace, "--window", "1:99999999999999999999999"), "63 bits")
+    one_clear_line(profkit("capture", "--dry-run", "serve", "--model", "m", "--server-args", "--x 'open"),
+                   "No closing quotation")

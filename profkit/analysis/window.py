@@ -104,6 +104,8 @@ def choose_window(trace: Trace, spec: str, phases: list[dict] | None = None) -> 
         start, end = int(m.group(1)), int(m.group(2))
         if end <= start:
             raise ProfkitError(f"--window {spec}: the end must come after the start")
+        if end >= 1 << 63:
+            raise ProfkitError(f"--window {spec}: past any trace timestamp (nanoseconds fit in 63 bits)")
         return Window(start, end, "explicit", f"{start} ns to {end} ns as given")
     raise ProfkitError(f"--window {spec!r}: expected all, auto, nvtx:NAME or START_NS:END_NS")
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import gzip
 import io
 import itertools
+import math
 import multiprocessing
 import os
 import re
@@ -71,15 +72,24 @@ CREATE INDEX api_corr ON api (correlation);
 """
 
 
-def _ns(us: Any) -> int:
-    return int(round(float(us) * 1000))
+TS_LIMIT_US = 9.0e15  # microseconds: in nanoseconds still an int64 (SQLite INTEGER)
+
+
+def _ns(us: Any) -> int | None:
+    """Microseconds (a number) -> integer nanoseconds; None for anything else (a string, NaN, huge)."""
+    if type(us) not in (int, float) or not math.isfinite(us) or abs(us) >= TS_LIMIT_US:
+        return None
+    return int(round(us * 1000))
 
 
 def _int(v: Any) -> int | None:
-    try:
-        return int(v)
-    except (TypeError, ValueError):
+    if isinstance(v, bool):
         return None
+    try:
+        i = int(v)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return i if -(1 << 62) < i < (1 << 62) else None
 
 
 class _Loader:
@@ -92,6 +102,7 @@ class _Loader:
                                                            "nvtx", "cpu_ops")}
         self.counts: dict[str, int] = {t: 0 for t in self.rows}
         self.saved_names = 0  # names[:saved_names] are in the strings table
+        self.skipped = 0  # events whose fields are not what Kineto writes (a string time, no device, ...)
 
     def name_id(self, name: str) -> int:
         nid = self.names.get(name)
@@ -104,9 +115,15 @@ class _Loader:
         """One event, with the four `args` fields profkit reads."""
         if ph != "X" or ts is None:
             return
-        start = _ns(ts)
-        end = start + _ns(dur or 0)
+        start, length = _ns(ts), _ns(dur or 0)
+        if start is None or length is None or length < 0:
+            self.skipped += 1
+            return
+        end = start + length
         name = str(name or "")
+        if cat in ("kernel", "gpu_memcpy", "gpu_memset") and _int(device) is None:
+            self.skipped += 1  # a GPU event must say which GPU
+            return
         if cat == "kernel":
             self._put("raw_kernels", (start, end, _int(device), _int(stream),
                                       _int(correlation), None, self.name_id(name)))
@@ -141,8 +158,13 @@ class _Loader:
                 continue
             cat = e.cat
             if cat == "cpu_op" or cat == "kernel" or cat == "cuda_runtime" or cat == "cuda_driver":
-                start = round(e.ts * 1000)
-                end = start + round((e.dur or 0.0) * 1000)
+                ts, dur = e.ts, e.dur or 0.0
+                if not (-TS_LIMIT_US < ts < TS_LIMIT_US and 0 <= dur < TS_LIMIT_US) or (
+                        cat == "kernel" and (e.args is None or e.args.device is None)):
+                    self.skipped += 1  # NaN fails the comparisons too
+                    continue
+                start = round(ts * 1000)
+                end = start + round(dur * 1000)
                 name = e.name or ""
                 nid = names.get(name)
                 if nid is None:
@@ -490,13 +512,22 @@ def open_kineto(path: Path) -> Trace:
     except TraceError:
         _discard(conn, db)
         raise
+    except RecursionError:
+        _discard(conn, db)
+        raise TraceError(f"{path}: JSON nested too deeply: not a torch.profiler trace") from None
+    except BaseException:
+        _discard(conn, db)  # no temporary database left behind, whatever stopped the load
+        raise
     if loader.counts["raw_kernels"] == 0:
         _discard(conn, db)
         raise TraceError(f"{path}: the trace has no GPU kernels (was the profiler run with CUDA activities?)")
     present = {"kernels", "strings"} | {rel for rel, t in (("memops", "raw_memops"), ("api", "raw_api"),
                                                            ("sync", "raw_sync"), ("nvtx", "nvtx"),
                                                            ("cpu_ops", "cpu_ops")) if loader.counts[t]}
-    return Trace(conn=conn, path=path, kind="torch-trace", meta=_meta(header), present=frozenset(present),
+    meta = _meta(header)
+    if loader.skipped:
+        meta["inconsistent"] = f"{loader.skipped} events with malformed fields (time, duration, device) left out"
+    return Trace(conn=conn, path=path, kind="torch-trace", meta=meta, present=frozenset(present),
                  db_file=Path(db), owns_db=True)
 
 
@@ -528,17 +559,18 @@ def _discard(conn: sqlite3.Connection, db: str) -> None:
 
 
 def _meta(header: dict[str, Any]) -> dict[str, Any]:
-    devices = header.get("deviceProperties") or []
+    devices = [d for d in header.get("deviceProperties") or [] if isinstance(d, dict)] \
+        if isinstance(header.get("deviceProperties"), list) else []
     meta: dict[str, Any] = {
         "tool": "torch.profiler (Kineto)",
         "tool_version": f"schema {header.get('schemaVersion')}" if "schemaVersion" in header else None,
-        "gpu": devices[0].get("name") if devices else None,
+        "gpu": str(devices[0].get("name"))[:200] if devices and devices[0].get("name") else None,
         "gpus": [{"id": d.get("id"), "name": d.get("name"), "memory_bytes": d.get("totalGlobalMem"),
                   "sm_count": d.get("numSms")} for d in devices],
         "base_time_ns": header.get("baseTimeNanoseconds"),
     }
-    if "cuda_driver_version" in header:
-        v = int(header["cuda_driver_version"])
+    v = _int(header.get("cuda_driver_version"))
+    if v is not None and v >= 0:
         meta["cuda_driver"] = f"{v // 1000}.{v % 1000 // 10}"
     dist = header.get("distributedInfo")
     if isinstance(dist, dict):
