@@ -7,6 +7,7 @@ import os
 import re
 import sqlite3
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -180,6 +181,22 @@ def emit(text: str, output: Path | None) -> None:
     click.echo(f"wrote {output}", err=True)
 
 
+def serve_run_options(fn: Callable) -> Callable:
+    """The options of a run that may serve (capture, tune): the model, both commands' flags, the port, the
+    waits, and the command after `--` (or `serve`)."""
+    for option in reversed([
+        click.option("--timeout", type=float, default=3600, show_default=True, help="seconds per step"),
+        click.option("--model", help="serve: the model to serve and benchmark"),
+        click.option("--server-args", default="", help='serve: flags for vllm serve, e.g. "--max-num-seqs 64"'),
+        click.option("--bench-args", default="", help='serve: flags for vllm bench serve, e.g. "--num-prompts 200"'),
+        click.option("--port", type=int, default=8000, show_default=True),
+        click.option("--health-timeout", type=float, default=600, show_default=True),
+        click.argument("command", nargs=-1, type=click.UNPROCESSED),
+    ]):
+        fn = option(fn)
+    return fn
+
+
 @cli.command(context_settings={"ignore_unknown_options": True})
 @click.option("--tool", type=click.Choice(["nsys", "torch", "both", "none"]), default="nsys", show_default=True,
               help="profiler to record with; none: an unprofiled run (benchmark result, logs, metrics, flags)")
@@ -192,13 +209,7 @@ def emit(text: str, output: Path | None) -> None:
 @click.option("--duration", type=float, help="nsys --duration seconds")
 @click.option("--nsys", "nsys_exe", default="nsys", show_default=True, help="nsys executable")
 @click.option("--vllm", "vllm_exe", default="vllm", show_default=True, help="vllm executable")
-@click.option("--timeout", type=float, default=3600, show_default=True, help="seconds per step")
-@click.option("--model", help="serve: the model to serve and benchmark")
-@click.option("--server-args", default="", help='serve: flags for vllm serve, e.g. "--max-num-seqs 64"')
-@click.option("--bench-args", default="", help='serve: flags for vllm bench serve, e.g. "--num-prompts 200"')
-@click.option("--port", type=int, default=8000, show_default=True)
-@click.option("--health-timeout", type=float, default=600, show_default=True)
-@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+@serve_run_options
 def capture(tool: str, out: Path | None, dry_run: bool, capture_range: bool, delay: float | None,
             duration: float | None, nsys_exe: str, vllm_exe: str, timeout: float, model: str | None,
             server_args: str, bench_args: str, port: int, health_timeout: float, command: tuple[str, ...]) -> None:
@@ -251,14 +262,8 @@ def capture(tool: str, out: Path | None, dry_run: bool, capture_range: bool, del
               help="tune folder (default: tune-YYYYmmdd-HHMMSS)")
 @click.option("--dry-run", is_flag=True, help="print the baseline run, the settings and the flags tune may change")
 @click.option("--nsys", "nsys_exe", default="nsys", show_default=True)
-@click.option("--timeout", type=float, default=3600, show_default=True, help="seconds per step")
-@click.option("--model", help="serve: the model")
-@click.option("--server-args", default="", help="serve: flags for vllm serve")
-@click.option("--bench-args", default="", help="serve: flags for vllm bench serve")
-@click.option("--port", type=int, default=8000, show_default=True)
-@click.option("--health-timeout", type=float, default=600, show_default=True)
 @click.option("--rules", "rules_dirs", type=click.Path(file_okay=False, path_type=Path), multiple=True)
-@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+@serve_run_options
 def tune(budget: int, objective: str, slos: tuple[str, ...], profile: str, replicates: int, patience: int,
          out: Path | None,
          dry_run: bool, nsys_exe: str, timeout: float, model: str | None, server_args: str, bench_args: str,
