@@ -300,6 +300,9 @@ def tune(budget: int, objective: str, slos: tuple[str, ...], profile: str, repli
     click.echo(f"profkit: tune folder {folder} (tune.json, tune.md, tune.html, runs/)", err=True)
     if doc["stopped"].startswith("interrupted"):
         sys.exit(130)
+    if doc["stopped"].startswith("error: "):
+        click.echo(f"profkit: error: {one_line(doc['stopped'][7:], 600)}", err=True)
+        sys.exit(1)
 
 
 @cli.group()

@@ -183,3 +183,29 @@ def test_dry_run_shows_the_allow_list(env, tmp_path: Path) -> None:
     bad = subprocess.run([sys.executable, "-m", "profkit.cli", "tune", "--slo", "p99_ttft_ms<+5%", "--", "vllm",
                           "bench", "throughput"], capture_output=True, text=True, env=env, timeout=60)
     assert bad.returncode == 1 and bad.stderr.strip().startswith("profkit: error: --slo")
+
+
+def test_an_error_mid_run_stops_the_loop_and_keeps_what_was_measured(env, tmp_path: Path) -> None:
+    """A rule file broken while the tune runs (as happened on the GPU box): the loop stops with the error in
+    tune.json and on stderr, exit 1, and the runs done so far are kept."""
+    from profkit.errors import ProfkitError
+    from profkit.tune.loop import Run, TuneOptions, Tuner, user_from_cli
+
+    calls = []
+
+    def executor(plan, rules_dirs, say):
+        calls.append(plan.out)
+        if len(calls) == 2:
+            raise ProfkitError("rules/x.yaml:1: when: unknown fact 'gpu.busy'")
+        plan.out.mkdir(parents=True)
+        report = {"vllm": {"bench": {"requests_per_second": 10.0}}, "facts": {}, "findings": []}
+        return Run(plan.out, "ok", False, report=report)
+
+    opts = TuneOptions(out=tmp_path / "t", user=user_from_cli(["serve"], "/tmp/tiny", "", "", 8000),
+                       profile="never")
+    doc = Tuner(opts, executor=executor).run()
+    assert doc["stopped"] == "error: rules/x.yaml:1: when: unknown fact 'gpu.busy'"
+    assert json.loads((tmp_path / "t" / "tune.json").read_text())["stopped"] == doc["stopped"]
+    assert doc["runs_used"] == 2 and doc["best"] is None
+    step = doc["steps"][0]  # the one baseline run measured before the error
+    assert (step["kind"], step["decision"], step["objective"]) == ("baseline", "incomplete", 10.0)

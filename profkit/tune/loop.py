@@ -199,6 +199,7 @@ class Tuner:
         self.noise: dict[str, Any] = {}
         self.stopped = ""
         self.started = time.time()
+        self.pending: list[Run] = []  # the baseline's runs until its step is written
 
     # runs ----------------------------------------------------------------------------------------------
     def _run(self, user: UserCommand, label: str, profiled: bool) -> Run:
@@ -236,6 +237,10 @@ class Tuner:
                 self._search()
         except KeyboardInterrupt:
             self.stopped = "interrupted (Ctrl-C): the best configuration so far is kept"
+        except ProfkitError as exc:  # e.g. a rule file that no longer loads: say so, keep what was measured
+            self.stopped = f"error: {exc}"
+        if self.baseline is None and self.pending:  # stopped inside the baseline: its runs still count
+            self._step("baseline", Config(self.opts.user), self.pending, "incomplete", self.stopped)
         return self.save()
 
     def _baseline(self) -> None:
@@ -252,10 +257,11 @@ class Tuner:
             run = self._run(opts.user, "baseline" if i == 0 else f"baseline-replicate-{i}",
                             profiled=opts.profile == "always")
             if run.status != "ok":
-                self._step("baseline", base, [run], "failed", f"the baseline run failed: {run.error}")
+                self._step("baseline", base, [*base.runs, run], "failed", f"the baseline run failed: {run.error}")
                 self.stopped = "the baseline did not run"
                 return
             base.runs.append(run)
+            self.pending = list(base.runs)
             base.diagnosis.append(run.report)
         if self._objective(base) is None:
             self.stopped = f"the baseline's benchmark has no {opts.objective!r}"
@@ -268,6 +274,7 @@ class Tuner:
                       "how": "(max - min) / mean of the baseline's runs; a candidate must move the objective "
                              "beyond it (or beyond 2 % when the replicates happen to agree closely)"}
         self.baseline = self.best = base
+        self.pending = []
         self._step("baseline", base, base.runs, "baseline",
                    f"{len(values)} run(s); objective {opts.objective} = {mean:.4g}"
                    + (f", spread {100 * spread:.1f} %" if spread is not None else ""))
