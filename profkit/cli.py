@@ -14,7 +14,7 @@ import click
 
 from profkit import __version__
 from profkit.errors import ProfkitError
-from profkit.inputs import one_line
+from profkit.inputs import one_line, refuse_overwrite
 
 _UNITS = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
 
@@ -77,7 +77,7 @@ def report(trace: Path | None, window: str, fmt: str, output: Path | None, gap_t
                            vllm_args=vllm_args, rules_dirs=list(rules_dirs), host=host_json)
     inputs = [p for p in (trace, bench, vllm_log, host_json, *metrics) if p is not None]
     if output:
-        refuse_input(output, inputs)
+        refuse_overwrite(output, inputs)
     if save_db:
         from profkit.compare.history import save_run
 
@@ -108,7 +108,7 @@ def diff_cmd(before: str, after: str, fmt: str, output: Path | None, noise: str,
     conditions = [parse_condition(c) for c in fail_on]  # bad conditions fail before any work
     threshold = _parse_share(noise, "--noise")
     if output:
-        refuse_input(output, [Path(before.rsplit(":", 1)[0]), Path(after.rsplit(":", 1)[0]), Path(before),
+        refuse_overwrite(output, [Path(before.rsplit(":", 1)[0]), Path(after.rsplit(":", 1)[0]), Path(before),
                               Path(after)])
     doc = diff(before, after, noise=threshold)
     failed = check(doc, conditions)
@@ -140,20 +140,6 @@ def _parse_share(text: str, option: str) -> float:
     if not 0 <= value < 1:
         raise click.BadParameter(f"{text!r}: expected a share below 100 %", param_hint=option)
     return value
-
-
-def refuse_input(output: Path, inputs: list[Path]) -> None:
-    """An output never lands on an input (the same file through a symlink or a hard link too)."""
-    if output.exists() and not output.is_file() and not output.is_symlink():
-        raise ProfkitError(f"{output}: not a regular file; refusing to write the output there")
-    for p in inputs:
-        try:
-            same = output.exists() and p.exists() and os.path.samefile(output, p)
-        except OSError:
-            same = False
-        if same or (p.is_dir() and output.resolve().is_relative_to(p.resolve()) and output.name in (
-                "trace.sqlite", "manifest.json", "bench.json")):
-            raise ProfkitError(f"{output}: is one of the inputs ({p}); refusing to write the output over it")
 
 
 def emit(text: str, output: Path | None) -> None:

@@ -6,6 +6,7 @@ Every reader of user files goes through `require_file` / `read_text`.
 
 from __future__ import annotations
 
+import os
 import stat
 from pathlib import Path
 
@@ -55,3 +56,29 @@ def read_text(path: Path, what: str) -> str:
     if b"\x00" in data[:65536]:
         raise ProfkitError(f"{path}: binary data, not a {what}")
     return data.decode("utf-8", errors="replace")
+
+
+# Files of a capture folder that an output must not replace when the folder itself is the input.
+CAPTURE_FILES = ("trace.sqlite", "manifest.json", "bench.json")
+
+
+def refuse_overwrite(output: Path, inputs: list[Path], what: str = "output") -> None:
+    """An output never lands on an input: the same path, the same file through a symlink or a hard link,
+    or a capture folder's own files."""
+    output = Path(output)
+    if output.is_dir():
+        raise ProfkitError(f"{output}: is a directory, not a file; refusing to write the {what} there")
+    if output.exists() and not output.is_file():
+        raise ProfkitError(f"{output}: not a regular file; refusing to write the {what} there")
+    for inp in (Path(i) for i in inputs):
+        same = os.path.realpath(output) == os.path.realpath(inp)
+        if not same and output.exists() and inp.exists():
+            try:
+                same = os.path.samefile(output, inp)
+            except OSError:
+                same = False
+        if not same and inp.is_dir() and output.name in CAPTURE_FILES:
+            same = Path(os.path.realpath(output)).is_relative_to(os.path.realpath(inp))
+        if same:
+            shown = "" if str(inp) == str(output) else f" ({inp})"
+            raise ProfkitError(f"{output}: is one of the inputs{shown}; refusing to write the {what} over it")

@@ -39,6 +39,7 @@ def test_fifo_and_devices_are_refused_without_hanging(tmp_path: Path, option: st
     one_clear_line(profkit("report", *args, timeout=30), "not a regular file")
     if option == "TRACE":
         one_clear_line(profkit("report", "/dev/zero", timeout=30), "not a regular file")
+        one_clear_line(profkit("diff", str(fifo), str(fifo), timeout=30), "not a regular file")  # a diff side
 
 
 def test_rule_file_fifo_alias_bomb_and_wrong_shapes(tmp_path: Path, sqlite_path) -> None:

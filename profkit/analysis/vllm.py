@@ -261,19 +261,19 @@ def vllm_evidence(bench: Path | None = None, log: Path | None = None, metrics: l
     section: dict[str, Any] = {}
     if bench:
         try:
-            data = json.loads(_read(bench, "benchmark JSON"))
+            data = json.loads(read_text(Path(bench), "benchmark JSON"))
         except (json.JSONDecodeError, RecursionError) as exc:
             raise ProfkitError(f"{bench}: not a benchmark JSON ({one_line(exc, 120)})") from None
         if not isinstance(data, dict):
             raise ProfkitError(f"{bench}: not a benchmark JSON (expected an object, got a {type(data).__name__})")
         section["bench"] = parse_bench(data)
-    log_info = parse_log(_read(log, "vLLM log")) if log else {}
+    log_info = parse_log(read_text(Path(log), "vLLM log")) if log else {}
     if log:
         section["log"] = log_info
     if metrics:
         snaps = []
         for p in metrics:
-            text = _read(p, "metrics file")
+            text = read_text(Path(p), "metrics file")
             try:
                 snaps.append(parse_metrics(text))
             except ProfkitError as exc:
@@ -281,14 +281,9 @@ def vllm_evidence(bench: Path | None = None, log: Path | None = None, metrics: l
         section["metrics"] = snaps[-1]
         if len(snaps) > 1:  # before/after scrapes: counters over the benchmark are the difference
             section["metrics_delta"] = {k: v - snaps[0].get(k, 0.0) for k, v in snaps[-1].items()}
-    flags = parse_args(args) if args else {}
-    section["flags"] = flags
-    section["config"] = config_facts(flags, log_info, gpu)
+    section["flags"] = parse_args(args) if args else {}
+    set_gpu_defaults(section, gpu)
     return section
-
-
-def _read(path: Path, what: str) -> str:
-    return read_text(Path(path), what)
 
 
 def vllm_facts(section: dict[str, Any]) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from typing import Any
 
 from profkit.compare import metrics as m
 from profkit.errors import ProfkitError
+from profkit.inputs import one_line, read_text, require_file
 
 SCHEMA = "profkit.diff/1"
 REPORT_SCHEMA = "profkit.report/1"
@@ -54,6 +55,7 @@ def _is_capture_folder(p: Path) -> bool:
 
 def _report_json(path: Path) -> dict[str, Any] | None:
     """A saved report document, or None when the file is not JSON (then it may be a torch trace)."""
+    require_file(path, "diff side")  # a FIFO or a device would block the read below
     try:
         with path.open("rb") as f:
             head = f.read(4096).lstrip()
@@ -62,9 +64,9 @@ def _report_json(path: Path) -> dict[str, Any] | None:
     if not head.startswith(b"{") or b'"schema"' not in head:
         return None
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ProfkitError(f"{path}: not valid JSON ({' '.join(str(exc).split())[:120]})") from None
+        doc = json.loads(read_text(path, "report JSON"))
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise ProfkitError(f"{path}: not valid JSON ({one_line(exc, 120)})") from None
     if not isinstance(doc, dict):
         return None
     schema = doc.get("schema")

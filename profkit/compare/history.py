@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import sqlite3
 import unicodedata
@@ -22,6 +21,7 @@ import sqlite_utils
 from profkit import __version__
 from profkit.compare.metrics import HEADLINE_FACTS, OUTCOME, effective_flags, run_metrics
 from profkit.errors import ProfkitError
+from profkit.inputs import refuse_overwrite
 from profkit.render import units
 
 SCHEMA = "profkit.history/1"
@@ -48,20 +48,6 @@ SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
 # ---------------------------------------------------------------------------------------------- checks
-
-def _check_not_input(db_path: Path, inputs: list[Path] | None) -> None:
-    # Compare resolved paths as well as inodes: a symlink (or a not-yet-existing path) must not slip through.
-    for inp in inputs or []:
-        same = os.path.realpath(db_path) == os.path.realpath(inp)
-        if not same and db_path.exists() and Path(inp).exists():
-            try:
-                same = os.path.samefile(db_path, inp)
-            except OSError:
-                same = False
-        if same:
-            shown = "" if str(inp) == str(db_path) else f" ({inp})"
-            raise ProfkitError(f"{db_path}: is one of the inputs{shown}; refusing to write the history over it")
-
 
 def _ro_connect(db_path: Path) -> sqlite3.Connection:
     # mode=ro: checking (or reading) a file must never change it, whatever the file turns out to be.
@@ -206,7 +192,7 @@ def save_run(db_path: Path, report: dict, label: str | None = None, inputs: list
     db_path = Path(db_path)
     if not isinstance(report, dict) or not isinstance(report.get("source"), dict):
         raise ProfkitError(f"{db_path}: refusing to save: not a profkit.report/1 document")
-    _check_not_input(db_path, inputs)
+    refuse_overwrite(db_path, inputs or [], what="history")
     existed = db_path.exists()
     new = _validate(db_path, writing=True)
     run = _run_row(report, label)  # built before opening, so a report that cannot be encoded writes nothing
