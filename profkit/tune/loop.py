@@ -213,9 +213,7 @@ class Tuner:
         return run
 
     def _objective(self, config: Config) -> float | None:
-        values = [m.run_metrics(r).get(self.opts.objective) for r in config.reports()]
-        values = [v for v in values if v is not None]
-        return sum(values) / len(values) if values else None
+        return _mean_metric(config.reports(), self.opts.objective)
 
     def _step(self, kind: str, config: Config, runs: list[Run], decision: str, why: str,
               candidate: dict[str, Any] | None = None, comparison: dict[str, Any] | None = None) -> None:
