@@ -43,6 +43,13 @@ def read_host(path: Path) -> dict[str, Any]:
                       "cpu_mean": sum(samples) / len(samples), "cpu_p90": ordered[int(0.9 * (len(ordered) - 1))],
                       "cpu_max": ordered[-1], "saturated_share": sum(c >= SATURATED for c in samples) / len(samples),
                       "samples": len(samples)})
+    # host.json from before the capture relabelled it: with several API servers, the unnamed `vllm serve`
+    # root is their manager, not one of them
+    named = [p for p in procs if p["role"] == "api_server" and "apiserver" in p["name"].lower().replace("_", "")]
+    if named:
+        for p in procs:
+            if p["role"] == "api_server" and p not in named:
+                p["role"] = "other"
     gpus = data.get("gpus") if isinstance(data.get("gpus"), list) else []
     gpu = [pair[1] for g in gpus if isinstance(g, dict) and isinstance(g.get("util"), list)
            for pair in g["util"] if _number_pair(pair) and 0 <= pair[1] <= 1]

@@ -50,6 +50,17 @@ def role_of(name: str, tree: str, is_root: bool) -> str:
     return "other"
 
 
+def relabel_server_root(procs: list[dict[str, Any]], root: int | None) -> None:
+    """With --api-server-count N > 1 the `vllm serve` process only manages its VLLM::APIServer_N children:
+    it is not an API server itself (counting it would add one and dilute the busiest-server figure)."""
+    named = [p for p in procs if p["tree"] == "server" and p["pid"] != root
+             and ("apiserver" in p["name"].lower() or "api_server" in p["name"].lower())]
+    if named:
+        for p in procs:
+            if p["pid"] == root and p["role"] == "api_server":
+                p["role"] = "other"
+
+
 class HostSampler:
     """Samples the process trees under `roots` ({"server": pid, "client": pid}) until `stop()`."""
 
@@ -132,6 +143,7 @@ class HostSampler:
         if self.nvml:
             with contextlib.suppress(Exception):
                 self.nvml.nvmlShutdown()
+        relabel_server_root(list(self.procs.values()), self.roots.get("server"))
         return {
             "schema": SCHEMA, "interval_s": self.interval, "cores": os.cpu_count(),
             "duration_s": round(time.monotonic() - self.t0, 3),
