@@ -1,7 +1,10 @@
-"""Find the top-level `rules/` and `templates/` folders, installed or in a source tree."""
+"""Find the top-level `rules/` and `templates/` folders, installed or in a source tree; the process
+context every profkit process pool uses."""
 
 from __future__ import annotations
 
+import multiprocessing
+from multiprocessing.context import BaseContext
 from pathlib import Path
 
 _PACKAGE = Path(__file__).resolve().parent
@@ -13,3 +16,12 @@ def shipped_dir(name: str) -> Path:
         if candidate.is_dir():
             return candidate
     raise FileNotFoundError(f"profkit installation is missing its {name}/ folder")
+
+
+def process_context() -> BaseContext:
+    """forkserver (else spawn), never fork, for every pool profkit starts. A forked worker inherits the
+    parent's forkserver handle (started by an earlier Kineto decode) and fails on it with ECHILD when
+    it decodes a torch trace itself (`profkit diff` of two torch traces after a report in one process);
+    and the parent may already run threads (the gunzip prefetch)."""
+    methods = multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")

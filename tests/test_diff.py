@@ -96,6 +96,11 @@ def test_trace_sides_equal_report_json_sides(saved, sqlite_path) -> None:
 
 
 def test_torch_pair() -> None:
+    # A torch report first, in this process: its decode pool starts a forkserver. The diff's workers must
+    # not inherit that handle (forked workers failed on it with ECHILD, "No child processes").
+    from profkit.report import build_report
+
+    build_report(TORCH / "torch_eager_b1.json.gz")
     doc = diff(str(TORCH / "torch_eager_b1.json.gz"), str(TORCH / "torch_graphs_b16.json.gz"))
     assert doc["before"]["kind"] == doc["after"]["kind"] == "torch-trace"
     assert "launch-overhead" in doc["findings"]["resolved"]

@@ -24,6 +24,7 @@ from typing import Any
 from profkit.compare import metrics as m
 from profkit.errors import ProfkitError
 from profkit.inputs import one_line, read_text, require_file
+from profkit.resources import process_context
 
 SCHEMA = "profkit.diff/1"
 REPORT_SCHEMA = "profkit.report/1"
@@ -111,7 +112,7 @@ def load_sides(before: str, after: str, parallel: bool = True) -> tuple[Side, Si
     todo = [p for _, paths in plans for p in paths]
     built: dict[Path, dict[str, Any]] = {}
     if len(todo) > 1 and parallel and (os.cpu_count() or 1) > 1:
-        with ProcessPoolExecutor(max_workers=min(2, len(todo))) as pool:
+        with ProcessPoolExecutor(max_workers=min(2, len(todo)), mp_context=process_context()) as pool:
             built = dict(zip(todo, pool.map(_build, todo), strict=True))
     else:
         built = {p: _build(p) for p in todo}

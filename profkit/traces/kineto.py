@@ -15,7 +15,6 @@ import gzip
 import io
 import itertools
 import math
-import multiprocessing
 import os
 import re
 import shutil
@@ -33,6 +32,7 @@ import ijson
 import msgspec
 
 from profkit.errors import TraceError
+from profkit.resources import process_context
 from profkit.traces.model import Trace
 
 BATCH = 20_000
@@ -357,9 +357,7 @@ def _workers() -> int:
 def _load_parallel(path: Path, loader: _Loader, chunks: Iterator[tuple[bytes, bool]]) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="profkit-kineto-"))
     n_workers = _workers()
-    # forkserver/spawn, not fork: this process already runs the gunzip prefetch thread.
-    methods = multiprocessing.get_all_start_methods()
-    ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+    ctx = process_context()  # not fork: this process already runs the gunzip prefetch thread
     n, dbs = 0, set()
     try:
         try:
