@@ -70,7 +70,6 @@ def build_report(path: str | os.PathLike | None, window: str = "auto", gap_thres
     inputs = capture_folder_inputs(folder) if folder else {}
     trace_path = (trace_in_folder(folder) if folder else path) if path is not None else None
     host_file = host or inputs.get("host")
-    host_section = read_host(Path(host_file)) if host_file else None
     if trace_path is None and not (bench or vllm_log or metrics or vllm_args or host or inputs):
         where = f"{folder}: folder holds no trace and no vLLM evidence" if folder else "nothing to report"
         raise ProfkitError(f"{where} (give a trace, a capture folder, or --bench/--vllm-log/--metrics/--vllm-args)")
@@ -78,6 +77,8 @@ def build_report(path: str | os.PathLike | None, window: str = "auto", gap_thres
                              metrics=metrics or inputs.get("metrics"), args=vllm_args or inputs.get("args"))
     given = (UserCommand([parse_command_text(vllm_args)], "--vllm-args") if vllm_args
              else inputs.get("user_command"))
+    host_section = (read_host(Path(host_file), (evidence.get("bench") or {}).get("elapsed_s"))
+                    if host_file else None)
     rules = load_rules(rules_dirs)  # validate the rules before spending time on the trace
     if trace_path is None:
         report = evidence_only_report(folder)

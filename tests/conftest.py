@@ -59,3 +59,15 @@ def report_all(sqlite_path):
         return cache[name]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def h100_tune(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Real `profkit tune` folders and default-config captures from the H100 (tests/data/h100_tune.tar.xz;
+    its README says what each is)."""
+    import tarfile
+
+    folder = tmp_path_factory.mktemp("h100_tune")
+    with tarfile.open(Path(__file__).parent / "data" / "h100_tune.tar.xz") as tar:
+        tar.extractall(folder, filter="data")
+    return folder / "h100_tune"

@@ -119,3 +119,62 @@ def test_several_api_servers_count_without_their_manager(tmp_path: Path) -> None
     # one API server: the root serves HTTP itself and stays one
     relabel_server_root(single := [proc(10, "vllm serve /tmp/tiny", "api_server", 1.0)], 10)
     assert single[0]["role"] == "api_server"
+
+
+# --- real H100 runs (vLLM 0.26.0, 1000 prompts random 1024/256, rate inf): tests/data/h100_tune.tar.xz
+
+
+def _window_mean(host_json: Path, bench_json: Path, role: str) -> tuple[float, float]:
+    """Independently of profkit: the busiest `role` process's mean CPU and saturated share over the
+    benchmark's measured duration (+1 s) ending at the client's last sample."""
+    host = json.loads(host_json.read_text())
+    duration = json.loads(bench_json.read_text())["duration"]
+    end = max(t for p in host["processes"] if p["role"] == "bench_client" for t, _ in p["cpu"])
+    best = (0.0, 0.0)
+    for p in host["processes"]:
+        if p["role"] == role:
+            xs = [c for t, c in p["cpu"] if end - duration - 1.0 <= t <= end]
+            best = max(best, (sum(xs) / len(xs), sum(c >= 0.9 for c in xs) / len(xs)))
+    return best
+
+
+def test_real_defaults_run_is_frontend_bound_over_the_benchmark_window(h100_tune: Path) -> None:
+    """vLLM's defaults on the H100: the API server sits at a full core for the whole benchmark (and keeps
+    streaming 14 s after the engine core went idle) while the GPU is busy ~27 %. Over all 67 s of samples,
+    34 of them the client building prompts, the same server read 0.48 cores and nothing fired."""
+    from profkit.report import build_report
+
+    run = h100_tune / "s1" / "runs" / "03-kv-preemption"
+    whole = read_host(run / "host.json")
+    assert whole["roles"]["api_server"]["saturated_share"] < 0.5  # the dilution this guards against
+    rep = build_report(run)
+    f = rep["facts"]
+    api_cpu, api_sat = _window_mean(run / "host.json", run / "bench.json", "api_server")
+    assert f["host.api_server_cpu"] == pytest.approx(api_cpu)
+    assert f["host.api_server_saturated_share"] == pytest.approx(api_sat)
+    assert api_sat > 0.9 and f["gpu.busy"] < 0.35 and f["host.cores"] == 16 and f["host.api_server_count"] == 1
+    w = rep["host"]["window_s"]
+    assert w[1] - w[0] == pytest.approx(json.loads((run / "bench.json").read_text())["duration"] + 1.0)
+    finding = next(x for x in rep["findings"] if x["rule"] == "frontend-bound")
+    # ceil(1 API server / 27 % GPU busy) = 4, a quarter of the 16 cores: what the issue measured as 1.7-2.3x
+    assert [(c["flag"], c["to"]) for c in finding["changes"]] == [("--api-server-count", 4)]
+    assert {"client-bound", "engine-core-bound"}.isdisjoint(x["rule"] for x in rep["findings"])
+    assert rep["command"]["suggested_argv"][0][-2:] == ["--api-server-count", "4"]
+
+
+def test_real_kv_capped_run_is_engine_bound_and_frontend_quiet(h100_tune: Path) -> None:
+    """The control: a 300 MB KV cache (158 preemptions) keeps the engine core at a full core rescheduling;
+    the API server is not the limit there and frontend-bound stays quiet."""
+    from profkit.report import build_report
+
+    run = h100_tune / "s1" / "runs" / "01-baseline"
+    rep = build_report(run)
+    f = rep["facts"]
+    core_cpu, core_sat = _window_mean(run / "host.json", run / "bench.json", "engine_core")
+    assert f["host.engine_core_saturated_share"] == pytest.approx(core_sat) and core_sat > 0.9
+    assert f["host.api_server_saturated_share"] < 0.1
+    rules = [x["rule"] for x in rep["findings"]]
+    assert "frontend-bound" not in rules and rules[0] == "kv-preemption"
+    assert f["vllm.preemptions"] == 158
+    # the busy engine core is said, but with preemptions the KV cache is the fix, not bigger steps
+    assert next(x for x in rep["findings"] if x["rule"] == "engine-core-bound")["changes"] == []

@@ -2,6 +2,12 @@
 
 A process at one core is saturated: vLLM's API server, engine core and the benchmark client are
 single-threaded Python (the GIL), so one of them near 100 % of a core while the GPU waits is the limit.
+
+Only the benchmark itself counts. The sampler runs from the client's start to its exit, and `vllm bench
+serve` spends a while before the benchmark building its prompts (34 of 67 s on the H100 run of 1000
+random 1024-token prompts: the client at one core, the server idle) and a moment after it writing results.
+Averaged over all of it, an API server that was at a full core for the whole benchmark read 0.48 cores.
+The benchmark's own duration (bench.json), ending when the client's last sample was taken, is the window.
 """
 
 from __future__ import annotations
@@ -19,8 +25,14 @@ SATURATED = 0.9  # of one core: a single-threaded Python process cannot use more
 ROLES = ("api_server", "engine_core", "worker", "bench_client", "frontend")
 
 
-def read_host(path: Path) -> dict[str, Any]:
-    """host.json -> the `host` section: per role, CPU use (cores) and how often a process was saturated."""
+WINDOW_SLACK_S = 1.0  # the client prints and saves its results after the measured duration
+
+
+def read_host(path: Path, bench_seconds: float | None = None) -> dict[str, Any]:
+    """host.json -> the `host` section: per role, CPU use (cores) and how often a process was saturated.
+
+    `bench_seconds` (the benchmark's measured duration) narrows the samples to the benchmark: the last
+    `bench_seconds` (+ slack) before the client's last sample."""
     try:
         data = json.loads(read_text(path, "host samples"))
     except (json.JSONDecodeError, RecursionError) as exc:
@@ -29,13 +41,16 @@ def read_host(path: Path) -> dict[str, Any]:
         raise ProfkitError(f"{path}: not a {SCHEMA} document")
     procs = []
     skipped = 0
-    for p in data.get("processes") if isinstance(data.get("processes"), list) else []:
+    listed = data.get("processes") if isinstance(data.get("processes"), list) else []
+    window = bench_window(listed, bench_seconds)
+    for p in listed:
         if not isinstance(p, dict) or not isinstance(p.get("role"), str):
             skipped += 1
             continue
         raw = p.get("cpu") if isinstance(p.get("cpu"), list) else []
-        samples = [pair[1] for pair in raw if _number_pair(pair) and pair[1] >= 0]
-        skipped += len(raw) - len(samples)
+        valid = [pair for pair in raw if _number_pair(pair) and pair[1] >= 0]
+        skipped += len(raw) - len(valid)
+        samples = [v for t, v in valid if window is None or window[0] <= t <= window[1]]
         if not samples:
             continue
         ordered = sorted(samples)
@@ -52,7 +67,8 @@ def read_host(path: Path) -> dict[str, Any]:
                 p["role"] = "other"
     gpus = data.get("gpus") if isinstance(data.get("gpus"), list) else []
     gpu = [pair[1] for g in gpus if isinstance(g, dict) and isinstance(g.get("util"), list)
-           for pair in g["util"] if _number_pair(pair) and 0 <= pair[1] <= 1]
+           for pair in g["util"] if _number_pair(pair) and 0 <= pair[1] <= 1
+           and (window is None or window[0] <= pair[0] <= window[1])]
     roles: dict[str, Any] = {}
     for role in ROLES:
         mine = [p for p in procs if p["role"] == role]
@@ -63,9 +79,23 @@ def read_host(path: Path) -> dict[str, Any]:
                            "cpu_total_mean": sum(p["cpu_mean"] for p in mine)}
     cores = data.get("cores")
     return {"file": str(path), "cores": cores if isinstance(cores, int) and 0 < cores < 1 << 20 else None,
-            "duration_s": data.get("duration_s"), "interval_s": data.get("interval_s"), "processes": procs,
+            "duration_s": data.get("duration_s"), "interval_s": data.get("interval_s"),
+            "window_s": list(window) if window else None, "processes": procs,
             "roles": roles, "gpu_util_mean": sum(gpu) / len(gpu) if gpu else None,
             "skipped_samples": skipped}
+
+
+def bench_window(processes: list[Any], bench_seconds: float | None) -> tuple[float, float] | None:
+    """[start, end] of the benchmark in host.json's clock: its measured duration (+ slack) ending at the
+    client's (or offline front end's) last sample. None (every sample) when either is unknown."""
+    if not isinstance(bench_seconds, (int, float)) or not math.isfinite(bench_seconds) or bench_seconds <= 0:
+        return None
+    ends = [pair[0] for p in processes if isinstance(p, dict) and p.get("role") in ("bench_client", "frontend")
+            and isinstance(p.get("cpu"), list) for pair in p["cpu"] if _number_pair(pair)]
+    if not ends:
+        return None
+    end = max(ends)
+    return (max(0.0, end - bench_seconds - WINDOW_SLACK_S), end)
 
 
 def _number_pair(pair: Any) -> bool:
