@@ -209,3 +209,58 @@ def test_an_error_mid_run_stops_the_loop_and_keeps_what_was_measured(env, tmp_pa
     assert doc["runs_used"] == 2 and doc["best"] is None
     step = doc["steps"][0]  # the one baseline run measured before the error
     assert (step["kind"], step["decision"], step["objective"]) == ("baseline", "incomplete", 10.0)
+
+
+# --- real runs on the H100 (tests/data/h100_tune.tar.xz): what `profkit tune` wrote there
+
+
+def _rps(run: Path) -> float:
+    return json.loads((run / "bench.json").read_text())["request_throughput"]
+
+
+@pytest.mark.parametrize("scenario, kept_rule, flag", [("s1", "kv-preemption", "--kv-cache-memory-bytes"),
+                                                        ("s3", "batch-cap", "--max-num-seqs")])
+def test_real_tune_folders_agree_with_their_runs_and_render(h100_tune: Path, tmp_path: Path, scenario: str,
+                                                           kept_rule: str, flag: str) -> None:
+    """A planted misconfiguration undone on the H100: each step's objective is its runs' own bench.json,
+    the kept change is the one that removes the planted flag, and the winning server command is vLLM's
+    defaults (what the defaults capture ran)."""
+    from profkit.tune.render import render_tune
+    from tests.test_html import assert_not_blank, browse
+
+    folder = h100_tune / scenario
+    doc = json.loads((folder / "tune.json").read_text())
+    assert doc["schema"] == "profkit.tune/1"
+    base, *cands = doc["steps"]
+    base_runs = [h100_tune / r["folder"] for r in base["runs"]]
+    assert base["objective"] == pytest.approx(sum(map(_rps, base_runs)) / len(base_runs))
+    for step in cands:
+        assert step["objective"] == pytest.approx(_rps(h100_tune / step["runs"][0]["folder"]))
+    kept = [s for s in cands if s["decision"] == "keep"]
+    assert [s["candidate"]["rule"] for s in kept] == [kept_rule]
+    assert kept[0]["objective"] > 3 * base["objective"]
+    server = doc["best"]["argv"][0]
+    defaults = json.loads((h100_tune / "def_serve" / "manifest.json").read_text())["user_commands"][0]
+    assert server == defaults and flag not in server
+    html = tmp_path / "tune.html"
+    html.write_text(render_tune(doc, "html"), encoding="utf-8")
+    dom, log, shot = browse(html, tmp_path)
+    assert f"{kept[0]['objective']:.2f}" in dom and kept_rule in dom and "CONSOLE" not in log
+    assert_not_blank(shot)
+    md = render_tune(doc, "md")
+    assert f"{base['objective']:.2f}" in md or f"{base['objective']:.4g}" in md
+
+
+def test_real_tune_cut_off_mid_run_still_reports(h100_tune: Path) -> None:
+    """s2's machine went back after 30 minutes while its fourth run ran: tune.json as last written (after
+    the profiled run and both baselines) still renders, and says the loop did not finish."""
+    from profkit.tune.render import render_tune
+
+    doc = json.loads((h100_tune / "s2" / "tune.json").read_text())
+    assert doc["stopped"] == "running" and doc["runs_used"] == 3
+    runs = [h100_tune / r["folder"] for r in doc["steps"][1]["runs"]]
+    rps = [json.loads((r / "bench.json").read_text())["requests_per_second"] for r in runs]
+    assert doc["steps"][1]["objective"] == pytest.approx(sum(rps) / 2)
+    text = render_tune(doc, "text")
+    assert "not finished: tune.json was last written after run 3 of 5" in text
+    assert f"{sum(rps) / 2:.4g}" in text and "--enforce-eager" in text

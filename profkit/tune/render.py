@@ -42,10 +42,19 @@ def render_text(doc: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
+def stop_text(doc: dict[str, Any]) -> str:
+    """Why the loop stopped; a tune.json still saying "running" was left by a loop that is still going or
+    was killed (a machine taken away, SIGKILL): what it measured up to then is all there is."""
+    if doc.get("stopped") != "running":
+        return str(doc.get("stopped"))
+    return (f"not finished: tune.json was last written after run {doc.get('runs_used')} of {doc.get('budget')} "
+            "(the loop is still running, or its process was killed)")
+
+
 def render_tune(doc: dict[str, Any], fmt: str) -> str:
     from profkit.render.units import strip_controls
 
-    return strip_controls(_render_tune(doc, fmt))
+    return strip_controls(_render_tune({**doc, "stopped": stop_text(doc)}, fmt))
 
 
 def _render_tune(doc: dict[str, Any], fmt: str) -> str:
