@@ -7,14 +7,10 @@ import pandas as pd
 from profkit.analysis.stats import id_histogram, summarize
 from profkit.analysis.timeline import strip_api_version
 from profkit.analysis.window import Window
+from profkit.traces.apis import GRAPH_LAUNCH_APIS, LAUNCH_APIS, SYNC_APIS
 from profkit.traces.model import Trace
 
-LAUNCH_APIS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
-               "cudaLaunchCooperativeKernel", "cuLaunchCooperativeKernel")
-GRAPH_LAUNCH_APIS = ("cudaGraphLaunch", "cuGraphLaunch")
-SYNC_APIS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize",
-             "cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize", "cudaStreamWaitEvent",
-             "cuStreamWaitEvent")
+__all__ = ["GRAPH_LAUNCH_APIS", "LAUNCH_APIS", "SYNC_APIS", "api_summary", "sync_summary"]
 
 
 def api_summary(trace: Trace, window: Window) -> pd.DataFrame:

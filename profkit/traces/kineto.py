@@ -33,6 +33,7 @@ import msgspec
 
 from profkit.errors import TraceError
 from profkit.resources import process_context
+from profkit.traces.apis import GRAPH_LAUNCH_APIS
 from profkit.traces.model import Trace
 
 BATCH = 20_000
@@ -92,6 +93,15 @@ def _int(v: Any) -> int | None:
     return i if -(1 << 62) < i < (1 << 62) else None
 
 
+# Older torch (1.8-1.10) spelled the categories differently; HTA reads both. Anything else unknown is ignored.
+CATEGORY_ALIASES = {
+    "Kernel": "kernel", "Runtime": "cuda_runtime", "Driver": "cuda_driver", "Memcpy": "gpu_memcpy",
+    "Memset": "gpu_memset", "Operator": "cpu_op", "Sync": "cuda_sync",
+    "user_annotation": "user_annotation", "gpu_user_annotation": "gpu_user_annotation",
+    "User_annotation": "user_annotation", "Gpu_user_annotation": "gpu_user_annotation",
+}
+
+
 class _Loader:
     """Turns a stream of Kineto events into rows of the normalized tables."""
 
@@ -115,6 +125,7 @@ class _Loader:
         """One event, with the four `args` fields profkit reads."""
         if ph != "X" or ts is None:
             return
+        cat = CATEGORY_ALIASES.get(cat, cat) if isinstance(cat, str) else cat
         start, length = _ns(ts), _ns(dur or 0)
         if start is None or length is None or length < 0:
             self.skipped += 1
@@ -214,11 +225,12 @@ class _Loader:
         self.flush()
         self.flush_names()
         self.conn.executescript(FINISH)
-        # Kernels replayed from a CUDA graph were launched by cudaGraphLaunch (joined by correlation id).
+        # Kernels replayed from a CUDA (or HIP) graph were launched by a graph launch (joined by correlation id).
+        marks = ", ".join("?" * len(GRAPH_LAUNCH_APIS))
         self.conn.execute(
-            """UPDATE kernels SET graph_node = 1 WHERE correlation IN (
+            f"""UPDATE kernels SET graph_node = 1 WHERE correlation IN (
                  SELECT a.correlation FROM api a JOIN strings s ON s.id = a.name_id
-                 WHERE s.value IN ('cudaGraphLaunch', 'cuGraphLaunch'))"""
+                 WHERE s.value IN ({marks}))""", GRAPH_LAUNCH_APIS,
         )
         self.conn.commit()
 
@@ -251,6 +263,31 @@ class _Event(msgspec.Struct):
 
 class _Tail(msgspec.Struct):
     traceEvents: list[_Event]  # noqa: N815 - the JSON key
+
+
+# Top-level keys a trace may carry after its events (written by tools that re-serialize a Kineto trace).
+TRAILER_KEYS = ("schemaVersion", "deviceProperties", "distributedInfo", "cuda_driver_version",
+                "cuda_runtime_version", "baseTimeNanoseconds", "computeProperties")
+
+
+class _Trailer(msgspec.Struct):
+    traceEvents: msgspec.Raw = msgspec.Raw(b"[]")  # noqa: N815 - skipped, the events are decoded apart
+    schemaVersion: Any = None  # noqa: N815
+    deviceProperties: Any = None  # noqa: N815
+    distributedInfo: Any = None  # noqa: N815
+    cuda_driver_version: Any = None
+    cuda_runtime_version: Any = None
+    baseTimeNanoseconds: Any = None  # noqa: N815
+    computeProperties: Any = None  # noqa: N815
+
+
+def _trailer(data: bytes) -> dict[str, Any]:
+    """The metadata keys in the part of the document after traceEvents (empty when there are none)."""
+    try:
+        t = msgspec.json.decode(data, type=_Trailer)
+    except Exception:  # noqa: BLE001 - metadata is optional; a broken tail fails the event decode anyway
+        return {}
+    return {k: getattr(t, k) for k in TRAILER_KEYS if getattr(t, k) is not None}
 
 
 # 4 MB of JSON decodes to ~25 MB of structs: small enough to keep each worker's memory low.
@@ -289,14 +326,14 @@ class _Prefetch:
         self.pool.shutdown(wait=True)
 
 
-def _load_fast(path: Path, loader: _Loader) -> int:
+def _load_fast(path: Path, loader: _Loader, trailer: dict[str, Any] | None = None) -> int:
     """Chunked msgspec decoding (~3x faster than ijson); raises _NotKinetoLayout to fall back.
 
     A small trace is decoded here; a longer one by worker processes (decoding and the
     per-event loop hold the GIL, so threads would not help), each writing its own SQLite file,
     merged into `loader`'s database at the end.
     """
-    chunks = _kineto_chunks(path)
+    chunks = _kineto_chunks(path, trailer)
     head = list(itertools.islice(chunks, IN_PROCESS_CHUNKS + 1))
     if len(head) <= IN_PROCESS_CHUNKS:  # small trace: starting workers would cost more than they save
         return sum(_decode_into(loader, data, tail) for data, tail in head)
@@ -316,9 +353,9 @@ def _decode_into(loader: _Loader, data: bytes, tail: bool) -> int:
     return len(events)
 
 
-def _kineto_chunks(path: Path) -> Iterator[tuple[bytes, bool]]:
+def _kineto_chunks(path: Path, trailer: dict[str, Any] | None = None) -> Iterator[tuple[bytes, bool]]:
     """traceEvents as ~16 MB JSON arrays cut at event boundaries: (array text, False), then the rest of
-    the document as (object text, True)."""
+    the document as (object text, True); the metadata found after the events goes into `trailer`."""
     with _open_stream(path) as raw, _Prefetch(raw) as f:
         buf = bytearray()
         while True:  # skip the header up to the opening bracket of traceEvents
@@ -334,7 +371,10 @@ def _kineto_chunks(path: Path) -> Iterator[tuple[bytes, bool]]:
         while True:
             block = f.read(_CHUNK)
             if not block:
-                yield b'{"traceEvents": ' + bytes(buf), True
+                last = b'{"traceEvents": ' + bytes(buf)
+                if trailer is not None:
+                    trailer.update(_trailer(last))
+                yield last, True
                 return
             buf += block
             cut = buf.rfind(_SEPARATOR)
@@ -444,10 +484,12 @@ def _merge_worker_db(loader: _Loader, db: str) -> None:
 
 
 def _load_ijson(path: Path, loader: _Loader) -> int:
-    """Any valid Chrome-trace JSON, one event object at a time."""
+    """Any valid Chrome-trace JSON, one event object at a time: an object with traceEvents, or (the
+    Chrome trace format's other form, written by torch 1.8's Kineto) a bare array of events."""
     n = 0
+    prefix = "item" if _first_byte(path) == b"[" else "traceEvents.item"
     with _open_stream(path) as f:
-        for ev in ijson.items(f, "traceEvents.item", use_float=True):
+        for ev in ijson.items(f, prefix, use_float=True):
             if isinstance(ev, dict):
                 a = ev.get("args") if isinstance(ev.get("args"), dict) else {}
                 loader.add(ev.get("ph"), ev.get("cat"), ev.get("name"), ev.get("pid"), ev.get("tid"),
@@ -488,8 +530,9 @@ def open_kineto(path: Path) -> Trace:
         header = _header(path)
         if not header and not _looks_like_trace(path):
             raise TraceError(f"{path}: JSON without traceEvents: not a torch.profiler trace")
+        trailer: dict[str, Any] = {}
         try:
-            n = _load_fast(path, loader)
+            n = _load_fast(path, loader, trailer)
         except _NotKinetoLayout:
             _discard(conn, db)
             conn, db = _new_db()
@@ -522,7 +565,7 @@ def open_kineto(path: Path) -> Trace:
     present = {"kernels", "strings"} | {rel for rel, t in (("memops", "raw_memops"), ("api", "raw_api"),
                                                            ("sync", "raw_sync"), ("nvtx", "nvtx"),
                                                            ("cpu_ops", "cpu_ops")) if loader.counts[t]}
-    meta = _meta(header)
+    meta = _meta({**trailer, **header})  # the header's own keys first, then those written after the events
     if loader.skipped:
         meta["inconsistent"] = f"{loader.skipped} events with malformed fields (time, duration, device) left out"
     return Trace(conn=conn, path=path, kind="torch-trace", meta=meta, present=frozenset(present),
@@ -548,7 +591,13 @@ def _new_db() -> tuple[sqlite3.Connection, str]:
 
 def _looks_like_trace(path: Path) -> bool:
     with _open_stream(path) as f:
-        return b'"traceEvents"' in f.read(1 << 20)
+        head = f.read(1 << 20)
+    return b'"traceEvents"' in head or (head.lstrip()[:1] == b"[" and b'"ph"' in head)
+
+
+def _first_byte(path: Path) -> bytes:
+    with _open_stream(path) as f:
+        return f.read(4096).lstrip()[:1]
 
 
 def _discard(conn: sqlite3.Connection, db: str) -> None:
@@ -557,8 +606,8 @@ def _discard(conn: sqlite3.Connection, db: str) -> None:
 
 
 def _meta(header: dict[str, Any]) -> dict[str, Any]:
-    devices = [d for d in header.get("deviceProperties") or [] if isinstance(d, dict)] \
-        if isinstance(header.get("deviceProperties"), list) else []
+    props = header.get("deviceProperties", header.get("computeProperties"))  # the latter: early Kineto
+    devices = [d for d in props if isinstance(d, dict)] if isinstance(props, list) else []
     meta: dict[str, Any] = {
         "tool": "torch.profiler (Kineto)",
         "tool_version": f"schema {header.get('schemaVersion')}" if "schemaVersion" in header else None,

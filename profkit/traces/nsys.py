@@ -118,11 +118,15 @@ def _connect_read_only(path: Path) -> sqlite3.Connection:
     uri = f"file:{quote(str(path.resolve()))}?mode=ro&immutable=1"
     # SQLite's defaults sort faster here than temp_store=MEMORY with a big cache (measured: 2.3 s vs
     # 6.6 s for a 3.3M-row GROUP BY), and keep memory bounded.
-    return sqlite3.connect(uri, uri=True, check_same_thread=False)
+    conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
+    # Text is UTF-8 by contract, yet real exports hold other bytes (nsys 2022.1 wrote a Latin-1 user name
+    # into its metadata): undecodable bytes become U+FFFD rather than failing the whole report.
+    conn.text_factory = lambda b: b.decode("utf-8", "replace")
+    return conn
 
 
 def _check_is_nsys_export(path: Path, tables: set[str]) -> None:
-    if "StringIds" not in tables or not ({"META_DATA_EXPORT", KERNEL, RUNTIME} & tables):
+    if "StringIds" not in tables or not ({"META_DATA_EXPORT", "EXPORT_META_DATA", KERNEL, RUNTIME} & tables):
         raise TraceError(f"{path}: SQLite file is not an Nsight Systems export (no StringIds/CUPTI tables)")
     if KERNEL not in tables:
         raise TraceError(
@@ -268,14 +272,21 @@ def _create_nvtx_view(conn: sqlite3.Connection, tables: set[str], cols: set[str]
 
 
 def _read_meta(conn: sqlite3.Connection, tables: set[str]) -> dict:
-    meta: dict = {"tool": "Nsight Systems"}
-    if "META_DATA_EXPORT" in tables:
-        export = dict(conn.execute("SELECT name, value FROM META_DATA_EXPORT"))
-        meta["tool_version"] = export.get("EXPORT_PRODUCT_VERSION")
-        meta["schema_version"] = export.get("EXPORT_SCHEMA_VERSION")
+    meta: dict = {"tool": "Nsight Systems", "tool_version": None}  # before nsys 2022 exports had no metadata table
+    # nsys 2024+ names the export's metadata table META_DATA_EXPORT; 2023.x called it EXPORT_META_DATA.
+    for table in ("META_DATA_EXPORT", "EXPORT_META_DATA"):
+        if table in tables and {"name", "value"} <= {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}:
+            export = dict(conn.execute(f"SELECT name, value FROM {table}"))
+            meta["tool_version"] = export.get("EXPORT_PRODUCT_VERSION")
+            meta["schema_version"] = export.get("EXPORT_SCHEMA_VERSION")
+            break
     if "TARGET_INFO_GPU" in tables:
+        # before nsys 2022 the table had five columns, `deviceId` for `id` and no sizes
+        c = _columns(conn, "TARGET_INFO_GPU")
+        key = "id" if "id" in c else "deviceId" if "deviceId" in c else "rowid"
         gpus = conn.execute(
-            "SELECT id, name, totalMemory, smCount, memoryBandwidth FROM TARGET_INFO_GPU ORDER BY id"
+            f"SELECT {key}, {_col(c, 'name', 'name')}, {_col(c, 'totalMemory', 'mem')}, {_col(c, 'smCount', 'sms')}, "
+            f"{_col(c, 'memoryBandwidth', 'bw')} FROM TARGET_INFO_GPU ORDER BY {key}"
         ).fetchall()
         meta["gpus"] = [
             {"id": g[0], "name": g[1], "memory_bytes": g[2], "sm_count": g[3], "memory_bandwidth": g[4]}
