@@ -64,7 +64,16 @@ def report(trace: Path | None, window: str, fmt: str, output: Path | None, gap_t
            progress: bool | None, bench: Path | None, vllm_log: Path | None, metrics: tuple[Path, ...],
            vllm_args: str | None, host_json: Path | None, rules_dirs: tuple[Path, ...], save_db: Path | None,
            label: str | None) -> None:
-    """Analyse TRACE (nsys SQLite export, torch trace or capture folder) and print the report.
+    """Analyse TRACE and print the report.
+
+    \b
+    TRACE is one of:
+      an nsys SQLite export   `nsys export --type sqlite` (nsys 2021 to 2026)
+      a torch.profiler trace  .json or .json.gz (Kineto, torch 1.8 on; NVIDIA CUDA or AMD ROCm)
+      a capture folder        what `profkit capture` wrote (trace, benchmark, logs, host samples)
+
+    vLLM flag changes are suggested only for a run shown to be vLLM's (its command, log, benchmark,
+    metrics or flags, or vLLM's kernel names in the trace).
 
     Without a trace (an unprofiled capture folder, or only --bench/--vllm-log/--metrics/--vllm-args)
     the report holds vLLM's evidence and the findings it supports."""

@@ -33,6 +33,7 @@ from profkit.analysis.steps import engine_steps
 from profkit.analysis.transfers import memop_summary, memory_kinds
 from profkit.analysis.vllm import set_gpu_defaults, vllm_evidence
 from profkit.analysis.window import Window, choose_window, with_seq_ranges
+from profkit.analysis.workload import NOT_VLLM_NOTE, trace_mentions_vllm, vllm_run_evidence
 from profkit.diagnose.command import (
     UserCommand,
     annotate,
@@ -92,13 +93,23 @@ def build_report(path: str | os.PathLike | None, window: str = "auto", gap_thres
             report["source"]["path"] = str(folder)
     if inputs.get("environment"):
         report["environment"] = inputs["environment"]
-    # Some of vLLM's defaults depend on the GPU (the trace's, else the capture manifest's).
-    set_gpu_defaults(evidence, report["source"].get("gpu") or (inputs.get("environment") or {}).get("gpu"))
+    command = user_command(report | {"vllm": evidence}, given)
+    report["run"] = {"vllm": vllm_run_evidence(evidence, command is not None,
+                                               bool(report["source"].get("vllm_names")))}
+    if report["run"]["vllm"]:
+        # Some of vLLM's defaults depend on the GPU (the trace's, else the capture manifest's).
+        set_gpu_defaults(evidence, report["source"].get("gpu") or (inputs.get("environment") or {}).get("gpu"))
+    else:  # not shown to be vLLM: vLLM's defaults say nothing about it, and no vLLM flag is proposed
+        report["run"]["note"] = NOT_VLLM_NOTE
+        evidence["config"] = {}
     report["vllm"] = evidence
     report["host"] = host_section
     report["facts"] = compute_facts(report)
     report["findings"], report["rules_skipped"] = evaluate(rules, report["facts"])
-    suggestion = suggest(user_command(report, given), report_changes(report))
+    if not report["run"]["vllm"]:
+        for finding in report["findings"]:
+            finding["changes"] = []
+    suggestion = suggest(command, report_changes(report))
     annotate(report, suggestion)
     report["command"] = suggestion.to_json()
     report["suggested_command"] = suggestion.text()
@@ -176,7 +187,8 @@ def _build(path: str | os.PathLike, window: str, gap_threshold_ns: int, buckets:
             kernels, memops, kinds, nvtx, launch = gpu_side.result()
             step("CUDA API")
             api, sync, cpu_ops = host_side.result()
-        source = {"path": str(Path(path)), "kind": trace.kind, **trace.meta}
+        source = {"path": str(Path(path)), "kind": trace.kind, **trace.meta,
+                  "vllm_names": trace_mentions_vllm(trace)}
 
     report: dict[str, Any] = {
         "schema": SCHEMA,

@@ -140,6 +140,8 @@ def _with_host(facts: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
     # How busy the GPU was: NVML's samples over the benchmark when the capture took them, else the trace.
     nvml = facts.get("host.gpu_util_mean")
     facts["gpu.busy"] = nvml if nvml is not None else facts.get("gpu.utilization")
+    for name in FACT_DOCS:  # every fact a rule may name exists; unknown ones are None (a run not shown to be
+        facts.setdefault(name, None)  # vLLM's has no config.* at all)
     return facts
 
 
