@@ -148,7 +148,7 @@ def test_unprofiled_captures_report_the_evidence(env, tmp_path: Path) -> None:
     assert doc["source"]["kind"] == "evidence" and doc["gpu"] is None
     assert doc["facts"]["vllm.requests_per_second"] == 21.3  # the fake bench's JSON
     assert doc["facts"]["config.enforce_eager"] is True
-    assert {"rule": "launch-overhead", "missing": ["gaps.host_idle_share", "gaps.sub_ms_idle_share",
+    assert {"rule": "launch-overhead", "missing": ["gaps.host_idle_share", "gaps.sub_ms_idle_share", "gpu.busy",
                                                    "kernels.count", "kernels.graph_share",
                                                    "launch.latency_median_ns"]} in doc["rules_skipped"]
     port = free_port()
