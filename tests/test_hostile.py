@@ -210,7 +210,48 @@ def test_rows_ending_before_they_start_are_left_out_and_said(tmp_path: Path, sql
     assert "TRACE INCONSISTENT: 7 kernel rows" in profkit("report", str(trace)).stdout
 
 
+def test_kernels_on_a_negative_device_are_left_out_and_said(tmp_path: Path, sqlite_path) -> None:
+    """A device id of -1 is no GPU: it counted as a second device and halved the utilization."""
+    trace = tmp_path / "t.sqlite"
+    shutil.copyfile(sqlite_path("graphs_b1"), trace)
+    trace.chmod(0o644)
+    good = json.loads(profkit("report", str(trace), "--window", "all", "--format", "json").stdout)
+    with sqlite3.connect(trace) as conn:
+        n = conn.execute("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET deviceId = -1 WHERE rowid IN "
+                         "(SELECT rowid FROM CUPTI_ACTIVITY_KIND_KERNEL ORDER BY start DESC LIMIT 5)").rowcount
+    doc = json.loads(profkit("report", str(trace), "--window", "all", "--format", "json").stdout)
+    assert doc["source"]["inconsistent"] == f"{n} kernel rows on a negative device id (no GPU); left out"
+    assert doc["facts"]["kernels.count"] == good["facts"]["kernels.count"] - n
+    assert doc["facts"]["gpu.devices"] == 1 and 0 <= doc["gpu"]["utilization"] <= 1
+
+
+def test_no_usable_kernel_left_is_one_line(tmp_path: Path, sqlite_path) -> None:
+    """Every kernel row dropped as inconsistent: a clear refusal, not a report of memsets alone."""
+    import gzip
+
+    from tests.conftest import FIXTURES
+
+    trace = tmp_path / "t.sqlite"
+    shutil.copyfile(sqlite_path("graphs_b1"), trace)
+    trace.chmod(0o644)
+    with sqlite3.connect(trace) as conn:
+        n = conn.execute("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET deviceId = -1").rowcount
+    r = profkit("report", str(trace))
+    assert r.returncode == 1 and r.stderr.strip() == (
+        f"profkit: error: {trace}: no usable kernel rows: {n} kernel rows on a negative device id (no GPU)")
+    with gzip.open(FIXTURES / "h100_toy" / "torch_graphs_b16.json.gz") as f:
+        doc = json.load(f)
+    for e in doc["traceEvents"]:
+        if e.get("cat") == "kernel":
+            e["args"]["device"] = -1
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(doc))
+    r = profkit("report", str(path))
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1 and "no usable kernel events" in r.stderr
+
+
 KINETO_MUTATIONS = {
+    "device -1": lambda d, k: d["traceEvents"][k]["args"].__setitem__("device", -1),
     "dur is a string": lambda d, k: d["traceEvents"][k].__setitem__("dur", "long"),
     "ts past int64": lambda d, k: d["traceEvents"][k].__setitem__("ts", 1e20),
     "ts NaN": lambda d, k: d["traceEvents"][k].__setitem__("ts", "NaN"),

@@ -60,9 +60,10 @@ CREATE TABLE cpu_ops (start INTEGER, end INTEGER, tid INTEGER, name_id INTEGER);
 # The normalized relations, start-ordered (`seq` is the row order), built once the stream is read.
 FINISH = """
 CREATE TABLE kernels AS SELECT row_number() OVER (ORDER BY start) AS seq, start, end, device, stream,
-    correlation, pid, name_id, name_id AS short_id, NULL AS graph_node FROM raw_kernels ORDER BY start;
+    correlation, pid, name_id, name_id AS short_id, NULL AS graph_node FROM raw_kernels WHERE device >= 0
+    ORDER BY start;
 CREATE TABLE memops AS SELECT start, end, device, stream, correlation, pid, operation, bytes, src_kind,
-    dst_kind, NULL AS graph_node FROM raw_memops ORDER BY start;
+    dst_kind, NULL AS graph_node FROM raw_memops WHERE device >= 0 ORDER BY start;
 CREATE TABLE api AS SELECT row_number() OVER (ORDER BY start) AS seq, start, end, tid, pid, correlation, name_id
     FROM raw_api ORDER BY start;
 CREATE TABLE sync AS SELECT * FROM raw_sync ORDER BY start;
@@ -224,6 +225,11 @@ class _Loader:
     def finish(self) -> None:
         self.flush()
         self.flush_names()
+        # A GPU is numbered from 0: a negative device id is no GPU (it halved the utilization, counted as a
+        # second device); those events are left out and counted.
+        self.skipped += self.conn.execute(
+            "SELECT (SELECT count(*) FROM raw_kernels WHERE device < 0) + "
+            "(SELECT count(*) FROM raw_memops WHERE device < 0)").fetchone()[0]
         self.conn.executescript(FINISH)
         # Kernels replayed from a CUDA (or HIP) graph were launched by a graph launch (joined by correlation id).
         marks = ", ".join("?" * len(GRAPH_LAUNCH_APIS))
@@ -562,6 +568,10 @@ def open_kineto(path: Path) -> Trace:
     if loader.counts["raw_kernels"] == 0:
         _discard(conn, db)
         raise TraceError(f"{path}: the trace has no GPU kernels (was the profiler run with CUDA activities?)")
+    if conn.execute("SELECT 1 FROM kernels LIMIT 1").fetchone() is None:
+        _discard(conn, db)
+        raise TraceError(f"{path}: no usable kernel events: {loader.skipped} with malformed fields "
+                         "(time, duration, device) left out")
     present = {"kernels", "strings"} | {rel for rel, t in (("memops", "raw_memops"), ("api", "raw_api"),
                                                            ("sync", "raw_sync"), ("nvtx", "nvtx"),
                                                            ("cpu_ops", "cpu_ops")) if loader.counts[t]}

@@ -76,8 +76,13 @@ def open_nsys(path: Path, snapshot: Path | None = None) -> Trace:
         # and the report says how many.
         dropped = conn.execute(f"SELECT count(*) FROM main.{KERNEL} WHERE NOT (end >= start) OR end IS NULL"
                                ).fetchone()[0]
-        if dropped:
-            meta["inconsistent"] = f"{dropped} kernel rows end before they start (or have no end); left out"
+        no_gpu = conn.execute(f"SELECT count(*) FROM main.{KERNEL} WHERE deviceId < 0").fetchone()[0]
+        if dropped or no_gpu:
+            meta["inconsistent"] = "; ".join(
+                [*([f"{dropped} kernel rows end before they start (or have no end)"] if dropped else []),
+                 *([f"{no_gpu} kernel rows on a negative device id (no GPU)"] if no_gpu else [])]) + "; left out"
+            if conn.execute("SELECT 1 FROM kernels LIMIT 1").fetchone() is None:
+                raise TraceError(f"{path}: no usable kernel rows: {meta['inconsistent'].removesuffix('; left out')}")
     except sqlite3.DatabaseError as exc:
         conn.close()
         raise TraceError(f"{path}: damaged or unreadable SQLite file ({exc})") from None
@@ -161,7 +166,7 @@ def _create_views(conn: sqlite3.Connection, tables: set[str], columns: dict[str,
         f"""CREATE TEMP VIEW kernels AS SELECT rowid AS seq, start, end, deviceId AS device, streamId AS stream,
         {_col(k, 'correlationId', 'correlation')}, {_col(k, 'globalPid', 'pid', PID_OF.format(col='globalPid'))},
         demangledName AS name_id, shortName AS short_id, {_col(k, 'graphNodeId', 'graph_node')}
-        FROM main.{KERNEL} WHERE end >= start"""
+        FROM main.{KERNEL} WHERE end >= start AND deviceId >= 0"""
     )
 
     copy_kinds = _enum_labels(conn, tables, "ENUM_CUDA_MEMCPY_OPER", MEMCPY_KIND_LABELS)
@@ -180,13 +185,13 @@ def _create_views(conn: sqlite3.Connection, tables: set[str], columns: dict[str,
                 f"SELECT {common}, {_label_case('copyKind', copy_kinds, '[CUDA memcpy ', ']')} AS operation, "
                 f"bytes, {_col(c, 'srcKind', 'src_kind', _label_case('srcKind', mem_kinds))}, "
                 f"{_col(c, 'dstKind', 'dst_kind', _label_case('dstKind', mem_kinds))}, "
-                f"{_col(c, 'graphNodeId', 'graph_node')} FROM main.{MEMCPY} WHERE end >= start"
+                f"{_col(c, 'graphNodeId', 'graph_node')} FROM main.{MEMCPY} WHERE end >= start AND deviceId >= 0"
             )
         else:
             parts.append(
                 f"SELECT {common}, '[CUDA memset]' AS operation, bytes, NULL AS src_kind, "
                 f"{_col(c, 'memKind', 'dst_kind', _label_case('memKind', mem_kinds))}, "
-                f"{_col(c, 'graphNodeId', 'graph_node')} FROM main.{MEMSET} WHERE end >= start"
+                f"{_col(c, 'graphNodeId', 'graph_node')} FROM main.{MEMSET} WHERE end >= start AND deviceId >= 0"
             )
     if parts:
         conn.execute("CREATE TEMP VIEW memops AS " + " UNION ALL ".join(parts))
