@@ -126,3 +126,92 @@ def test_rule_files(tmp_path_factory, data: dict) -> None:
         load_rule_file(path, known_fact_names())
     except RuleError as exc:
         assert printable(exc) and str(path) in str(exc)
+
+
+# --- whole traces: a real nsys export (prefill_long, H100) mutated by SQL, then `profkit report` in-process.
+TRACE_EXAMPLES = max(10, EXAMPLES // 3)
+TABLES = ["CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_MEMCPY",
+          "CUPTI_ACTIVITY_KIND_MEMSET", "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", "NVTX_EVENTS", "StringIds"]
+COLUMNS = ["start", "end", "deviceId", "streamId", "correlationId", "demangledName", "shortName", "graphNodeId",
+           "nameId", "bytes", "copyKind", "srcKind", "dstKind", "globalPid", "globalTid", "value", "text"]
+ODD_VALUES = st.sampled_from([None, -1, 0, 1, 2 ** 63 - 1, -(2 ** 63), 1e300, -0.5, float("nan"), "x", "",
+                              "\x1b[31m|](javascript:x)", b"\xff\xfe"])
+mutation = st.one_of(
+    st.tuples(st.just("set"), st.sampled_from(TABLES), st.sampled_from(COLUMNS), ODD_VALUES, st.integers(1, 50)),
+    st.tuples(st.just("dup"), st.sampled_from(TABLES), st.integers(1, 3)),
+    st.tuples(st.just("device"), st.sampled_from([-1, 1, 7, 2 ** 40]), st.integers(1, 5)),
+    st.tuples(st.just("swap"), st.sampled_from(TABLES), st.integers(1, 20)),
+    st.tuples(st.just("delete"), st.sampled_from(TABLES), st.integers(1, 4)),
+    st.tuples(st.just("drop"), st.sampled_from(TABLES)),
+)
+
+
+def _mutate(conn, m: tuple) -> None:
+    import sqlite3
+
+    kind, *rest = m
+    try:
+        if kind == "set":
+            table, col, value, every = rest
+            conn.execute(f"UPDATE {table} SET {col} = ? WHERE rowid % ? = 0", (value, every))
+        elif kind == "dup":  # every row again, `times` times: duplicated events
+            table, times = rest
+            for _ in range(times):
+                conn.execute(f"INSERT INTO {table} SELECT * FROM {table}")
+        elif kind == "device":  # some kernels on another (or an impossible) device
+            device, every = rest
+            conn.execute("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET deviceId = ? WHERE rowid % ? = 0", (device, every))
+        elif kind == "swap":
+            table, every = rest
+            conn.execute(f"UPDATE {table} SET start = end, end = start WHERE rowid % ? = 0", (every,))
+        elif kind == "delete":
+            table, every = rest
+            conn.execute(f"DELETE FROM {table} WHERE rowid % ? != 0", (every,))
+        else:
+            conn.execute(f"DROP TABLE {rest[0]}")
+    except sqlite3.Error:  # a column this table does not have, a constraint: that mutation is a no-op
+        pass
+
+
+def _plausible(report: dict) -> None:
+    text = json.dumps(report, allow_nan=False)  # valid JSON: no NaN/Infinity anywhere
+    assert text
+    for k in report["kernels"]:
+        assert k["min_ns"] >= 0 and k["total_ns"] >= 0 and k["count"] > 0
+    assert 0 <= report["gpu"]["utilization"] <= 1
+    for name, value in report["facts"].items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            assert math.isfinite(value), name
+            # host API shares may pass 1 legitimately (several threads in calls at once)
+            if name.endswith(("_share", ".utilization", ".busy")) and not name.endswith(".api_share"):
+                assert 0 <= value <= 1, (name, value)
+            if name.endswith(("_ns", ".count", ".calls")):
+                assert value >= 0, (name, value)
+
+
+@settings(FUZZ, max_examples=TRACE_EXAMPLES,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(st.lists(mutation, min_size=1, max_size=4))
+def test_mutated_nsys_exports(sqlite_path, tmp_path_factory, mutations: list[tuple]) -> None:
+    import hashlib
+    import shutil
+    import sqlite3
+
+    from profkit.report import build_report
+
+    path = tmp_path_factory.mktemp("mut") / "t.sqlite"
+    shutil.copyfile(sqlite_path("prefill_long"), path)
+    path.chmod(0o644)
+    with sqlite3.connect(path) as conn:
+        for m in mutations:
+            _mutate(conn, m)
+    conn.close()
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    try:
+        report = build_report(path, window="all")
+    except ProfkitError as exc:
+        assert printable(exc)
+    else:
+        _plausible(report)
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == digest  # the user's trace, untouched
+    assert sorted(p.name for p in path.parent.iterdir()) == ["t.sqlite"]  # nothing written beside it

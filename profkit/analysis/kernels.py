@@ -31,7 +31,7 @@ def kernel_summary(trace: Trace, window: Window) -> pd.DataFrame:
     stats = stats.merge(extra, on="name_id")
     names = trace.strings(stats["name_id"])
     short_names = _short_names(trace, window)
-    stats["name"] = stats["name_id"].map(names)
+    stats["name"] = stats["name_id"].map(names).fillna("<no name>")
     stats["short_name"] = stats["name_id"].map(short_names).fillna(stats["name"])
     stats["category"] = stats["name"].map(categorize)
     stats = stats.sort_values(["total", "count", "name"], ascending=[False, True, True]).reset_index(drop=True)

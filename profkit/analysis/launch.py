@@ -38,7 +38,7 @@ def launch_latency(trace: Trace, window: Window, eager_kernels: int) -> dict[str
     api_rows = seq_range(trace, "api", window.start_ns - LOOKBACK_NS, window.end_ns) if window.bounded else None
     lat = pd.read_sql_query(
         f"""SELECT l.start - a.start AS latency, a.end - a.start AS call FROM api a
-            JOIN launch_sample l ON l.correlation = a.correlation
+            JOIN launch_sample l ON l.correlation = a.correlation AND l.start >= a.start
             AND (l.pid = a.pid OR l.pid IS NULL OR a.pid IS NULL)
             {'WHERE a.seq BETWEEN :lo AND :hi' if api_rows else ''}""",
         trace.conn, params={"lo": api_rows[0], "hi": api_rows[1]} if api_rows else {},

@@ -246,7 +246,9 @@ def _gap_list(trace: Trace, w0: int, w1: int, threshold: int, limit: int) -> lis
         out.append({
             "device": int(g.device), "start_ns": int(g.start), "duration_ns": dur,
             "before": neighbours[int(g.gid)][0], "after": neighbours[int(g.gid)][1], "host_api": api,
-            "host_api_share": (api[0]["overlap_ns"] / dur) if api else 0.0,
+            # the calls' summed overlap: several threads (or duplicated rows) in calls at once can pass the
+            # gap's length, yet they cover at most all of it
+            "host_api_share": min(1.0, api[0]["overlap_ns"] / dur) if api else 0.0,
         })
     return out
 

@@ -19,6 +19,7 @@ Analyses aggregate with SQL over these names and never touch the source file aga
 
 from __future__ import annotations
 
+import math
 import sqlite3
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -60,10 +61,12 @@ class Trace:
 
     def strings(self, ids: Iterable[int]) -> dict[int, str]:
         """Names for string ids (kernel and API names are joined after aggregation, not per event)."""
-        wanted = ",".join(str(int(i)) for i in set(ids))
-        if not wanted:
+        clean = {int(i) for i in set(ids) if isinstance(i, int) or (isinstance(i, float) and math.isfinite(i))}
+        if not clean:
             return {}
-        return dict(self.conn.execute(f"SELECT id, value FROM strings WHERE id IN ({wanted})"))
+        found = dict(self.conn.execute(f"SELECT id, value FROM strings WHERE id IN ({','.join(map(str, clean))})"))
+        # every id gets a name: a string table that lost rows (or holds numbers) must not fail the report
+        return {i: found[i] if isinstance(found.get(i), str) else f"<string #{i} missing>" for i in clean}
 
     def close(self) -> None:
         self.conn.close()
