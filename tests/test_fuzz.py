@@ -11,6 +11,7 @@ import os
 import shlex
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -189,18 +190,15 @@ def _plausible(report: dict) -> None:
                 assert value >= 0, (name, value)
 
 
-@settings(FUZZ, max_examples=TRACE_EXAMPLES,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-@given(st.lists(mutation, min_size=1, max_size=4))
-def test_mutated_nsys_exports(sqlite_path, tmp_path_factory, mutations: list[tuple]) -> None:
+def _check_mutated(base: Path, folder: Path, mutations: list[tuple]) -> None:
     import hashlib
     import shutil
     import sqlite3
 
     from profkit.report import build_report
 
-    path = tmp_path_factory.mktemp("mut") / "t.sqlite"
-    shutil.copyfile(sqlite_path("prefill_long"), path)
+    path = folder / "t.sqlite"
+    shutil.copyfile(base, path)
     path.chmod(0o644)
     with sqlite3.connect(path) as conn:
         for m in mutations:
@@ -215,3 +213,24 @@ def test_mutated_nsys_exports(sqlite_path, tmp_path_factory, mutations: list[tup
         _plausible(report)
     assert hashlib.sha256(path.read_bytes()).hexdigest() == digest  # the user's trace, untouched
     assert sorted(p.name for p in path.parent.iterdir()) == ["t.sqlite"]  # nothing written beside it
+
+
+@settings(FUZZ, max_examples=TRACE_EXAMPLES,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(st.lists(mutation, min_size=1, max_size=4))
+def test_mutated_nsys_exports(sqlite_path, tmp_path_factory, mutations: list[tuple]) -> None:
+    _check_mutated(sqlite_path("prefill_long"), tmp_path_factory.mktemp("mut"), mutations)
+
+
+K, R = "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME"
+FOUND = [  # what the property above found; each failed before its fix
+    [("set", K, "end", "x", 1)], [("set", R, "end", 1e300, 1)], [("set", R, "end", "x", 1)],
+    [("set", K, "start", -1, 1)], [("set", R, "start", -1, 1)], [("delete", "StringIds", 2)],
+    [("set", "CUPTI_ACTIVITY_KIND_MEMSET", "bytes", 1e300, 2)], [("set", "NVTX_EVENTS", "end", None, 1)],
+    [("set", K, "deviceId", "x", 1)], [("set", K, "start", None, 1), ("dup", R, 3)],
+]
+
+
+@pytest.mark.parametrize("mutations", FOUND, ids=[str(m)[:60] for m in FOUND])
+def test_found_by_fuzzing(sqlite_path, tmp_path: Path, mutations: list[tuple]) -> None:
+    _check_mutated(sqlite_path("prefill_long"), tmp_path, mutations)

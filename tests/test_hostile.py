@@ -220,7 +220,8 @@ def test_kernels_on_a_negative_device_are_left_out_and_said(tmp_path: Path, sqli
         n = conn.execute("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET deviceId = -1 WHERE rowid IN "
                          "(SELECT rowid FROM CUPTI_ACTIVITY_KIND_KERNEL ORDER BY start DESC LIMIT 5)").rowcount
     doc = json.loads(profkit("report", str(trace), "--window", "all", "--format", "json").stdout)
-    assert doc["source"]["inconsistent"] == f"{n} kernel rows on a negative device id (no GPU); left out"
+    assert doc["source"]["inconsistent"] == (
+        f"{n} kernel rows on a device id that is no GPU (negative or not a number); left out")
     assert doc["facts"]["kernels.count"] == good["facts"]["kernels.count"] - n
     assert doc["facts"]["gpu.devices"] == 1 and 0 <= doc["gpu"]["utilization"] <= 1
 
@@ -238,7 +239,8 @@ def test_no_usable_kernel_left_is_one_line(tmp_path: Path, sqlite_path) -> None:
         n = conn.execute("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET deviceId = -1").rowcount
     r = profkit("report", str(trace))
     assert r.returncode == 1 and r.stderr.strip() == (
-        f"profkit: error: {trace}: no usable kernel rows: {n} kernel rows on a negative device id (no GPU)")
+        f"profkit: error: {trace}: no usable kernel rows: {n} kernel rows on a device id that is no GPU "
+        "(negative or not a number)")
     with gzip.open(FIXTURES / "h100_toy" / "torch_graphs_b16.json.gz") as f:
         doc = json.load(f)
     for e in doc["traceEvents"]:

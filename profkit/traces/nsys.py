@@ -76,14 +76,15 @@ def open_nsys(path: Path, snapshot: Path | None = None) -> Trace:
         # comparison; only the few bad rows are classified.
         why = dict(conn.execute(
             f"""SELECT CASE WHEN end IS NULL OR start IS NULL OR NOT (end >= start) THEN 'end'
-                            WHEN start < 0 THEN 'negative' WHEN deviceId IS NULL OR deviceId < 0 THEN 'device'
+                            WHEN start < 0 THEN 'negative'
+                            WHEN deviceId IS NULL OR NOT (deviceId BETWEEN 0 AND 1048575) THEN 'device'
                             ELSE 'range' END, count(*)
                 FROM main.{KERNEL} WHERE NOT ({PLAUSIBLE}) OR end IS NULL OR start IS NULL OR deviceId IS NULL
                 GROUP BY 1""").fetchall())
         if why:
             words = {"end": "end before they start (or have no end)",
                      "negative": "start before the session (negative time)",
-                     "device": "on a negative device id (no GPU)",
+                     "device": "on a device id that is no GPU (negative or not a number)",
                      "range": "with times that are not integers or lie past 2^53 ns"}
             meta["inconsistent"] = "; ".join(f"{why[k]} kernel rows {w}" for k, w in words.items() if k in why) \
                 + "; left out"
@@ -139,7 +140,7 @@ def _connect_read_only(path: Path) -> sqlite3.Connection:
 # A GPU operation the report can use: it ends after it starts, inside the session, on a GPU (ids from 0).
 # Comparing with bounds (not typeof(), ~25 % slower per scan) also drops text, blobs and NULLs, which SQLite
 # sorts after every number; 2^53 ns (104 days) keeps every duration exact in a float.
-PLAUSIBLE = "end >= start AND start >= 0 AND end <= 9007199254740992 AND deviceId >= 0"
+PLAUSIBLE = "end >= start AND start >= 0 AND end <= 9007199254740992 AND deviceId BETWEEN 0 AND 1048575"
 BYTES = "CASE WHEN bytes >= 0 AND bytes <= 9007199254740992 THEN bytes ELSE 0 END AS bytes"  # sizes, likewise
 
 
