@@ -93,7 +93,8 @@ def build_report(path: str | os.PathLike | None, window: str = "auto", gap_thres
             report["source"]["path"] = str(folder)
     if inputs.get("environment"):
         report["environment"] = inputs["environment"]
-    command = user_command(report | {"vllm": evidence}, given)
+    report["vllm"] = evidence
+    command = user_command(report, given)
     report["run"] = {"vllm": vllm_run_evidence(evidence, command is not None,
                                                bool(report["source"].get("vllm_names")))}
     if report["run"]["vllm"]:
@@ -102,7 +103,6 @@ def build_report(path: str | os.PathLike | None, window: str = "auto", gap_thres
     else:  # not shown to be vLLM: vLLM's defaults say nothing about it, and no vLLM flag is proposed
         report["run"]["note"] = NOT_VLLM_NOTE
         evidence["config"] = {}
-    report["vllm"] = evidence
     report["host"] = host_section
     report["facts"] = compute_facts(report)
     report["findings"], report["rules_skipped"] = evaluate(rules, report["facts"])

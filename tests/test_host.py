@@ -98,28 +98,27 @@ def test_bad_host_json_is_one_line(tmp_path: Path) -> None:
 
 
 def test_several_api_servers_count_without_their_manager(tmp_path: Path) -> None:
-    """--api-server-count 4: the `vllm serve` root only manages VLLM::APIServer_0..3; it is not a fifth one."""
-    from profkit.capture.host import relabel_server_root
+    """--api-server-count 4: the `vllm serve` root only manages VLLM::APIServer_0..3; it is not a fifth one.
+    The sampler labels the root an API server when it first sees it; the report decides."""
 
     def proc(pid: int, name: str, role: str, cpu: float) -> dict:
         return {"pid": pid, "ppid": 1, "name": name, "role": role, "tree": "server",
                 "cpu": [[0.1 * i, cpu] for i in range(1, 11)]}
 
-    procs = [proc(10, "vllm serve /tmp/tiny --api-server-count 4", "api_server", 0.02),
-             *(proc(11 + i, f"VLLM::APIServer_{i}", "api_server", 0.6 + 0.1 * i) for i in range(4)),
-             proc(20, "VLLM::EngineCore", "engine_core", 0.95)]
-    relabel_server_root(procs, 10)
-    assert [p["role"] for p in procs] == ["other"] + ["api_server"] * 4 + ["engine_core"]
-    # a host.json written before the relabelling reads the same
-    procs[0]["role"] = "api_server"
-    path = tmp_path / "host.json"
-    path.write_text(json.dumps({"schema": "profkit.host/1", "interval_s": 0.1, "cores": 16, "processes": procs}))
-    host = read_host(path)
+    def read(procs: list[dict]) -> dict:
+        path = tmp_path / "host.json"
+        path.write_text(json.dumps({"schema": "profkit.host/1", "interval_s": 0.1, "cores": 16, "processes": procs}))
+        return read_host(path)
+
+    host = read([proc(10, "vllm serve /tmp/tiny --api-server-count 4", "api_server", 0.02),
+                 *(proc(11 + i, f"VLLM::APIServer_{i}", "api_server", 0.6 + 0.1 * i) for i in range(4)),
+                 proc(20, "VLLM::EngineCore", "engine_core", 0.95)])
+    assert [p["role"] for p in host["processes"]] == ["other"] + ["api_server"] * 4 + ["engine_core"]
     assert host["roles"]["api_server"]["count"] == 4
     assert host["roles"]["api_server"]["cpu_mean"] == pytest.approx(0.9)
     # one API server: the root serves HTTP itself and stays one
-    relabel_server_root(single := [proc(10, "vllm serve /tmp/tiny", "api_server", 1.0)], 10)
-    assert single[0]["role"] == "api_server"
+    single = read([proc(10, "vllm serve /tmp/tiny", "api_server", 1.0)])
+    assert [p["role"] for p in single["processes"]] == ["api_server"]
 
 
 # --- real H100 runs (vLLM 0.26.0, 1000 prompts random 1024/256, rate inf): tests/data/h100_tune.tar.xz

@@ -58,8 +58,8 @@ def read_host(path: Path, bench_seconds: float | None = None) -> dict[str, Any]:
                       "cpu_mean": sum(samples) / len(samples), "cpu_p90": ordered[int(0.9 * (len(ordered) - 1))],
                       "cpu_max": ordered[-1], "saturated_share": sum(c >= SATURATED for c in samples) / len(samples),
                       "samples": len(samples)})
-    # host.json from before the capture relabelled it: with several API servers, the unnamed `vllm serve`
-    # root is their manager, not one of them
+    # The sampler calls the `vllm serve` root an API server when it first sees it (before any children). With
+    # several API servers (VLLM::APIServer_N) that root is their manager, not one of them.
     named = [p for p in procs if p["role"] == "api_server" and "apiserver" in p["name"].lower().replace("_", "")]
     if named:
         for p in procs:

@@ -18,7 +18,7 @@ VLLM_NAME_PATTERNS = ("vllm::%", "void vllm::%", "vllm.%", "execute_context_%")
 
 
 def trace_mentions_vllm(trace: Trace) -> bool:
-    """One indexed-free scan of the names with LIMIT 1: stops at the first vLLM name."""
+    """A scan of the names (no index helps a LIKE) that stops at the first vLLM name."""
     where = " OR ".join(["value LIKE ?"] * len(VLLM_NAME_PATTERNS))
     if trace.query(f"SELECT 1 FROM strings WHERE {where} LIMIT 1", VLLM_NAME_PATTERNS):
         return True

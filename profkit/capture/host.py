@@ -30,8 +30,8 @@ SCHEMA = "profkit.host/1"
 
 
 def role_of(name: str, tree: str, is_root: bool) -> str:
-    """vLLM's process titles say what each process is; the server's root process is the API server when
-    there is one API server (no APIServer_N children)."""
+    """vLLM's process titles say what each process is. The server's root is taken for the API server (it is
+    one when there is one); `analysis.host.read_host` relabels it when VLLM::APIServer_N children exist."""
     low = name.lower()
     if "nsys" in low or "nsight" in low:
         return "profiler"
@@ -48,17 +48,6 @@ def role_of(name: str, tree: str, is_root: bool) -> str:
     if is_root or ("vllm" in low and "serve" in low):
         return "api_server"
     return "other"
-
-
-def relabel_server_root(procs: list[dict[str, Any]], root: int | None) -> None:
-    """With --api-server-count N > 1 the `vllm serve` process only manages its VLLM::APIServer_N children:
-    it is not an API server itself (counting it would add one and dilute the busiest-server figure)."""
-    named = [p for p in procs if p["tree"] == "server" and p["pid"] != root
-             and ("apiserver" in p["name"].lower() or "api_server" in p["name"].lower())]
-    if named:
-        for p in procs:
-            if p["pid"] == root and p["role"] == "api_server":
-                p["role"] = "other"
 
 
 class HostSampler:
@@ -143,7 +132,6 @@ class HostSampler:
         if self.nvml:
             with contextlib.suppress(Exception):
                 self.nvml.nvmlShutdown()
-        relabel_server_root(list(self.procs.values()), self.roots.get("server"))
         return {
             "schema": SCHEMA, "interval_s": self.interval, "cores": os.cpu_count(),
             "duration_s": round(time.monotonic() - self.t0, 3),

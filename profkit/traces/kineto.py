@@ -98,7 +98,6 @@ def _int(v: Any) -> int | None:
 CATEGORY_ALIASES = {
     "Kernel": "kernel", "Runtime": "cuda_runtime", "Driver": "cuda_driver", "Memcpy": "gpu_memcpy",
     "Memset": "gpu_memset", "Operator": "cpu_op", "Sync": "cuda_sync",
-    "user_annotation": "user_annotation", "gpu_user_annotation": "gpu_user_annotation",
     "User_annotation": "user_annotation", "Gpu_user_annotation": "gpu_user_annotation",
 }
 
@@ -271,12 +270,9 @@ class _Tail(msgspec.Struct):
     traceEvents: list[_Event]  # noqa: N815 - the JSON key
 
 
-# Top-level keys a trace may carry after its events (written by tools that re-serialize a Kineto trace).
-TRAILER_KEYS = ("schemaVersion", "deviceProperties", "distributedInfo", "cuda_driver_version",
-                "cuda_runtime_version", "baseTimeNanoseconds", "computeProperties")
-
-
 class _Trailer(msgspec.Struct):
+    """Top-level keys a trace may carry after its events (written by tools that re-serialize a Kineto trace)."""
+
     traceEvents: msgspec.Raw = msgspec.Raw(b"[]")  # noqa: N815 - skipped, the events are decoded apart
     schemaVersion: Any = None  # noqa: N815
     deviceProperties: Any = None  # noqa: N815
@@ -293,7 +289,7 @@ def _trailer(data: bytes) -> dict[str, Any]:
         t = msgspec.json.decode(data, type=_Trailer)
     except Exception:  # noqa: BLE001 - metadata is optional; a broken tail fails the event decode anyway
         return {}
-    return {k: getattr(t, k) for k in TRAILER_KEYS if getattr(t, k) is not None}
+    return {k: getattr(t, k) for k in t.__struct_fields__ if k != "traceEvents" and getattr(t, k) is not None}
 
 
 # 4 MB of JSON decodes to ~25 MB of structs: small enough to keep each worker's memory low.

@@ -77,7 +77,7 @@ def open_nsys(path: Path, snapshot: Path | None = None) -> Trace:
         why = dict(conn.execute(
             f"""SELECT CASE WHEN end IS NULL OR start IS NULL OR NOT (end >= start) THEN 'end'
                             WHEN start < 0 THEN 'negative'
-                            WHEN deviceId IS NULL OR NOT (deviceId BETWEEN 0 AND 1048575) THEN 'device'
+                            WHEN deviceId IS NULL OR NOT (deviceId BETWEEN 0 AND {MAX_DEVICE}) THEN 'device'
                             ELSE 'range' END, count(*)
                 FROM main.{KERNEL} WHERE NOT ({PLAUSIBLE}) OR end IS NULL OR start IS NULL OR deviceId IS NULL
                 GROUP BY 1""").fetchall())
@@ -140,8 +140,11 @@ def _connect_read_only(path: Path) -> sqlite3.Connection:
 # A GPU operation the report can use: it ends after it starts, inside the session, on a GPU (ids from 0).
 # Comparing with bounds (not typeof(), ~25 % slower per scan) also drops text, blobs and NULLs, which SQLite
 # sorts after every number; 2^53 ns (104 days) keeps every duration exact in a float.
-PLAUSIBLE = "end >= start AND start >= 0 AND end <= 9007199254740992 AND deviceId BETWEEN 0 AND 1048575"
-BYTES = "CASE WHEN bytes >= 0 AND bytes <= 9007199254740992 THEN bytes ELSE 0 END AS bytes"  # sizes, likewise
+MAX_NS = 1 << 53
+MAX_DEVICE = (1 << 20) - 1
+TIMES_OK = f"end >= start AND start >= 0 AND end <= {MAX_NS}"
+PLAUSIBLE = f"{TIMES_OK} AND deviceId BETWEEN 0 AND {MAX_DEVICE}"
+BYTES = f"CASE WHEN bytes >= 0 AND bytes <= {MAX_NS} THEN bytes ELSE 0 END AS bytes"  # sizes, likewise
 
 
 def _check_is_nsys_export(path: Path, tables: set[str]) -> None:
@@ -223,7 +226,7 @@ def _create_views(conn: sqlite3.Connection, tables: set[str], columns: dict[str,
             f"""CREATE TEMP VIEW api AS SELECT rowid AS seq, start, end, {_col(r, 'globalTid', 'tid')},
             {_col(r, 'globalTid', 'pid', PID_OF.format(col='globalTid'))},
             {_col(r, 'correlationId', 'correlation')}, nameId AS name_id FROM main.{RUNTIME}
-            WHERE end >= start AND start >= 0 AND end <= 9007199254740992"""
+            WHERE {TIMES_OK}"""
         )
         present.add("api")
     else:
@@ -239,7 +242,7 @@ def _create_views(conn: sqlite3.Connection, tables: set[str], columns: dict[str,
             f"""CREATE TEMP VIEW sync AS SELECT start, end, deviceId AS device, streamId AS stream,
             {_col(s, 'correlationId', 'correlation')}, {_col(s, 'globalPid', 'pid', PID_OF.format(col='globalPid'))},
             {_col(s, 'syncType', 'sync_type', _label_case('syncType', sync_types))} FROM main.{SYNC}
-            WHERE end >= start AND start >= 0 AND end <= 9007199254740992"""
+            WHERE {TIMES_OK}"""
         )
         present.add("sync")
     else:
@@ -289,7 +292,7 @@ def _create_nvtx_view(conn: sqlite3.Connection, tables: set[str], cols: set[str]
         ne.globalTid AS tid, {domain_name} || ':' || {text} AS name,
         CASE WHEN ne.eventType IN ({pushpop[0]}, {pushpop[1]}) THEN 'PushPop' ELSE 'StartEnd' END AS style
         FROM main.{NVTX} ne {domain_join} {sid_join} WHERE ne.eventType IN ({all_types}) AND ne.start >= 0
-        AND ne.start <= 9007199254740992 AND (ne.end IS NULL OR ne.end BETWEEN ne.start AND 9007199254740992)"""
+        AND ne.start <= {MAX_NS} AND (ne.end IS NULL OR ne.end BETWEEN ne.start AND {MAX_NS})"""
     )
 
 
