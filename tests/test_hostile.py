@@ -297,3 +297,51 @@ def test_deep_json_and_cli_numbers(tmp_path: Path, sqlite_path) -> None:
     one_clear_line(profkit("report", trace, "--window", "1:99999999999999999999999"), "63 bits")
     one_clear_line(profkit("capture", "--dry-run", "serve", "--model", "m", "--server-args", "--x 'open"),
                    "No closing quotation")
+
+
+@pytest.mark.parametrize("trailer", [{"deviceProperties": "x"}, {"deviceProperties": [{"name": 7}]},
+                                     {"distributedInfo": [1, 2]}, {"cuda_driver_version": "²"}, "deep"])
+def test_metadata_after_the_events_of_the_wrong_shape(tmp_path: Path, trailer) -> None:
+    """Keys written after traceEvents are read too: odd ones leave the report as it is; a 100 000-deep one is
+    refused in one line, as a deep header is."""
+    import gzip
+
+    from tests.conftest import FIXTURES
+
+    with gzip.open(FIXTURES / "h100_toy" / "torch_graphs_b16.json.gz") as f:
+        doc = json.load(f)
+    events = doc.pop("traceEvents")
+    for key in ("deviceProperties", "distributedInfo", "cuda_driver_version"):
+        doc.pop(key, None)
+    text = json.dumps({"traceEvents": events, **doc})[:-1]
+    if trailer == "deep":
+        text += ', "distributedInfo": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    else:
+        text += ", " + json.dumps(trailer)[1:]
+    path = tmp_path / "t.json"
+    path.write_text(text)
+    r = profkit("report", str(path), "--format", "json")
+    if trailer == "deep":
+        assert r.returncode == 1 and r.stderr.strip() == f"profkit: error: {path}: JSON nested too deeply: " \
+            "not a torch.profiler trace"
+        return
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["facts"]["kernels.count"] > 0 and rep["source"].get("rank") is None
+    assert rep["source"]["gpu"] in (None, "7")
+
+
+def test_benchmark_durations_that_make_no_window(tmp_path: Path) -> None:
+    """The host samples' window comes from bench.json's duration: a negative, zero, NaN-like or huge one
+    gives every sample (or a window clipped at 0), never an error or an empty report."""
+    from profkit.analysis.host import bench_window, read_host
+
+    procs = [{"pid": 1, "name": "vllm bench serve", "role": "bench_client", "tree": "client",
+              "cpu": [[0.1 * i, 0.5] for i in range(1, 101)]}]
+    for seconds in (-5.0, 0.0, float("nan"), float("inf"), "30", None):
+        assert bench_window(procs, seconds) is None
+    assert bench_window(procs, 1e300) == (0.0, 10.0)
+    assert bench_window([{"role": "bench_client", "cpu": "x"}], 3.0) is None
+    path = tmp_path / "host.json"
+    path.write_text(json.dumps({"schema": "profkit.host/1", "cores": 2, "processes": procs}))
+    assert read_host(path, 1e300)["roles"]["bench_client"]["cpu_mean"] == 0.5
