@@ -202,12 +202,15 @@ def serve_run_options(fn: Callable) -> Callable:
               help="nsys records only between vLLM's profiler start/stop (--profile, profiler cuda)")
 @click.option("--delay", type=float, help="nsys --delay seconds")
 @click.option("--duration", type=float, help="nsys --duration seconds")
+@click.option("--cpu-switches", is_flag=True,
+              help="nsys also traces the process tree's CPU context switches (per-process CPU time in the trace)")
 @click.option("--nsys", "nsys_exe", default="nsys", show_default=True, help="nsys executable")
 @click.option("--vllm", "vllm_exe", default="vllm", show_default=True, help="vllm executable")
 @serve_run_options
 def capture(tool: str, out: Path | None, dry_run: bool, capture_range: bool, delay: float | None,
-            duration: float | None, nsys_exe: str, vllm_exe: str, timeout: float, model: str | None,
-            server_args: str, bench_args: str, port: int, health_timeout: float, command: tuple[str, ...]) -> None:
+            duration: float | None, cpu_switches: bool, nsys_exe: str, vllm_exe: str, timeout: float,
+            model: str | None, server_args: str, bench_args: str, port: int, health_timeout: float,
+            command: tuple[str, ...]) -> None:
     """Profile a vLLM benchmark into a capture folder.
 
     \b
@@ -226,8 +229,8 @@ def capture(tool: str, out: Path | None, dry_run: bool, capture_range: bool, del
     except ValueError as exc:
         raise ProfkitError(f"--server-args/--bench-args: {exc} (quote as in a shell)") from None
     opts = CaptureOptions(out=folder, tool=tool, nsys=nsys_exe, vllm=vllm_exe, capture_range=capture_range,
-                          delay_s=delay, duration_s=duration, timeout_s=timeout, bench_cmd=list(command),
-                          model=model, server_args=server_words, bench_args=bench_words,
+                          delay_s=delay, duration_s=duration, cpu_switches=cpu_switches, timeout_s=timeout,
+                          bench_cmd=list(command), model=model, server_args=server_words, bench_args=bench_words,
                           port=port, health_timeout_s=health_timeout)
     try:
         plan = plan_serve(opts) if list(command) == ["serve"] else plan_offline(opts)
@@ -251,6 +254,8 @@ def capture(tool: str, out: Path | None, dry_run: bool, capture_range: bool, del
               help="nsys: never; once, for the baseline's diagnosis; or on every run")
 @click.option("--replicates", type=click.IntRange(min=1), default=2, show_default=True,
               help="baseline runs that measure the run-to-run noise")
+@click.option("--candidate-runs", type=click.IntRange(min=1), default=1, show_default=True,
+              help="runs of each candidate (1: a second only when the first is near the noise threshold)")
 @click.option("--patience", type=click.IntRange(min=1), default=2, show_default=True,
               help="stop after this many candidates in a row that did not help")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -259,8 +264,8 @@ def capture(tool: str, out: Path | None, dry_run: bool, capture_range: bool, del
 @click.option("--nsys", "nsys_exe", default="nsys", show_default=True)
 @click.option("--rules", "rules_dirs", type=click.Path(file_okay=False, path_type=Path), multiple=True)
 @serve_run_options
-def tune(budget: int, objective: str, slos: tuple[str, ...], profile: str, replicates: int, patience: int,
-         out: Path | None,
+def tune(budget: int, objective: str, slos: tuple[str, ...], profile: str, replicates: int, candidate_runs: int,
+         patience: int, out: Path | None,
          dry_run: bool, nsys_exe: str, timeout: float, model: str | None, server_args: str, bench_args: str,
          port: int, health_timeout: float, rules_dirs: tuple[Path, ...], command: tuple[str, ...]) -> None:
     """Diagnose, apply the suggested flag changes, re-run, keep what is measured to help.
@@ -277,7 +282,8 @@ def tune(budget: int, objective: str, slos: tuple[str, ...], profile: str, repli
     folder = out or Path(time.strftime("tune-%Y%m%d-%H%M%S"))
     opts = TuneOptions(out=folder, user=user_from_cli(list(command), model, server_args, bench_args, port),
                        budget=budget, objective=objective, slos=[parse_slo(s) for s in slos], profile=profile,
-                       replicates=replicates, patience=patience, nsys=nsys_exe, port=port, timeout_s=timeout,
+                       replicates=replicates, candidate_runs=candidate_runs, patience=patience, nsys=nsys_exe,
+                       port=port, timeout_s=timeout,
                        health_timeout_s=health_timeout, rules_dirs=list(rules_dirs))
     if dry_run:
         for line in dry_run_lines(opts):

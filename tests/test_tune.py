@@ -211,6 +211,38 @@ def test_an_error_mid_run_stops_the_loop_and_keeps_what_was_measured(env, tmp_pa
     assert (step["kind"], step["decision"], step["objective"]) == ("baseline", "incomplete", 10.0)
 
 
+def test_candidate_runs_measure_each_candidate_like_the_baseline(tmp_path: Path) -> None:
+    """--candidate-runs 3 with --replicates 3: an A/B with three runs a side inside the budget of six; the
+    candidate's objective is the mean of its three runs and is judged against the baseline's spread."""
+    from profkit.tune.loop import Run, TuneOptions, Tuner, user_from_cli
+
+    rps = iter([30.0, 33.0, 31.0, 55.0, 70.0, 60.0])
+    labels = []
+
+    def executor(plan, rules_dirs, say):
+        labels.append(plan.out.name)
+        plan.out.mkdir(parents=True)
+        value = next(rps)
+        findings = [] if value > 50 else [{"rule": "frontend-bound", "severity": "critical", "title": "t",
+                                           "summary": "s", "changes": [{"flag": "--api-server-count", "to": 3}]}]
+        report = {"vllm": {"bench": {"requests_per_second": value}}, "facts": {}, "findings": findings}
+        return Run(plan.out, "ok", False, report=report)
+
+    opts = TuneOptions(out=tmp_path / "t", user=user_from_cli(["serve"], "/tmp/tiny", "--max-model-len 2048", "",
+                                                               8000),
+                       profile="never", budget=6, replicates=3, candidate_runs=3)
+    doc = Tuner(opts, executor=executor).run()
+    assert labels == ["01-baseline", "02-baseline-replicate-1", "03-baseline-replicate-2", "04-frontend-bound",
+                      "05-frontend-bound-replicate-1", "06-frontend-bound-replicate-2"]
+    base, cand = doc["steps"]
+    assert base["objective"] == pytest.approx(94 / 3) and doc["noise"]["spread_pct"] == pytest.approx(300 / 94 * 3)
+    assert cand["decision"] == "keep" and cand["objective"] == pytest.approx(185 / 3)
+    assert [r["objective"] for r in cand["runs"]] == [55.0, 70.0, 60.0]
+    assert doc["best"]["change_pct"] == pytest.approx((185 - 94) / 94 * 100)
+    assert "--api-server-count 3" in doc["best"]["commands"][0]
+    assert doc["stopped"] == "the budget of 6 runs is spent" and doc["candidate_runs"] == 3
+
+
 # --- real runs on the H100 (tests/data/h100_tune.tar.xz): what `profkit tune` wrote there
 
 

@@ -42,6 +42,9 @@ class CaptureOptions:
     capture_range: bool = False  # nsys records only between vLLM's cudaProfilerStart/Stop (--profile)
     delay_s: float | None = None
     duration_s: float | None = None
+    # nsys also records the OS scheduler's context switches of the process tree: each process's CPU time,
+    # exact, in the trace (SCHED_EVENTS); off by default as vLLM's threads switch often
+    cpu_switches: bool = False
     timeout_s: float = 3600.0
     # offline: the `vllm bench throughput|latency ...` command after `--`
     bench_cmd: list[str] = field(default_factory=list)
@@ -82,7 +85,9 @@ class Plan:
 
 
 def _nsys_profile(opts: CaptureOptions, output: Path) -> list[str]:
-    argv = [opts.nsys, "profile", *NSYS_TRACE_FLAGS, "--force-overwrite=true", "-o", str(output)]
+    flags = [("--cpuctxsw=process-tree" if f == "--cpuctxsw=none" and opts.cpu_switches else f)
+             for f in NSYS_TRACE_FLAGS]
+    argv = [opts.nsys, "profile", *flags, "--force-overwrite=true", "-o", str(output)]
     if opts.capture_range:
         argv += ["--capture-range=cudaProfilerApi", "--capture-range-end=stop"]
     if opts.delay_s is not None:

@@ -6,7 +6,8 @@ what may change: a candidate is one finding's flag changes, applied to the best 
 
 Noise is measured, not assumed: the baseline runs `replicates` times and a candidate counts as a gain
 only when its objective moves beyond the spread of those replicates (a candidate close to the
-threshold is run again). Profiled runs (nsys) are for diagnosis only: their throughput is perturbed by
+threshold is run again; `candidate_runs` measures every candidate as often as the baseline, for an A/B
+with replicates on both sides). Profiled runs (nsys) are for diagnosis only: their throughput is perturbed by
 the profiler, so the objective always comes from runs with the same profiling as the baseline's.
 """
 
@@ -44,6 +45,7 @@ class TuneOptions:
     slos: list[Condition] = field(default_factory=list)
     profile: str = "first"
     replicates: int = 2  # runs of the baseline that measure the noise
+    candidate_runs: int = 1  # runs of each candidate (1: a second only when the first lands near the threshold)
     patience: int = 2  # stop after this many candidates in a row that did not help
     nsys: str = "nsys"
     port: int = 8000
@@ -297,14 +299,20 @@ class Tuner:
                 return
             self.tried.add(tuple(tuple(c.argv()) for c in user.commands))
             config = Config(user)
-            run = self._run(user, cand["rule"], profiled=opts.profile == "always")
-            if run.status != "ok":
-                self._step("candidate", config, [run], "revert", f"the run failed ({run.error}); reverted",
-                           candidate=cand)
+            failed = None
+            for i in range(max(1, min(opts.candidate_runs, opts.budget - self.used))):
+                run = self._run(user, cand["rule"] if i == 0 else f"{cand['rule']}-replicate-{i}",
+                                profiled=opts.profile == "always")
+                if run.status != "ok":
+                    failed = run
+                    break
+                config.runs.append(run)
+                config.diagnosis.append(run.report)
+            if failed is not None:
+                self._step("candidate", config, [*config.runs, failed], "revert",
+                           f"the run failed ({failed.error}); reverted", candidate=cand)
                 misses += 1
                 continue
-            config.runs.append(run)
-            config.diagnosis.append(run.report)
             decision, why, comparison = self._judge(config)
             if decision == "close" and self.used < opts.budget:  # near the threshold: measure it again
                 again = self._run(user, f"{cand['rule']}-replicate", profiled=opts.profile == "always")
@@ -390,7 +398,7 @@ class Tuner:
             "objective": {"name": opts.objective, "better": m.direction(opts.objective) or "higher"},
             "slos": [c.text for c in opts.slos],
             "budget": opts.budget, "runs_used": self.used, "profile": opts.profile,
-            "replicates": opts.replicates,
+            "replicates": opts.replicates, "candidate_runs": opts.candidate_runs,
             "allowed_flags": sorted(self.allowed),
             "baseline_commands": [c.shell() for c in opts.user.commands],
             "noise": self.noise,
@@ -412,7 +420,9 @@ def dry_run_lines(opts: TuneOptions) -> list[str]:
     """What `--dry-run` prints: the baseline's exact commands, the loop's settings and the allow-list."""
     lines = [f"objective: {opts.objective} ({m.direction(opts.objective) or 'higher'} is better)",
              f"budget: {opts.budget} runs (baseline x{opts.replicates}"
-             + (" + 1 profiled for diagnosis" if opts.profile == "first" else "") + ", then one run per candidate)",
+             + (" + 1 profiled for diagnosis" if opts.profile == "first" else "")
+             + (f", then {opts.candidate_runs} runs per candidate)" if opts.candidate_runs > 1
+                else ", then one run per candidate)"),
              f"profile: {opts.profile}", f"SLOs: {', '.join(c.text for c in opts.slos) or 'none'}",
              "baseline run:"]
     plan = plan_for(opts.user, opts.out / "runs" / "01-baseline", "nsys" if opts.profile == "always" else "none", opts)
