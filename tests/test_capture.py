@@ -71,7 +71,8 @@ def test_dry_run_prints_the_exact_commands(env, tmp_path: Path) -> None:
     serve = capture(env, "serve", "--dry-run", "--out", str(out), "--model", "/m", "--port", "8011",
                     "--server-args", "--kv-cache-memory-bytes 300000000", "--bench-args", "--num-prompts 200")
     lines = serve.stdout.splitlines()
-    assert lines[0].startswith("nsys profile -t cuda,nvtx,osrt")
+    # a served vLLM is stopped, not left to exit: nsys saves its CUDA buffers periodically
+    assert lines[0].startswith("nsys profile --cuda-flush-interval=500 -t cuda,nvtx,osrt")
     assert "vllm serve /m --kv-cache-memory-bytes 300000000 " in lines[0]
     assert "--port 8011" in lines[0] and lines[0].endswith("stopped with SIGINT after the bench")
     assert lines[1] == (f"vllm bench serve --backend vllm --model /m --port 8011 --num-prompts 200 --save-result "

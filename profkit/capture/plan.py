@@ -16,6 +16,7 @@ from pathlib import Path
 NSYS_TRACE_FLAGS = ["-t", "cuda,nvtx,osrt", "--sample=none", "--cpuctxsw=none", "--trace-fork-before-exec=true",
                     "--cuda-graph-trace=node"]
 OFFLINE_BENCHES = ("throughput", "latency")
+NSYS_FLUSH_MS = 500  # serve under nsys: CUDA buffers saved this often (nsys --cuda-flush-interval)
 
 
 @dataclass
@@ -156,7 +157,11 @@ def plan_serve(opts: CaptureOptions) -> Plan:
         raise ValueError("capture serve records one profiler at a time: --tool nsys or --tool torch")
     exports = []
     if opts.tool == "nsys":
-        server = [*_nsys_profile(opts, out / "trace"), *server]
+        # A served vLLM is stopped, not left to exit: CUDA records still buffered then are lost (on the H100 a
+        # 10 s benchmark kept only its first 0.2 s). Buffers saved every NSYS_FLUSH_MS, and a wait of as long
+        # after the benchmark (run.py), keep the whole run.
+        nsys = _nsys_profile(opts, out / "trace")
+        server = [*nsys[:2], f"--cuda-flush-interval={NSYS_FLUSH_MS}", *nsys[2:], *server]
         exports.append(_export(opts, out / "trace.nsys-rep"))
     bench = [opts.vllm, "bench", "serve", "--backend", "vllm", "--model", opts.model, "--port", str(opts.port),
              *opts.bench_args, "--save-result", "--result-dir", str(out), "--result-filename", "bench.json"]

@@ -22,7 +22,7 @@ from typing import TypeVar
 
 from profkit.capture.folder import Manifest
 from profkit.capture.host import HostSampler, write_host_json
-from profkit.capture.plan import Plan, Step
+from profkit.capture.plan import NSYS_FLUSH_MS, Plan, Step
 from profkit.errors import ProfkitError
 
 T = TypeVar("T")
@@ -81,6 +81,8 @@ def run_capture(plan: Plan, say: Callable[[str], None] = lambda _m: None) -> Pat
             finally:
                 _write_host(sampler, plan.out)
             _scrape(plan, "metrics-after.txt", manifest)
+            if plan.nsys_exe:  # let nsys save the CUDA records of the benchmark's last moments before the stop
+                time.sleep(3 * NSYS_FLUSH_MS / 1000)
             _stop(server, manifest, say)
             server = None
             for step in plan.exports:
