@@ -17,6 +17,8 @@ TOY = ["chunked_prefill", "eager_b1", "eager_b64", "graphs_b1", "graphs_b64", "h
 
 
 def fixture_xz(name: str) -> Path:
+    if name == "serve_frontend":  # 1 s of a frontend-bound `vllm serve` under nsys (tests/data/h100_host.tar.xz)
+        return REPO / "tests" / "data" / "h100_serve_frontend_slice.sqlite.xz"
     if name == "thr_graphs":
         return FIXTURES / "h100_vllm" / "thr_graphs.sqlite.xz"
     return FIXTURES / "h100_toy" / name / f"{name}.sqlite.xz"
@@ -71,3 +73,15 @@ def h100_tune(tmp_path_factory: pytest.TempPathFactory) -> Path:
     with tarfile.open(Path(__file__).parent / "data" / "h100_tune.tar.xz") as tar:
         tar.extractall(folder, filter="data")
     return folder / "h100_tune"
+
+
+@pytest.fixture(scope="session")
+def h100_host(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Real runs of a frontend-bound vLLM server on the H100: tune from the defaults, the by-hand A/B, the
+    GPU-bound control, an nsys capture (tests/data/h100_host.tar.xz; its README says what each is)."""
+    import tarfile
+
+    folder = tmp_path_factory.mktemp("h100_host")
+    with tarfile.open(Path(__file__).parent / "data" / "h100_host.tar.xz") as tar:
+        tar.extractall(folder, filter="data")
+    return folder / "h100_host"

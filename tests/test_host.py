@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -178,3 +179,87 @@ def test_real_kv_capped_run_is_engine_bound_and_frontend_quiet(h100_tune: Path) 
     assert f["vllm.preemptions"] == 158
     # the busy engine core is said, but with preemptions the KV cache is the fix, not bigger steps
     assert next(x for x in rep["findings"] if x["rule"] == "engine-core-bound")["changes"] == []
+
+
+# --- the issue's proof on the H100 (2000 prompts random 1024/256, rate inf): tests/data/h100_host.tar.xz
+
+HOST_RULES = {"frontend-bound", "engine-core-bound", "client-bound"}
+
+
+def _rps(folder: Path) -> float:
+    return json.loads((folder / "bench.json").read_text())["request_throughput"]
+
+
+def test_real_tune_from_the_defaults_finds_more_api_servers(h100_host: Path) -> None:
+    """`profkit tune` from vLLM's defaults, 3 baseline runs and 3 of the candidate (6 runs, each benchmark
+    >= 30 s): frontend-bound's `--api-server-count 3` is the first candidate, kept at >= 1.5x."""
+    doc = json.loads((h100_host / "t17" / "tune.json").read_text())
+    base, cand = doc["steps"]
+    assert doc["runs_used"] == 6 and doc["replicates"] == 3 and doc["candidate_runs"] == 3
+    base_runs = [h100_host / r["folder"] for r in base["runs"]]
+    cand_runs = [h100_host / r["folder"] for r in cand["runs"]]
+    assert len(base_runs) == len(cand_runs) == 3
+    for run in base_runs + cand_runs:
+        assert json.loads((run / "bench.json").read_text())["duration"] >= 30
+    assert base["objective"] == pytest.approx(sum(map(_rps, base_runs)) / 3)
+    assert cand["objective"] == pytest.approx(sum(map(_rps, cand_runs)) / 3)
+    assert cand["candidate"]["rule"] == "frontend-bound" and cand["decision"] == "keep"
+    assert cand["candidate"]["changes"] == [{"flag": "--api-server-count", "to": 3, "action": "add"}]
+    assert cand["objective"] / base["objective"] >= 1.5
+    # every candidate run is worse than none of the baseline runs: the gain is beyond the measured noise
+    assert min(map(_rps, cand_runs)) > max(map(_rps, base_runs))
+    assert doc["best"]["argv"][0][-2:] == ["--api-server-count", "3"]
+
+
+def test_real_by_hand_ab_beats_the_defaults_and_diff_says_so(h100_host: Path, tmp_path: Path) -> None:
+    """The suggested command applied by hand on a second machine, interleaved with the defaults (3+3):
+    >= 1.5x in request throughput; `profkit diff` over the two folders of replicates says better."""
+    from profkit.compare.diff import diff_reports, load_sides
+
+    before, after = tmp_path / "defaults", tmp_path / "api3"
+    for i in (1, 2, 3):
+        shutil.copytree(h100_host / f"hand_def{i}", before / f"r{i}")
+        shutil.copytree(h100_host / f"hand_api{i}", after / f"r{i}")
+    defaults = [_rps(h100_host / f"hand_def{i}") for i in (1, 2, 3)]
+    api3 = [_rps(h100_host / f"hand_api{i}") for i in (1, 2, 3)]
+    assert (sum(api3) / 3) / (sum(defaults) / 3) >= 1.5
+    doc = diff_reports(*load_sides(str(before), str(after), parallel=False))
+    assert doc["noise"]["replicates"] == [3, 3]
+    row = next(r for r in doc["metrics"] if r["name"] == "request_throughput")
+    assert row["before"] == pytest.approx(sum(defaults) / 3) and row["after"] == pytest.approx(sum(api3) / 3)
+    assert row["verdict"] == "better" and row["change_pct"] > 50
+    # each defaults run names the API server as the limit and suggests what was run
+    from profkit.report import build_report
+
+    for i in (1, 2, 3):
+        rep = build_report(h100_host / f"hand_def{i}")
+        finding = next(x for x in rep["findings"] if x["rule"] == "frontend-bound")
+        assert finding["changes"][0]["flag"] == "--api-server-count" and finding["changes"][0]["to"] >= 3
+
+
+def test_real_gpu_bound_control_keeps_the_host_rules_quiet(h100_host: Path) -> None:
+    """A 14B model on the same server: NVML says the GPU is busy 96 % of the benchmark; the API server is
+    at a full core in 4 % of the samples. Every host rule was evaluated and none fired."""
+    from profkit.report import build_report
+
+    rep = build_report(h100_host / "ctl")
+    f = rep["facts"]
+    assert f["gpu.busy"] > 0.9 and f["host.api_server_saturated_share"] < 0.1
+    assert HOST_RULES.isdisjoint(x["rule"] for x in rep["findings"])
+    assert HOST_RULES.isdisjoint(s["rule"] for s in rep["rules_skipped"])
+    api_cpu, api_sat = _window_mean(h100_host / "ctl" / "host.json", h100_host / "ctl" / "bench.json", "api_server")
+    assert f["host.api_server_saturated_share"] == pytest.approx(api_sat)
+
+
+def test_real_more_api_servers_still_saturated_suggests_the_next_step(h100_host: Path) -> None:
+    """With 3 API servers vLLM logs no stats lines and /metrics reads 0 running after the run: the client's
+    peak of requests in flight (2000) stands in, and the still-saturated API servers ask for a fourth."""
+    from profkit.report import build_report
+
+    run = next((h100_host / "t17" / "runs").glob("04-*"))
+    assert "Running:" not in (run / "server.log").read_text()
+    rep = build_report(run)
+    assert rep["facts"]["vllm.running_max"] == 2000
+    finding = next(x for x in rep["findings"] if x["rule"] == "frontend-bound")
+    assert [(c["flag"], c["to"], c["action"]) for c in finding["changes"]] == [("--api-server-count", 4, "edit")]
+    assert "2,000 requests running" in finding["summary"]

@@ -173,6 +173,7 @@ def parse_bench(data: dict[str, Any]) -> dict[str, Any]:
         "tpot_mean_ms": ("mean_tpot_ms",), "tpot_p99_ms": ("p99_tpot_ms",),
         "itl_mean_ms": ("mean_itl_ms",), "itl_p99_ms": ("p99_itl_ms",),
         "max_concurrency": ("max_concurrency",), "request_rate": ("request_rate",),
+        "peak_concurrent_requests": ("max_concurrent_requests",),  # requests in flight, client side
     }
     out = {}
     for name, candidates in keys.items():
@@ -302,7 +303,10 @@ def vllm_facts(section: dict[str, Any]) -> dict[str, Any]:
     log_usage = log.get("kv_cache_usage_max")
     facts["vllm.kv_cache_usage_max"] = (log_usage / 100 if log_usage is not None else usage)
     facts["vllm.waiting_max"] = log.get("waiting_max", gauges.get("vllm:num_requests_waiting"))
-    facts["vllm.running_max"] = log.get("running_max", gauges.get("vllm:num_requests_running"))
+    # With --api-server-count > 1 vLLM logs no stats lines, and /metrics after the run reads 0 running: the
+    # client's peak of requests in flight says the server was loaded.
+    running = log.get("running_max", bench.get("peak_concurrent_requests"))
+    facts["vllm.running_max"] = running if running is not None else gauges.get("vllm:num_requests_running")
     facts["vllm.running_mean"] = log.get("running_mean")
     hits, queries = metrics.get("vllm:prefix_cache_hits_total"), metrics.get("vllm:prefix_cache_queries_total")
     if hits is not None and queries:
@@ -311,6 +315,8 @@ def vllm_facts(section: dict[str, Any]) -> dict[str, Any]:
         rate = log.get("prefix_cache_hit_rate_mean")
         facts["vllm.prefix_cache_hit_rate"] = rate / 100 if rate is not None else None
     prompt, gen = log.get("prompt_throughput_mean"), log.get("generation_throughput_mean")
+    if prompt is None or not gen:  # no stats lines: the token counters' change over the run
+        prompt, gen = metrics.get("vllm:prompt_tokens_total"), metrics.get("vllm:generation_tokens_total")
     facts["vllm.prompt_token_share"] = prompt / (prompt + gen) if prompt is not None and gen and prompt + gen else None
     facts["vllm.kv_cache_tokens"] = log.get("kv_cache_tokens")
     for key in ("gpu_free_memory_bytes", "kv_cache_memory_bytes", "model_memory_bytes"):

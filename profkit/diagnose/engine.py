@@ -237,6 +237,8 @@ def _num(value: Any, digits: int = 3) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
+        if value.is_integer() and abs(value) < 1e15:  # a count that arrived as a float (JSON, metrics)
+            return f"{int(value):,}"
         return f"{value:.{digits}g}"
     return f"{value:,}" if isinstance(value, int) else str(value)
 
