@@ -28,6 +28,7 @@ from profkit.analysis.host import read_host
 from profkit.analysis.kernels import kernel_summary
 from profkit.analysis.launch import launch_latency
 from profkit.analysis.nvtx import nvtx_summary
+from profkit.analysis.sched import process_cpu
 from profkit.analysis.stats import records
 from profkit.analysis.steps import engine_steps
 from profkit.analysis.transfers import memop_summary, memory_kinds
@@ -158,7 +159,7 @@ def evidence_only_report(folder: Path | None) -> dict[str, Any]:
         "source": {"path": str(folder) if folder else None, "kind": "evidence"},
         "window": None, "gpu": None, "timeline": [], "kernels": [], "categories": [], "memops": [],
         "memory_kinds": [], "api": [], "sync": [], "nvtx": [], "cpu_ops": [], "gaps": [], "gap_classes": {},
-        "steps": None,
+        "steps": None, "sched": None,
         "launch": {}, "vllm": {}, "findings": [],
     }
 
@@ -183,6 +184,7 @@ def _build(path: str | os.PathLike, window: str, gap_threshold_ns: int, buckets:
                 timeline.build_gap_table(trace)
             tl = timeline.gpu_timeline(trace, win, gap_threshold_ns=gap_threshold_ns, n_buckets=buckets)
             steps = engine_steps(trace, win)  # the gap table lives on this connection
+            sched = process_cpu(trace, win)
             step("kernels")
             kernels, memops, kinds, nvtx, launch = gpu_side.result()
             step("CUDA API")
@@ -209,6 +211,7 @@ def _build(path: str | os.PathLike, window: str, gap_threshold_ns: int, buckets:
         "gaps": tl.gaps,
         "gap_classes": tl.gap_classes,
         "steps": steps,
+        "sched": sched,
         "launch": launch,
         "vllm": {},
         "findings": [],

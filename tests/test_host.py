@@ -263,3 +263,42 @@ def test_real_more_api_servers_still_saturated_suggests_the_next_step(h100_host:
     finding = next(x for x in rep["findings"] if x["rule"] == "frontend-bound")
     assert [(c["flag"], c["to"], c["action"]) for c in finding["changes"]] == [("--api-server-count", 4, "edit")]
     assert "2,000 requests running" in finding["summary"]
+
+
+def test_trace_context_switches_give_each_process_cpu(sqlite_path, h100_host: Path) -> None:
+    """`capture --cpu-switches` on the frontend-bound server: the trace's context switches give each
+    process's CPU time over the window exactly (a plain pass over the raw switch events agrees), and they
+    agree with host.json's 10 Hz samples of the same run: the API server's main thread at a full core."""
+    import sqlite3
+
+    from profkit.report import build_report
+
+    path = sqlite_path("serve_frontend")
+    rep = build_report(path, window="all")
+    sc = rep["sched"]
+    a = rep["window"]["start_ns"]
+    b = a + rep["window"]["duration_ns"]
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as conn:
+        rows = conn.execute("SELECT globalTid, start, isSchedIn FROM SCHED_EVENTS WHERE start >= ? AND start < ? "
+                            "ORDER BY globalTid, start", (a, b)).fetchall()
+    per_thread: dict[int, int] = {}
+    for i, (tid, start, sched_in) in enumerate(rows):
+        first = i == 0 or rows[i - 1][0] != tid
+        nxt = rows[i + 1][1] if i + 1 < len(rows) and rows[i + 1][0] == tid else b
+        if sched_in:
+            per_thread[tid] = per_thread.get(tid, 0) + nxt - start
+        elif first:
+            per_thread[tid] = per_thread.get(tid, 0) + start - a
+    per_pid: dict[int, int] = {}
+    for tid, t in per_thread.items():
+        per_pid[(tid >> 24) & 0xFFFFFF] = per_pid.get((tid >> 24) & 0xFFFFFF, 0) + t
+    assert {p["pid"]: p["cores"] for p in sc["processes"]} == pytest.approx(
+        {pid: t / (b - a) for pid, t in per_pid.items()})
+    host = json.loads((h100_host / "nsys_def2" / "host.json").read_text())
+    roles = {p["pid"]: p["role"] for p in host["processes"]}
+    api = next(p for p in sc["processes"] if roles.get(p["pid"]) == "api_server")
+    core = next(p for p in sc["processes"] if roles.get(p["pid"]) == "engine_core")
+    assert api["name"] == "vllm" and api["busiest_tid"] == api["pid"]  # the main (event-loop) thread
+    sampled = build_report(h100_host / "nsys_def2")["facts"]["host.api_server_cpu"]
+    assert api["busiest_thread_cores"] > 0.9 and abs(api["busiest_thread_cores"] - sampled) < 0.1
+    assert core["busiest_thread_cores"] > 0.8

@@ -58,3 +58,58 @@ def test_steps_equal_a_brute_force_union(name: str) -> None:
 def test_no_annotations_no_steps(sqlite_path) -> None:
     doc = build_report(sqlite_path("graphs_b1"))
     assert doc["steps"] is None and doc["facts"]["steps.count"] is None
+
+
+def brute_force_kernel_steps(path) -> list[tuple[int, int, int, bool]]:
+    """(cycle, GPU busy, wait at the start, prefill) per step of an nsys trace without step annotations,
+    from the raw events in plain Python: a step starts at the longest GPU idle time between the previous
+    `_post_update_kernel`'s end and its `_prepare_pos_seq_lens_kernel`."""
+    with open_trace(path) as trace:
+        named = trace.query("SELECT k.start, k.end, s.value FROM kernels k JOIN strings s ON s.id = k.name_id "
+                            "WHERE s.value IN ('_prepare_pos_seq_lens_kernel', '_prepare_prefill_inputs_kernel', "
+                            "'_post_update_kernel') AND k.device = 0 ORDER BY k.start")
+        ops = sorted(trace.query("SELECT start, end FROM kernels WHERE device = 0 UNION ALL "
+                                 "SELECT start, end FROM memops WHERE device = 0"))
+    idle, reach = [], ops[0][1]  # (start, end) of every GPU idle interval
+    for s, e in ops[1:]:
+        if s > reach:
+            idle.append((reach, s))
+        reach = max(reach, e)
+    marks = [s for s, _, n in named if n == "_prepare_pos_seq_lens_kernel"]
+    starts, prefill = [], []
+    for i, mark in enumerate(marks):
+        prev_end = max((e for s, e, n in named if n == "_post_update_kernel" and e < mark), default=mark)
+        inside = [g for g in idle if prev_end <= g[0] < mark]
+        straddle = [g for g in idle if g[0] < mark <= g[1]]
+        gap = max(inside, key=lambda g: g[1] - g[0]) if inside else (straddle[-1] if straddle else (mark, mark))
+        starts.append(gap)
+        lo = marks[i - 1] if i else -1
+        prefill.append(any(n == "_prepare_prefill_inputs_kernel" and lo < s <= mark for s, _, n in named))
+    out = []
+    for i, (a, gap_end) in enumerate(starts):
+        b = starts[i + 1][0] if i + 1 < len(starts) else max(marks[i], a + 1)
+        lo_op, hi_op = max(a, ops[0][0]), min(b, reach)
+        gaps = sum(max(0, min(e, hi_op) - max(s, lo_op)) for s, e in idle)
+        busy = max(0, hi_op - lo_op) - gaps
+        wait = min(b - a, max(0, min(gap_end, b) - a) + max(0, ops[0][0] - a))
+        out.append((b - a, busy, wait, prefill[i]))
+    return out
+
+
+def test_nsys_steps_from_vllms_own_kernels(sqlite_path) -> None:
+    """An nsys trace of `vllm serve` (1 s of the frontend-bound H100 run) has no step annotations: the steps
+    come from vLLM's per-step kernels, each with the host's scheduling gap before it, checked against a
+    brute-force pass over the raw events. The offline throughput trace gives its prefill steps too."""
+    for name, count, prefills in (("serve_frontend", 23, 23), ("thr_graphs", 139, 11)):
+        doc = build_report(sqlite_path(name), window="all")
+        steps = doc["steps"]
+        expected = brute_force_kernel_steps(sqlite_path(name))
+        assert steps["source"].startswith("vLLM's per-step input kernels")
+        assert steps["count"] == len(expected) == count
+        assert steps["prefill"]["count"] == sum(p for *_, p in expected) == prefills
+        assert [(s["cycle_ns"], s["gpu_busy_ns"], s["prefill"]) for s in steps["series"]] == \
+            [(c, b, p) for c, b, _, p in expected]
+        assert steps["wait_share"] == pytest.approx(sum(w for _, _, w, _ in expected) / sum(c for c, *_ in expected))
+    # the frontend-bound server: each step starts after a ~2.5 ms GPU wait while the host schedules it
+    doc = build_report(sqlite_path("serve_frontend"), window="all")
+    assert 2_000_000 < doc["steps"]["wait_p50_ns"] < 3_000_000 and doc["facts"]["steps.wait_share"] > 0.1

@@ -3,13 +3,18 @@ at its start; prefill-bearing vs decode-only steps.
 
 Step boundaries come from vLLM's own step annotations (`execute_context_N(T)_generation_M(M)`: N
 requests with T prompt tokens, M decoding; the torch profiler records them, and nsys where vLLM emits
-them as NVTX ranges). A step's cycle runs from its start to the next step's start; its GPU busy time is
-the cycle less the GPU's idle time in it, summed from the gap table by primary-key ranges (the steps are
-disjoint, so all of them together read each gap of the window once).
+them as NVTX ranges). Without them (an nsys trace of vLLM has no NVTX by default), from the kernel vLLM's
+GPU model runner launches once per step to prepare its inputs (`_prepare_pos_seq_lens_kernel`, vLLM 0.2x;
+prefill-bearing where `_prepare_prefill_inputs_kernel` runs in the step): a step starts at the longest
+GPU idle time between the previous step's last kernel (`_post_update_kernel`) and that one, where the
+host schedules the next step and stages its inputs. A step's cycle runs from its start to the next step's
+start; its GPU busy time is the cycle less the GPU's idle time in it, summed from the gap table by
+primary-key ranges (the steps are disjoint, so all of them together read each gap of the window once).
 """
 
 from __future__ import annotations
 
+import bisect
 import re
 from typing import Any
 
@@ -18,6 +23,11 @@ from profkit.traces import Trace
 
 STEP = re.compile(r"execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)")
 SERIES_MAX = 400  # steps kept for the chart (evenly spaced)
+STEP_KERNEL = "_prepare_pos_seq_lens_kernel"  # once per step, first of the step's own kernels (H100 traces)
+PREFILL_KERNEL = "_prepare_prefill_inputs_kernel"  # only in steps that carry prompt tokens
+END_KERNEL = "_post_update_kernel"  # the last of a step's own kernels, after sampling
+NVTX_SOURCE = "vLLM step annotations (execute_context_N(T)_generation_M(M))"
+KERNEL_SOURCE = f"vLLM's per-step input kernels ({STEP_KERNEL}; prefill: {PREFILL_KERNEL})"
 
 
 def _quantile(values: list[int], q: float) -> int | None:
@@ -28,21 +38,17 @@ def _quantile(values: list[int], q: float) -> int | None:
 
 
 def engine_steps(trace: Trace, win: Window) -> dict[str, Any] | None:
-    """The step view, or None when the trace holds no step annotations (then the report says so)."""
-    if "nvtx" not in trace.present:
-        return None
+    """The step view, or None when the trace shows no step boundaries (then the report says so)."""
     lo, hi = (win.start_ns, win.end_ns) if win.bounded else (-(1 << 62), 1 << 62)  # `all`: every step
-    rows = trace.query(
-        "SELECT start, end, name FROM nvtx WHERE name LIKE '%execute\\_context\\_%' ESCAPE '\\' "
-        "AND style != 'GPU' AND start >= ? AND start < ? ORDER BY start", (lo, hi))
-    steps = []
-    for start, end, name in rows:
-        m = STEP.search(name or "")
-        if m and end is not None and end >= start:
-            steps.append((int(start), int(end), int(m.group(1)), int(m.group(2)), int(m.group(3))))
+    spans = trace.query("SELECT device, first_start, last_end FROM gpu_spans ORDER BY device")
+    if not spans:
+        return None
+    device, first, last = spans[0]
+    steps, source = _nvtx_steps(trace, lo, hi), NVTX_SOURCE
+    if not steps:
+        steps, source = _kernel_steps(trace, lo, hi, device), KERNEL_SOURCE
     if not steps:
         return None
-    device, first, last = trace.query("SELECT device, first_start, last_end FROM gpu_spans ORDER BY device")[0]
     bounds = [(s[0], steps[i + 1][0] if i + 1 < len(steps) else max(s[1], s[0] + 1)) for i, s in enumerate(steps)]
     # The gap table holds idle time between GPU operations only: clip each step to the GPU's active span.
     clipped = [(max(a, first), max(max(a, first), min(b, last))) for a, b in bounds]
@@ -79,7 +85,7 @@ def engine_steps(trace: Trace, win: Window) -> dict[str, Any] | None:
                 "gpu_busy_p50_ns": _quantile(g, 0.5), "gpu_share": sum(g) / sum(c) if sum(c) else None}
 
     return {
-        "source": "vLLM step annotations (execute_context_N(T)_generation_M(M))",
+        "source": source,
         "device": device,
         "count": len(steps),
         "total_ns": total,
@@ -92,6 +98,59 @@ def engine_steps(trace: Trace, win: Window) -> dict[str, Any] | None:
         "series": [{"cycle_ns": cycles[i], "gpu_busy_ns": busy[i], "prefill": prefill[i]}
                    for i in range(0, len(steps), stride)],
     }
+
+
+def _nvtx_steps(trace: Trace, lo: int, hi: int) -> list[tuple[int, int, int, int, int]]:
+    """(start, end, prefill requests, prompt tokens, decode requests) per annotated step."""
+    if "nvtx" not in trace.present:
+        return []
+    rows = trace.query(
+        "SELECT start, end, name FROM nvtx WHERE name LIKE '%execute\\_context\\_%' ESCAPE '\\' "
+        "AND style != 'GPU' AND start >= ? AND start < ? ORDER BY start", (lo, hi))
+    steps = []
+    for start, end, name in rows:
+        m = STEP.search(name or "")
+        if m and end is not None and end >= start:
+            steps.append((int(start), int(end), int(m.group(1)), int(m.group(2)), int(m.group(3))))
+    return steps
+
+
+def _kernel_steps(trace: Trace, lo: int, hi: int, device: int) -> list[tuple[int, int, int, int, int]]:
+    """Steps from vLLM's per-step input kernel on the first GPU: each starts where the GPU went idle before
+    that kernel (a PK seek in the gap table per step); prefill-bearing when the prefill-input kernel runs
+    before the next step. The prompt-token and decode counts are not on the trace (0)."""
+    ids = dict(trace.query("SELECT value, id FROM strings WHERE value IN (?, ?, ?)",
+                           (STEP_KERNEL, PREFILL_KERNEL, END_KERNEL)))
+    if STEP_KERNEL not in ids:
+        return []
+
+    def starts(name: str) -> list[tuple[int, int]]:
+        return [(int(a), int(b)) for a, b in trace.query(
+            "SELECT start, end FROM kernels WHERE name_id = ? AND device = ? AND start >= ? AND start < ? "
+            "ORDER BY start", (ids.get(name, -1), device, lo, hi))]
+
+    marks = [a for a, _ in starts(STEP_KERNEL)]
+    if len(marks) < 2:
+        return []
+    prefill = [a for a, _ in starts(PREFILL_KERNEL)]
+    ends = [b for _, b in starts(END_KERNEL)]
+    # the prefill-input kernel runs just before its step's kernel: it belongs to the next mark at or after it
+    flags = [0] * len(marks)
+    for t in prefill:
+        k = bisect.bisect_left(marks, t)
+        if k < len(marks):
+            flags[k] = 1
+    steps = []
+    for mark, flag in zip(marks, flags, strict=True):
+        k = bisect.bisect_left(ends, mark)
+        since = ends[k - 1] if k else mark  # the previous step's end (else only the gap right before)
+        gap = trace.query("SELECT start FROM gpu_gaps WHERE device = ? AND start >= ? AND start < ? "
+                          "ORDER BY end - start DESC LIMIT 1", (device, since, mark)) if since < mark else []
+        if not gap:  # the idle time straddling or ending at the mark
+            gap = trace.query("SELECT start FROM gpu_gaps WHERE device = ? AND start < ? AND end >= ? "
+                              "ORDER BY start DESC LIMIT 1", (device, mark, mark))
+        steps.append((int(gap[0][0]) if gap else mark, mark, flag, 0, 0))
+    return steps
 
 
 STEP_FACT_DOCS = {

@@ -76,6 +76,20 @@ def host_lines(report: dict[str, Any]) -> list[str]:
     return out + [""]
 
 
+def sched_lines(report: dict[str, Any]) -> list[str]:
+    """Per-process CPU from the trace's context switches (exact, over the report's window)."""
+    sc = report.get("sched")
+    if not sc or not sc.get("processes"):
+        return []
+    out = [f"CPU from the trace's context switches (cores used over the {ns(sc['window_ns'])} window; the busiest "
+           "thread of a Python process tops out at 1.0)"]
+    out.append(_table(sc["processes"], {
+        "pid": lambda r: r["pid"], "cores": lambda r: f"{r['cores']:.2f}", "threads": lambda r: r["threads"],
+        "busiest thread": lambda r: f"{r['busiest_thread_cores']:.2f} (tid {r['busiest_tid']})",
+        "process": lambda r: clip(terminal_safe(r["name"]), 40)}, 10))
+    return out + [""]
+
+
 def step_lines(report: dict[str, Any]) -> list[str]:
     st = report.get("steps")
     if not st:
@@ -111,6 +125,7 @@ def render_text(report: dict[str, Any], top: int = 10, name_width: int = 70) -> 
     out += _findings(report)
     out += step_lines(report)
     out += host_lines(report)
+    out += sched_lines(report)
     out += [
         "Time by kernel category",
         _table(report["categories"], {"category": lambda r: r["category"], "kernels": lambda r: r["count"],
@@ -178,6 +193,7 @@ def _render_evidence_only(report: dict[str, Any]) -> str:
            *outcome_lines(report), ""]
     out += _findings(report)
     out += host_lines(report)
+    out += sched_lines(report)
     skipped = report.get("rules_skipped") or []
     if skipped:
         out.append(f"Rules not evaluated ({len(skipped)}; they need a trace or evidence not given): "

@@ -62,7 +62,8 @@ def open_nsys(path: Path, snapshot: Path | None = None) -> Trace:
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         _check_is_nsys_export(path, tables)
         meta = _read_meta(conn, tables)
-        columns = {t: _columns(conn, t) for t in (KERNEL, MEMCPY, MEMSET, RUNTIME, SYNC, NVTX) if t in tables}
+        columns = {t: _columns(conn, t) for t in (KERNEL, MEMCPY, MEMSET, RUNTIME, SYNC, NVTX, "SCHED_EVENTS",
+                                                  "PROCESSES") if t in tables}
         missing = [c for c in REQUIRED_KERNEL_COLUMNS if c not in columns[KERNEL]]
         if missing:
             raise TraceError(
@@ -257,6 +258,16 @@ def _create_views(conn: sqlite3.Connection, tables: set[str], columns: dict[str,
     else:
         conn.execute("CREATE TEMP VIEW nvtx AS SELECT 0 AS start, 0 AS end, 0 AS tid, '' AS name, "
                      "'' AS style WHERE 0")
+
+    # The OS scheduler's context switches (nsys --cpuctxsw): each thread's time on a CPU, exactly.
+    if "SCHED_EVENTS" in tables and {"start", "isSchedIn", "globalTid"} <= columns["SCHED_EVENTS"]:
+        conn.execute(f"""CREATE TEMP VIEW sched AS SELECT start, isSchedIn != 0 AS sched_in, globalTid AS tid,
+            {PID_OF.format(col='globalTid')} AS pid FROM main.SCHED_EVENTS
+            WHERE globalTid IS NOT NULL AND start BETWEEN 0 AND {MAX_NS}""")
+        present.add("sched")
+        names = "SELECT pid, name FROM main.PROCESSES" if {"pid", "name"} <= columns.get("PROCESSES", set()) \
+            else "SELECT 0 AS pid, '' AS name WHERE 0"
+        conn.execute(f"CREATE TEMP VIEW processes AS {names}")
 
     # A table that exists but holds no rows is as good as absent for the report.
     return {rel for rel in present if conn.execute(f"SELECT 1 FROM temp.{rel} LIMIT 1").fetchone()}
