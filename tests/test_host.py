@@ -302,3 +302,32 @@ def test_trace_context_switches_give_each_process_cpu(sqlite_path, h100_host: Pa
     sampled = build_report(h100_host / "nsys_def2")["facts"]["host.api_server_cpu"]
     assert api["busiest_thread_cores"] > 0.9 and abs(api["busiest_thread_cores"] - sampled) < 0.1
     assert core["busiest_thread_cores"] > 0.8
+
+
+def test_real_frontend_bound_capture_reports_cpu_steps_and_the_change(sqlite_path, h100_host: Path,
+                                                                     tmp_path: Path) -> None:
+    """The issue's capture: the frontend-bound server under nsys (its folder, with 1 s of its trace as the
+    trace): per-process CPU (samples and context switches), the step view from vLLM's kernels, the API
+    server named as the limit and `--api-server-count` suggested, in text, Markdown and HTML."""
+    from profkit.render.html import render_html
+    from profkit.render.markdown import render_markdown
+    from profkit.render.text import render_text
+    from profkit.report import build_report
+
+    folder = tmp_path / "capture"
+    shutil.copytree(h100_host / "nsys_def2", folder)
+    shutil.copy(sqlite_path("serve_frontend"), folder / "trace.sqlite")
+    rep = build_report(folder)
+    assert rep["source"]["kind"] == "nsys-sqlite" and rep["steps"]["count"] == 23 and rep["sched"]["processes"]
+    first = rep["findings"][0]
+    assert first["rule"] == "frontend-bound" and first["changes"][0]["flag"] == "--api-server-count"
+    server = rep["command"]["suggested_argv"][0]
+    assert server[server.index("--api-server-count") + 1] == str(first["changes"][0]["to"])
+    text = render_text(rep)
+    for needle in ("Host CPU while the benchmark ran", "CPU from the trace's context switches", "Engine steps: 23",
+                   "Frontend-bound", "--api-server-count"):
+        assert needle in text
+    md = render_markdown(rep)
+    assert "### Engine steps" in md and "### CPU from the trace's context switches" in md
+    html = render_html(rep)
+    assert 'id="sched"' in html and "Engine steps" in html and "--api-server-count" in html
