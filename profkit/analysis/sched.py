@@ -25,9 +25,10 @@ spans AS (
   SELECT tid, pid, start AS s, coalesce(nxt, :b) AS e FROM ev WHERE sched_in
   UNION ALL
   SELECT tid, pid, :a, start FROM ev WHERE NOT sched_in AND rn = 1),
-threads AS (SELECT pid, tid, sum(max(e - s, 0)) AS ns FROM spans GROUP BY tid)
-SELECT pid, sum(ns), count(*), max(ns), (SELECT t2.tid & 16777215 FROM threads t2 WHERE t2.pid = threads.pid
-                                        ORDER BY t2.ns DESC LIMIT 1)
+threads AS (
+  SELECT pid, tid, ns, ROW_NUMBER() OVER (PARTITION BY pid ORDER BY ns DESC) AS rank
+  FROM (SELECT pid, tid, sum(max(e - s, 0)) AS ns FROM spans GROUP BY tid))
+SELECT pid, sum(ns), count(*), max(ns), max(CASE WHEN rank = 1 THEN tid & 16777215 END)
 FROM threads GROUP BY pid ORDER BY sum(ns) DESC LIMIT :top
 """
 

@@ -116,24 +116,24 @@ def _nvtx_steps(trace: Trace, lo: int, hi: int) -> list[tuple[int, int, int, int
 
 
 def _kernel_steps(trace: Trace, lo: int, hi: int, device: int) -> list[tuple[int, int, int, int, int]]:
-    """Steps from vLLM's per-step input kernel on the first GPU: each starts where the GPU went idle before
-    that kernel (a PK seek in the gap table per step); prefill-bearing when the prefill-input kernel runs
-    before the next step. The prompt-token and decode counts are not on the trace (0)."""
+    """Steps from vLLM's per-step input kernel on the first GPU: each starts at the longest GPU idle time since
+    the previous step's last kernel (a PK range seek in the gap table per step); prefill-bearing when the
+    prefill-input kernel runs just before it. The prompt-token and decode counts are not on the trace (0)."""
     ids = dict(trace.query("SELECT value, id FROM strings WHERE value IN (?, ?, ?)",
                            (STEP_KERNEL, PREFILL_KERNEL, END_KERNEL)))
     if STEP_KERNEL not in ids:
         return []
 
-    def starts(name: str) -> list[tuple[int, int]]:
+    def spans_of(name: str) -> list[tuple[int, int]]:  # (start, end) of that kernel's runs, start-ordered
         return [(int(a), int(b)) for a, b in trace.query(
             "SELECT start, end FROM kernels WHERE name_id = ? AND device = ? AND start >= ? AND start < ? "
             "ORDER BY start", (ids.get(name, -1), device, lo, hi))]
 
-    marks = [a for a, _ in starts(STEP_KERNEL)]
+    marks = [a for a, _ in spans_of(STEP_KERNEL)]
     if len(marks) < 2:
         return []
-    prefill = [a for a, _ in starts(PREFILL_KERNEL)]
-    ends = [b for _, b in starts(END_KERNEL)]
+    prefill = [a for a, _ in spans_of(PREFILL_KERNEL)]
+    ends = [b for _, b in spans_of(END_KERNEL)]
     # the prefill-input kernel runs just before its step's kernel: it belongs to the next mark at or after it
     flags = [0] * len(marks)
     for t in prefill:
@@ -154,7 +154,7 @@ def _kernel_steps(trace: Trace, lo: int, hi: int, device: int) -> list[tuple[int
 
 
 STEP_FACT_DOCS = {
-    "steps.count": "engine steps in the window (vLLM's step annotations)",
+    "steps.count": "engine steps in the window (vLLM's step annotations, else its per-step kernels)",
     "steps.gpu_share": "GPU busy time inside the steps / their total cycle time",
     "steps.wait_share": "share of step time the GPU waited at a step's start for the host to submit work",
     "steps.cycle_p50_ns": "median step cycle (one step's start to the next one's)",

@@ -85,10 +85,11 @@ class Plan:
         return lines
 
 
-def _nsys_profile(opts: CaptureOptions, output: Path) -> list[str]:
+def _nsys_profile(opts: CaptureOptions, output: Path, flush_ms: int | None = None) -> list[str]:
     flags = [("--cpuctxsw=process-tree" if f == "--cpuctxsw=none" and opts.cpu_switches else f)
              for f in NSYS_TRACE_FLAGS]
-    argv = [opts.nsys, "profile", *flags, "--force-overwrite=true", "-o", str(output)]
+    flush = [f"--cuda-flush-interval={flush_ms}"] if flush_ms else []
+    argv = [opts.nsys, "profile", *flush, *flags, "--force-overwrite=true", "-o", str(output)]
     if opts.capture_range:
         argv += ["--capture-range=cudaProfilerApi", "--capture-range-end=stop"]
     if opts.delay_s is not None:
@@ -158,10 +159,9 @@ def plan_serve(opts: CaptureOptions) -> Plan:
     exports = []
     if opts.tool == "nsys":
         # A served vLLM is stopped, not left to exit: CUDA records still buffered then are lost (on the H100 a
-        # 10 s benchmark kept only its first 0.2 s). Buffers saved every NSYS_FLUSH_MS, and a wait of as long
-        # after the benchmark (run.py), keep the whole run.
-        nsys = _nsys_profile(opts, out / "trace")
-        server = [*nsys[:2], f"--cuda-flush-interval={NSYS_FLUSH_MS}", *nsys[2:], *server]
+        # 10 s benchmark kept only its first 0.2 s). Buffers saved every NSYS_FLUSH_MS, and a wait of three
+        # such intervals after the benchmark (run.py), keep the whole run.
+        server = [*_nsys_profile(opts, out / "trace", flush_ms=NSYS_FLUSH_MS), *server]
         exports.append(_export(opts, out / "trace.nsys-rep"))
     bench = [opts.vllm, "bench", "serve", "--backend", "vllm", "--model", opts.model, "--port", str(opts.port),
              *opts.bench_args, "--save-result", "--result-dir", str(out), "--result-filename", "bench.json"]

@@ -193,7 +193,6 @@ def _render_evidence_only(report: dict[str, Any]) -> str:
            *outcome_lines(report), ""]
     out += _findings(report)
     out += host_lines(report)
-    out += sched_lines(report)
     skipped = report.get("rules_skipped") or []
     if skipped:
         out.append(f"Rules not evaluated ({len(skipped)}; they need a trace or evidence not given): "
