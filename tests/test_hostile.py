@@ -345,3 +345,40 @@ def test_benchmark_durations_that_make_no_window(tmp_path: Path) -> None:
     path = tmp_path / "host.json"
     path.write_text(json.dumps({"schema": "profkit.host/1", "cores": 2, "processes": procs}))
     assert read_host(path, 1e300)["roles"]["bench_client"]["cpu_mean"] == 0.5
+
+
+def test_context_switches_and_step_kernels_of_the_wrong_shape(tmp_path: Path, sqlite_path) -> None:
+    """The serve slice's SCHED_EVENTS and PROCESSES broken: times that are text, huge or negative, no thread
+    id, an odd isSchedIn, a hostile process name; the step kernels ending before they start. The report is
+    made, its CPU figures stay within one core per thread, the name is escaped, the trace is untouched;
+    without the columns the section is simply absent."""
+    import hashlib
+
+    trace = tmp_path / "t.sqlite"
+    shutil.copyfile(sqlite_path("serve_frontend"), trace)
+    with sqlite3.connect(trace) as conn:
+        conn.execute("UPDATE SCHED_EVENTS SET start = 'x' WHERE rowid % 7 = 0")
+        conn.execute("UPDATE SCHED_EVENTS SET start = 1e30 WHERE rowid % 7 = 1")
+        conn.execute("UPDATE SCHED_EVENTS SET start = -5 WHERE rowid % 7 = 2")
+        conn.execute("UPDATE SCHED_EVENTS SET globalTid = NULL WHERE rowid % 7 = 3")
+        conn.execute("UPDATE SCHED_EVENTS SET isSchedIn = 'yes' WHERE rowid % 7 = 4")
+        conn.execute("UPDATE PROCESSES SET name = ? WHERE pid = 798", (f"p|a](javascript:x){CONTROL}",))
+        conn.execute("UPDATE PROCESSES SET pid = 'nan' WHERE pid = 994")
+        conn.execute("""UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET end = start - 1 WHERE rowid % 3 = 0 AND shortName IN
+                        (SELECT id FROM StringIds WHERE value LIKE '\\_p%' ESCAPE '\\')""")
+    digest = hashlib.sha256(trace.read_bytes()).hexdigest()
+    doc = json.loads(profkit("report", str(trace), "--format", "json").stdout)
+    for p in doc["sched"]["processes"]:
+        assert 0 <= p["busiest_thread_cores"] <= 1 and 0 <= p["cores"] <= p["threads"]
+    assert doc["steps"]["count"] > 0 and doc["source"]["inconsistent"]
+    for fmt in ("text", "md", "html"):
+        r = profkit("report", str(trace), "--format", fmt)
+        assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+        assert not any(ord(ch) < 32 and ch not in "\n\t" for ch in r.stdout), fmt
+    md = profkit("report", str(trace), "--format", "md").stdout
+    assert "p\\|a\\]" in md and not re.search(r"(?<!\\)\]\(javascript:", md)
+    assert hashlib.sha256(trace.read_bytes()).hexdigest() == digest
+    with sqlite3.connect(trace) as conn:
+        conn.execute("ALTER TABLE SCHED_EVENTS DROP COLUMN isSchedIn")
+    r = profkit("report", str(trace), "--format", "json")
+    assert r.returncode == 0 and json.loads(r.stdout)["sched"] is None, r.stderr
