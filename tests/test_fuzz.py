@@ -234,3 +234,160 @@ FOUND = [  # what the property above found; each failed before its fix
 @pytest.mark.parametrize("mutations", FOUND, ids=[str(m)[:60] for m in FOUND])
 def test_found_by_fuzzing(sqlite_path, tmp_path: Path, mutations: list[tuple]) -> None:
     _check_mutated(sqlite_path("prefill_long"), tmp_path, mutations)
+
+
+# Metamorphic: the order of an export's rows and duplicated rows change no number of the report.
+reorder = st.tuples(st.sampled_from([K, R]), st.sampled_from(["start DESC", "end", "random()", "rowid % 7, rowid"]),
+                    st.integers(0, 5))
+
+
+@settings(FUZZ, max_examples=TRACE_EXAMPLES,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(st.lists(reorder, min_size=1, max_size=3), st.sampled_from(["all", "auto"]))
+def test_row_order_and_duplicates_change_nothing(sqlite_path, tmp_path_factory, changes: list[tuple],
+                                                 window: str) -> None:
+    import shutil
+    import sqlite3
+
+    from profkit.report import build_report
+
+    path = tmp_path_factory.mktemp("order") / "t.sqlite"
+    shutil.copyfile(sqlite_path("prefill_long"), path)
+    path.chmod(0o644)
+    good = build_report(path, window=window)
+    with sqlite3.connect(path) as conn:
+        for table, order, every in changes:  # rows in another order; every `every`-th row twice (0: none)
+            conn.execute(f"ALTER TABLE {table} RENAME TO old_rows")
+            twice = f" UNION ALL SELECT * FROM old_rows WHERE rowid % {every} = 0" if every else ""
+            conn.execute(f"CREATE TABLE {table} AS SELECT * FROM (SELECT * FROM old_rows{twice}) ORDER BY {order}")
+            conn.execute("DROP TABLE old_rows")
+    conn.close()
+    doc = build_report(path, window=window)
+    same = ("kernels", "api", "gpu", "gaps", "gap_classes", "timeline", "window", "launch", "steps")
+    assert {k: doc[k] for k in same} == {k: good[k] for k in same}
+
+
+# --- torch.profiler traces at the CLI: a real Kineto trace (graphs_b16, H100) mutated as JSON, then serialized
+# plain, with a BOM, with trailing garbage, gzip'd or gzip cut short; `profkit report` through its console entry.
+KINETO_FIELDS = ["ts", "dur", "ph", "cat", "name", "pid", "tid", "args"]
+KINETO_ARGS = ["correlation", "device", "stream", "External id", "bytes", "cbid"]
+KINETO_HEADER = ["deviceProperties", "distributedInfo", "baseTimeNanoseconds", "schemaVersion",
+                 "cuda_driver_version", "traceEvents", "displayTimeUnit"]
+KINETO_ODD = st.sampled_from([None, -1, 0, 2 ** 70, 1e20, -1e20, float("nan"), float("inf"), "x", "",
+                              "\x1b[2J|](javascript:x)\r\x00", [], {}, True, [{"name": 7}], {"rank": "x"}])
+kineto_mutation = st.one_of(
+    st.tuples(st.just("field"), st.integers(0, 10 ** 6), st.sampled_from(KINETO_FIELDS), KINETO_ODD),
+    st.tuples(st.just("arg"), st.integers(0, 10 ** 6), st.sampled_from(KINETO_ARGS), KINETO_ODD),
+    st.tuples(st.just("drop"), st.integers(0, 10 ** 6), st.sampled_from(KINETO_FIELDS)),
+    st.tuples(st.just("header"), st.sampled_from(KINETO_HEADER), KINETO_ODD),
+    st.tuples(st.just("dup"), st.integers(2, 50)),
+    st.tuples(st.just("cut"), st.integers(1, 99)),
+)
+KINETO_WRAPPING = st.sampled_from(["plain", "bom", "garbage", "gzip", "gzip-cut"])
+
+
+def _kineto_events() -> tuple[dict, list[int]]:
+    import gzip
+
+    from tests.conftest import FIXTURES
+
+    doc = json.loads(gzip.decompress((FIXTURES / "h100_toy" / "torch_graphs_b16.json.gz").read_bytes()))
+    gpu_side = [i for i, e in enumerate(doc["traceEvents"])
+                if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime", "cuda_driver")]
+    return doc, gpu_side
+
+
+def _kineto_bytes(doc: dict, gpu_side: list[int], mutations: list[tuple], wrapping: str) -> bytes:
+    import copy
+    import gzip
+
+    doc = copy.deepcopy(doc)
+    events = doc["traceEvents"]
+    for kind, *rest in mutations:
+        if kind in ("field", "arg", "drop"):
+            at = gpu_side[rest[0] % len(gpu_side)]
+            if not isinstance(events, list) or at >= len(events):  # cut away, or no event list any more
+                continue
+            event = events[at]
+            if kind == "field":
+                event[rest[1]] = rest[2]
+            elif kind == "arg" and isinstance(event.get("args"), dict):
+                event["args"][rest[1]] = rest[2]
+            else:
+                event.pop(rest[1], None)
+        elif kind == "header":
+            doc[rest[0]] = rest[1]
+        elif kind == "dup" and isinstance(events, list):  # every n-th event twice
+            events.extend(events[:: rest[0]])
+        elif kind == "cut" and isinstance(events, list):  # the trace of a profiler stopped early
+            del events[len(events) * rest[0] // 100:]
+    data = json.dumps(doc).encode()  # NaN/Infinity as JSON writers of Python (and Kineto) write them
+    if wrapping == "bom":
+        return b"\xef\xbb\xbf" + data
+    if wrapping == "garbage":
+        return data + b"\x00\xff}]garbage"
+    packed = gzip.compress(data, compresslevel=1)
+    return packed[: len(packed) * 2 // 3] if wrapping == "gzip-cut" else packed
+
+
+def run_cli(*args: str) -> tuple[int, str, str]:
+    """`profkit ...` through its console entry point, in this process: (exit code, stdout, stderr)."""
+    import contextlib
+    import io
+    import sys
+
+    from profkit.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    argv = sys.argv
+    sys.argv = ["profkit", *args]
+    code = 0
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            main()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        sys.argv = argv
+    return code, out.getvalue(), err.getvalue()
+
+
+def _clean_text(text: str) -> bool:
+    return all(ch in "\n\t" or ord(ch) >= 32 and not 0x7f <= ord(ch) < 0xa0 for ch in text)
+
+
+_KINETO: tuple[dict, list[int]] | None = None
+
+
+@settings(FUZZ, max_examples=TRACE_EXAMPLES, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(kineto_mutation, min_size=1, max_size=4), KINETO_WRAPPING)
+def test_mutated_kineto_traces_at_the_cli(tmp_path_factory, mutations: list[tuple], wrapping: str) -> None:
+    import tempfile
+
+    from profkit.render.markdown import render_markdown
+    from profkit.render.text import render_text
+
+    global _KINETO
+    _KINETO = _KINETO or _kineto_events()
+    folder = tmp_path_factory.mktemp("kineto")
+    trace = folder / ("t.pt.trace.json.gz" if wrapping.startswith("gzip") else "t.pt.trace.json")
+    data = _kineto_bytes(*_KINETO, mutations, wrapping)
+    trace.write_bytes(data)
+    scratch = folder / "tmp"
+    scratch.mkdir()
+    saved, tempfile.tempdir = tempfile.tempdir, str(scratch)  # every temporary file of the run lands here
+    try:
+        code, _out, err = run_cli("report", str(trace), "--format", "json", "-o", str(folder / "r.json"),
+                                  "--no-progress")
+    finally:
+        tempfile.tempdir = saved
+    assert trace.read_bytes() == data  # the user's trace, untouched
+    assert list(scratch.iterdir()) == []  # no temporary file left behind, whatever happened
+    if code == 0:
+        report = json.loads((folder / "r.json").read_text(), parse_constant=lambda c: pytest.fail(c))
+        _plausible(report)
+        assert _clean_text(render_text(report)) and _clean_text(render_markdown(report))
+    else:
+        lines = err.strip().splitlines()
+        assert code != 70 and len(lines) == 1 and lines[0].startswith("profkit: error: "), err
+        assert printable(RuntimeError(lines[0])) and not (folder / "r.json").exists()

@@ -226,6 +226,44 @@ def test_kernels_on_a_negative_device_are_left_out_and_said(tmp_path: Path, sqli
     assert doc["facts"]["gpu.devices"] == 1 and 0 <= doc["gpu"]["utilization"] <= 1
 
 
+def _rewrite_rows(trace: Path, table: str, select: str) -> int:
+    """Rebuild `table` from `select` over its old rows (row order is what `select` gives); returns its rows."""
+    with sqlite3.connect(trace) as conn:
+        conn.execute(f"ALTER TABLE {table} RENAME TO old_rows")
+        conn.execute(f"CREATE TABLE {table} AS {select.format(t='old_rows')}")
+        conn.execute("DROP TABLE old_rows")
+        return conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+
+
+SAME = ("kernels", "api", "gpu", "gaps", "gap_classes", "timeline", "window", "launch", "steps")
+
+
+@pytest.mark.parametrize("window", ["all", "auto"])
+def test_duplicated_and_unordered_rows_are_counted_once_and_said(tmp_path: Path, sqlite_path, window: str) -> None:
+    """Duplicated events doubled every count, and rows out of start order broke the binary searches behind a
+    window (wrong numbers without a word). Now they are sorted and counted once, and the report says so."""
+    from profkit.report import build_report
+
+    trace = tmp_path / "t.sqlite"
+    shutil.copyfile(sqlite_path("thr_graphs"), trace)
+    trace.chmod(0o644)
+    good = build_report(trace, window=window)
+    k, r = "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME"
+    with sqlite3.connect(trace) as conn:
+        kernels = conn.execute(f"SELECT count(*) FROM {k}").fetchone()[0]
+        calls = conn.execute(f"SELECT count(*) FROM {r} WHERE rowid % 3 = 0").fetchone()[0]
+    # every kernel twice, in an order that is not the start order; a third of the API calls twice, the copies last
+    assert _rewrite_rows(trace, k, "SELECT * FROM {t} UNION ALL SELECT * FROM {t} ORDER BY streamId, end DESC") \
+        == 2 * kernels
+    _rewrite_rows(trace, r, "SELECT * FROM {t} UNION ALL SELECT * FROM {t} WHERE rowid % 3 = 0")
+    doc = build_report(trace, window=window)
+    assert {key: doc[key] for key in SAME} == {key: good[key] for key in SAME}
+    said = doc["source"]["inconsistent"]
+    assert f"{kernels} duplicated kernel rows (same device, stream, start, end) counted once" in said
+    assert "kernel rows out of start order" in said
+    assert f"{calls} duplicated CUDA API rows (same tid, start, end, name_id) counted once" in said
+
+
 def test_no_usable_kernel_left_is_one_line(tmp_path: Path, sqlite_path) -> None:
     """Every kernel row dropped as inconsistent: a clear refusal, not a report of memsets alone."""
     import gzip

@@ -42,13 +42,15 @@ class Trace:
     owns_db: bool = False
     # An nsys export read through a private checkpointed copy (its -wal file had transactions).
     snapshot: Path | None = None
+    # Relations an nsys export had out of start order or with duplicated rows, read through a repaired copy.
+    repaired: tuple[str, ...] = ()
 
     def reopen(self) -> Trace:
         """Another connection to the same normalized trace (for analyses running in parallel)."""
         if self.db_file is None:
             from profkit.traces.nsys import open_nsys
 
-            return open_nsys(self.path, snapshot=self.snapshot)
+            return open_nsys(self.path, snapshot=self.snapshot, checked=self)
         conn = sqlite3.connect(f"file:{self.db_file}?mode=ro", uri=True, check_same_thread=False)
         return Trace(conn=conn, path=self.path, kind=self.kind, meta=self.meta, present=self.present,
                      db_file=self.db_file, owns_db=False)
