@@ -235,7 +235,8 @@ def _rewrite_rows(trace: Path, table: str, select: str) -> int:
         return conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
 
 
-SAME = ("kernels", "api", "gpu", "gaps", "gap_classes", "timeline", "window", "launch", "steps")
+SAME = ("kernels", "api", "gpu", "gaps", "gap_classes", "timeline", "window", "launch", "steps", "memops",
+        "memory_kinds")
 
 
 @pytest.mark.parametrize("window", ["all", "auto"])
@@ -256,12 +257,39 @@ def test_duplicated_and_unordered_rows_are_counted_once_and_said(tmp_path: Path,
     assert _rewrite_rows(trace, k, "SELECT * FROM {t} UNION ALL SELECT * FROM {t} ORDER BY streamId, end DESC") \
         == 2 * kernels
     _rewrite_rows(trace, r, "SELECT * FROM {t} UNION ALL SELECT * FROM {t} WHERE rowid % 3 = 0")
+    memsets = _rewrite_rows(trace, "CUPTI_ACTIVITY_KIND_MEMSET", "SELECT * FROM {t} UNION ALL SELECT * FROM {t}") // 2
     doc = build_report(trace, window=window)
     assert {key: doc[key] for key in SAME} == {key: good[key] for key in SAME}
     said = doc["source"]["inconsistent"]
-    assert f"{kernels} duplicated kernel rows (same device, stream, start, end) counted once" in said
-    assert "kernel rows out of start order" in said
-    assert f"{calls} duplicated CUDA API rows (same tid, start, end, name_id) counted once" in said
+    assert f"{kernels} duplicated kernel rows (same device, stream, start, end, correlation) counted once" in said
+    assert "order" not in said  # sorting is no inconsistency: nsys stats reads rows in any order
+    assert f"{calls} duplicated CUDA API rows (same tid, start, end, name_id, correlation) counted once" in said
+    assert f"{memsets} duplicated memory-operation rows (same device, stream, start, end, correlation) counted once" \
+        in said
+
+
+def test_duplicated_torch_events_are_counted_once_and_said(tmp_path: Path) -> None:
+    """The same for a torch.profiler trace: events written twice (a merge gone wrong) doubled every count."""
+    import gzip
+
+    from profkit.report import build_report
+    from tests.conftest import FIXTURES
+
+    source = FIXTURES / "h100_toy" / "torch_graphs_b16.json.gz"
+    good = build_report(source, window="all")
+    doc = json.loads(gzip.decompress(source.read_bytes()))
+    twice = doc["traceEvents"][::3]
+    doc["traceEvents"] += twice
+    trace = tmp_path / "t.pt.trace.json"
+    trace.write_text(json.dumps(doc))
+    report = build_report(trace, window="all")
+    assert {key: report[key] for key in SAME if key != "steps"} == {key: good[key] for key in SAME if key != "steps"}
+    said = report["source"]["inconsistent"]
+    kernels = sum(1 for e in twice if e.get("cat") == "kernel")
+    memops = sum(1 for e in twice if e.get("cat") in ("gpu_memcpy", "gpu_memset"))
+    assert f"{kernels} duplicated kernel events (same device, stream, start, end, correlation) counted once" in said
+    assert f"{memops} duplicated memory-operation events (same device, stream, start, end, correlation) counted " \
+        "once" in said
 
 
 def test_no_usable_kernel_left_is_one_line(tmp_path: Path, sqlite_path) -> None:

@@ -74,6 +74,44 @@ CREATE INDEX api_corr ON api (correlation);
 """
 
 
+# What makes two events one recorded twice: the same place, times and correlation id (as for nsys exports).
+DUPLICATE_KEYS = {"kernels": ("device", "stream", "start", "end", "correlation"),
+                  "api": ("tid", "start", "end", "name_id", "correlation"),
+                  "memops": ("device", "stream", "start", "end", "correlation")}
+
+
+def _drop_duplicates(conn: sqlite3.Connection, relation: str) -> int:
+    """Count the duplicated events of the start-ordered `relation` and keep each once; returns how many went.
+
+    A trace written twice into one file, or events repeated by a merge, would double every count. Duplicates
+    start together, so one pass comparing each row with the next finds the candidates; only when some row
+    starts with its predecessor is the exact count (and a rebuild, when there are duplicates) paid for."""
+    keys = ", ".join(DUPLICATE_KEYS[relation])
+    if relation == "memops":  # few rows, no row order to lean on: counted exactly
+        subset = ""
+    else:
+        pairs = f"{relation} a JOIN {relation} b ON b.seq = a.seq + 1 WHERE b.start = a.start"
+        if not conn.execute(f"SELECT 1 FROM {pairs} LIMIT 1").fetchone():
+            return 0
+        subset = f"WHERE start IN (SELECT a.start FROM {pairs})"
+    n = conn.execute(f"SELECT coalesce(sum(n - 1), 0) FROM (SELECT count(*) AS n FROM {relation} {subset} "
+                     f"GROUP BY {keys} HAVING n > 1)").fetchone()[0]
+    if not n:
+        return 0
+    cols = [d[0] for d in conn.execute(f"SELECT * FROM {relation} LIMIT 0").description if d[0] != "seq"]
+    rest = ", ".join(cols)
+    seq = "" if relation == "memops" else "row_number() OVER (ORDER BY start) AS seq, "
+    conn.executescript(
+        f"""CREATE TABLE unique_rows AS SELECT {seq}{rest} FROM (SELECT {rest} FROM {relation} GROUP BY {keys})
+                ORDER BY start;
+            DROP TABLE {relation}; ALTER TABLE unique_rows RENAME TO {relation};""")
+    if seq:
+        conn.execute(f"CREATE UNIQUE INDEX {relation}_seq ON {relation} (seq)")
+    if relation == "api":
+        conn.execute("CREATE INDEX api_corr ON api (correlation)")
+    return int(n)
+
+
 TS_LIMIT_US = 9.0e15  # microseconds: in nanoseconds still an int64 (SQLite INTEGER)
 
 
@@ -113,6 +151,7 @@ class _Loader:
         self.counts: dict[str, int] = {t: 0 for t in self.rows}
         self.saved_names = 0  # names[:saved_names] are in the strings table
         self.skipped = 0  # events whose fields are not what Kineto writes (a string time, no device, ...)
+        self.duplicated: dict[str, int] = {}  # events seen twice (same stream/thread, start and end), kept once
 
     def name_id(self, name: str) -> int:
         nid = self.names.get(name)
@@ -230,6 +269,7 @@ class _Loader:
             "SELECT (SELECT count(*) FROM raw_kernels WHERE device < 0) + "
             "(SELECT count(*) FROM raw_memops WHERE device < 0)").fetchone()[0]
         self.conn.executescript(FINISH)
+        self.duplicated = {rel: _drop_duplicates(self.conn, rel) for rel in ("kernels", "api", "memops")}
         # Kernels replayed from a CUDA (or HIP) graph were launched by a graph launch (joined by correlation id).
         marks = ", ".join("?" * len(GRAPH_LAUNCH_APIS))
         self.conn.execute(
@@ -572,8 +612,13 @@ def open_kineto(path: Path) -> Trace:
                                                            ("sync", "raw_sync"), ("nvtx", "nvtx"),
                                                            ("cpu_ops", "cpu_ops")) if loader.counts[t]}
     meta = _meta({**trailer, **header})  # the header's own keys first, then those written after the events
-    if loader.skipped:
-        meta["inconsistent"] = f"{loader.skipped} events with malformed fields (time, duration, device) left out"
+    said = [f"{loader.skipped} events with malformed fields (time, duration, device) left out"] if loader.skipped \
+        else []
+    said += [f"{n} duplicated {what} events (same {', '.join(DUPLICATE_KEYS[rel])}) counted once"
+             for rel, what in (("kernels", "kernel"), ("api", "CUDA API"), ("memops", "memory-operation"))
+             if (n := loader.duplicated.get(rel))]
+    if said:
+        meta["inconsistent"] = "; ".join(said)
     return Trace(conn=conn, path=path, kind="torch-trace", meta=meta, present=frozenset(present),
                  db_file=Path(db), owns_db=True)
 
@@ -614,19 +659,23 @@ def _discard(conn: sqlite3.Connection, db: str) -> None:
 def _meta(header: dict[str, Any]) -> dict[str, Any]:
     props = header.get("deviceProperties", header.get("computeProperties"))  # the latter: early Kineto
     devices = [d for d in props if isinstance(d, dict)] if isinstance(props, list) else []
+    # The header is the file's: numbers arrive as Decimals (ijson), huge or of the wrong type; names as anything.
+    def text(v: Any) -> str | None:
+        return None if v is None else str(v)[:200]
+
     meta: dict[str, Any] = {
         "tool": "torch.profiler (Kineto)",
-        "tool_version": f"schema {header.get('schemaVersion')}" if "schemaVersion" in header else None,
-        "gpu": str(devices[0].get("name"))[:200] if devices and devices[0].get("name") else None,
-        "gpus": [{"id": d.get("id"), "name": d.get("name"), "memory_bytes": d.get("totalGlobalMem"),
-                  "sm_count": d.get("numSms")} for d in devices],
-        "base_time_ns": header.get("baseTimeNanoseconds"),
+        "tool_version": f"schema {text(header.get('schemaVersion'))}" if "schemaVersion" in header else None,
+        "gpu": text(devices[0].get("name")) if devices and devices[0].get("name") else None,
+        "gpus": [{"id": _int(d.get("id")), "name": text(d.get("name")), "memory_bytes": _int(d.get("totalGlobalMem")),
+                  "sm_count": _int(d.get("numSms"))} for d in devices],
+        "base_time_ns": _int(header.get("baseTimeNanoseconds")),
     }
     v = _int(header.get("cuda_driver_version"))
     if v is not None and v >= 0:
         meta["cuda_driver"] = f"{v // 1000}.{v % 1000 // 10}"
     dist = header.get("distributedInfo")
     if isinstance(dist, dict):
-        meta["rank"] = dist.get("rank")
-        meta["world_size"] = dist.get("world_size")
+        meta["rank"] = _int(dist.get("rank"))
+        meta["world_size"] = _int(dist.get("world_size"))
     return meta

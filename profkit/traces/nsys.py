@@ -82,9 +82,9 @@ def open_nsys(path: Path, snapshot: Path | None = None, checked: Trace | None = 
             raise TraceError(f"{path}: the trace has no CUDA kernels (was it recorded with `-t cuda`?)")
         said = _left_out(conn)
         repaired = []
-        for relation in ("kernels", "api"):
-            if relation in present and (found := _sort_and_deduplicate(conn, relation)):
-                said.append(found)
+        for relation in ("kernels", "api", "memops"):
+            if relation in present and (found := _sort_and_deduplicate(conn, relation, tables)) is not None:
+                said += [found] if found else []
                 repaired.append(relation)
         if said:
             meta["inconsistent"] = "; ".join(said)
@@ -119,40 +119,44 @@ def _left_out(conn: sqlite3.Connection) -> list[str]:
     return ["; ".join(f"{why[k]} kernel rows {w}" for k, w in words.items() if k in why) + "; left out"]
 
 
-# What makes two rows the same event: one stream runs one kernel at a time, one thread makes one call at a time.
-EVENT_KEYS = {"kernels": ("device", "stream", "start", "end"), "api": ("tid", "start", "end", "name_id")}
-WHAT = {"kernels": "kernel", "api": "CUDA API"}
+# What makes two rows one event recorded twice: the same place, times and correlation id. (A real nsys 2022 export,
+# extrap_con_kernel, holds two kernels on one stream with equal times but their own correlation ids: nsys stats
+# counts both, and so does profkit.)
+EVENT_KEYS = {"kernels": ("device", "stream", "start", "end", "correlation"),
+              "api": ("tid", "start", "end", "name_id", "correlation"),
+              "memops": ("device", "stream", "start", "end", "correlation")}
+WHAT = {"kernels": "kernel", "api": "CUDA API", "memops": "memory-operation"}
+RAW = {"kernels": (KERNEL,), "api": (RUNTIME,), "memops": (MEMCPY, MEMSET)}
 
 
-def _sort_and_deduplicate(conn: sqlite3.Connection, relation: str) -> str:
-    """Check that `relation` (kernels, api) is in start order without duplicated rows, else repair it; say what.
+def _sort_and_deduplicate(conn: sqlite3.Connection, relation: str, tables: set[str]) -> str | None:
+    """Check that `relation` is in start order without duplicated rows, else repair it: None when nothing was
+    done, else what to tell the user ("" for a sort alone).
 
     The analyses find a window's rows by binary search over `seq` (row order) and count every row, so an
     export out of start order would give wrong numbers and a duplicated row would be counted twice. One pass
     over the raw table compares each row with the next row id (a rowid seek: 0.10 s per million kernels,
     0.29 s for 3.3M API rows on 2 cores); only when some row does not start strictly after its predecessor
     is more done. A repair is a sorted, deduplicated TEMP copy in place of the view: only broken exports pay."""
-    table = {"kernels": KERNEL, "api": RUNTIME}[relation]
-    if not conn.execute(f"SELECT count(*) FROM main.{table} a JOIN main.{table} b ON b.rowid = a.rowid + 1 "
-                        "WHERE b.start <= a.start").fetchone()[0]:
-        return ""
+    if not any(conn.execute(f"SELECT count(*) FROM main.{t} a JOIN main.{t} b ON b.rowid = a.rowid + 1 "
+                            "WHERE b.start <= a.start").fetchone()[0] for t in RAW[relation] if t in tables):
+        return None
     keys = ", ".join(EVENT_KEYS[relation])
-    pairs = f"temp.{relation} a JOIN temp.{relation} b ON b.seq = a.seq + 1"
-    unordered = conn.execute(f"SELECT count(*) FROM {pairs} WHERE b.start < a.start").fetchone()[0]
-    # With rows out of order a duplicate can sit anywhere; in order, only among rows that start together.
-    subset = "" if unordered else f"WHERE start IN (SELECT a.start FROM {pairs} WHERE b.start = a.start)"
+    if relation == "memops":  # a union of two tables, in no order the analyses rely on: counted exactly
+        unordered, subset = 0, ""
+    else:
+        pairs = f"temp.{relation} a JOIN temp.{relation} b ON b.seq = a.seq + 1"
+        unordered = conn.execute(f"SELECT count(*) FROM {pairs} WHERE b.start < a.start").fetchone()[0]
+        # With rows out of order a duplicate can sit anywhere; in order, only among rows that start together.
+        subset = "" if unordered else f"WHERE start IN (SELECT a.start FROM {pairs} WHERE b.start = a.start)"
     duplicated = conn.execute(
         f"SELECT coalesce(sum(n - 1), 0) FROM (SELECT count(*) AS n FROM temp.{relation} {subset} "
         f"GROUP BY {keys} HAVING n > 1)").fetchone()[0]
     if not unordered and not duplicated:
-        return ""
+        return None
     _repair(conn, relation)
-    said = []
-    if duplicated:
-        said.append(f"{duplicated} duplicated {WHAT[relation]} rows (same {keys}) counted once")
-    if unordered:
-        said.append(f"{WHAT[relation]} rows out of start order ({unordered} places) sorted")
-    return "; ".join(said)
+    # Rows out of start order are no inconsistency (nsys stats reads them as they are): sorted, not reported.
+    return f"{duplicated} duplicated {WHAT[relation]} rows (same {keys}) counted once" if duplicated else ""
 
 
 def _repair(conn: sqlite3.Connection, relation: str) -> None:
@@ -163,7 +167,7 @@ def _repair(conn: sqlite3.Connection, relation: str) -> None:
     rest = ", ".join(n for n in names if n != "seq")
     conn.execute(f"DROP VIEW temp.{relation}")
     # seq becomes the row id of the sorted copy; the bare columns of a group are one duplicate's (all equal)
-    conn.execute(f"CREATE TEMP TABLE {relation} (seq INTEGER PRIMARY KEY, {rest})")
+    conn.execute(f"CREATE TEMP TABLE {relation} ({'seq INTEGER PRIMARY KEY, ' if 'seq' in names else ''}{rest})")
     conn.execute(f"INSERT INTO temp.{relation} ({rest}) SELECT {rest} FROM ({body}) "
                  f"GROUP BY {', '.join(EVENT_KEYS[relation])} ORDER BY start")
 
