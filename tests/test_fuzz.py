@@ -399,6 +399,8 @@ def test_mutated_kineto_traces_at_the_cli(tmp_path_factory, mutations: list[tupl
 
 KINETO_FOUND = [  # what the property above found; each failed before its fix
     ([("header", "baseTimeNanoseconds", 1e20)], "plain"),  # a header number ijson gives as a Decimal: not JSON
+    ([("arg", 0, "correlation", 2 ** 70)], "plain"),  # an id past int64: SQLite refused it (internal error)
+    ([("field", 0, "tid", 2 ** 70)], "gzip"),
 ]
 
 

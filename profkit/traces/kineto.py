@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Annotated, Any
 
 import ijson
 import msgspec
@@ -286,11 +286,16 @@ def _open_stream(path: Path) -> IO[bytes]:
     return gzip.open(path, "rb") if gz else path.open("rb")
 
 
+# An integer SQLite can store (int64) with room to add: a bigger one fails the typed decode, and the chunk is read
+# by the generic reader, which drops what does not fit (`_int`).
+Int = Annotated[int, msgspec.Meta(ge=-(1 << 62), le=1 << 62)]
+
+
 class _Args(msgspec.Struct):
-    device: int | None = None
-    stream: int | None = None
-    correlation: int | None = None
-    nbytes: int | None = msgspec.field(default=None, name="bytes")
+    device: Int | None = None
+    stream: Int | None = None
+    correlation: Int | None = None
+    nbytes: Int | None = msgspec.field(default=None, name="bytes")
 
 
 class _Event(msgspec.Struct):
@@ -299,8 +304,8 @@ class _Event(msgspec.Struct):
     ph: str | None = None
     cat: str | None = None
     name: str | None = None
-    pid: int | str | None = None
-    tid: int | str | None = None
+    pid: Int | str | None = None
+    tid: Int | str | None = None
     ts: float | None = None
     dur: float | None = None
     args: _Args | None = None
