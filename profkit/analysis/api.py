@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from profkit.analysis.stats import id_histogram, summarize
+from profkit.analysis.stats import columnar_histogram, id_histogram, summarize
 from profkit.analysis.timeline import strip_api_version
 from profkit.analysis.window import Window
 from profkit.traces.apis import GRAPH_LAUNCH_APIS, LAUNCH_APIS, SYNC_APIS
@@ -15,11 +15,11 @@ __all__ = ["GRAPH_LAUNCH_APIS", "LAUNCH_APIS", "SYNC_APIS", "api_summary", "sync
 
 def api_summary(trace: Trace, window: Window) -> pd.DataFrame:
     """One row per API function (grouped by its string id, as nsys does), nsys's name spelling."""
-    stats = summarize(
-        id_histogram(trace, f"SELECT name_id, end - start AS dur FROM api WHERE {window.where('api')}",
-                     "name_id", window.params),
-        ["name_id"],
-    )
+    hist = columnar_histogram(trace, "api", "name_id", "end - start", window.where("api"), window.params)
+    if hist is None:
+        hist = id_histogram(trace, f"SELECT name_id, end - start AS dur FROM api WHERE {window.where('api')}",
+                            "name_id", window.params)
+    stats = summarize(hist, ["name_id"])
     if stats.empty:
         return stats.assign(name=[])
     names = trace.strings(stats["name_id"])

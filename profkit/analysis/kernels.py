@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from profkit.analysis.categories import categorize
-from profkit.analysis.stats import id_histogram, summarize
+from profkit.analysis.stats import columnar_histogram, id_histogram, summarize
 from profkit.analysis.window import Window
 from profkit.traces.model import Trace
 
@@ -15,14 +15,17 @@ SHORT_KERNEL_NS = 10_000
 
 def kernel_summary(trace: Trace, window: Window) -> pd.DataFrame:
     """One row per kernel name: stats, category, graph-replayed count, short-kernel count."""
-    hist = id_histogram(
-        trace,
-        f"SELECT name_id, end - start AS dur, graph_node IS NOT NULL AS graph FROM kernels "
-        f"WHERE {window.where('kernels')}",
-        key="name_id",
-        params=window.params,
-        extras={"graph": "graph"},
-    )
+    hist = columnar_histogram(trace, "kernels", "name_id", "end - start", window.where("kernels"), window.params,
+                              extras={"graph": "graph_node IS NOT NULL"})
+    if hist is None:
+        hist = id_histogram(
+            trace,
+            f"SELECT name_id, end - start AS dur, graph_node IS NOT NULL AS graph FROM kernels "
+            f"WHERE {window.where('kernels')}",
+            key="name_id",
+            params=window.params,
+            extras={"graph": "graph"},
+        )
     if hist.empty:
         return pd.DataFrame(columns=["name", "short_name", "category", "count", "total"])
     hist["short"] = hist["c"].where(hist["v"] < SHORT_KERNEL_NS, 0)

@@ -107,3 +107,118 @@ def records(df: pd.DataFrame) -> list[dict[str, Any]]:
     for row in clean.to_dict(orient="records"):
         out.append({k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()})
     return out
+
+
+def grouped_stats(keys: np.ndarray, values: np.ndarray, key: str = "key",
+                  below: int | None = None) -> pd.DataFrame:
+    """Exact per-key count/total/avg/median/min/max/stddev of non-negative int64 `values`, from one sort.
+
+    (key, value) pairs are packed into one int64 where they fit (ids and durations do), so a single
+    `np.sort` orders every group's values; group bounds are where the key changes, and the order
+    statistics are read at offsets. `below`: also count each group's values under this bound (column
+    `below`). Sample stddev, two-pass, as nsys stats reports it."""
+    columns = [key, *STAT_COLUMNS] + (["below"] if below is not None else [])
+    if len(keys) == 0:
+        return pd.DataFrame(columns=columns)
+    k_lo, k_hi, v_hi = int(keys.min()), int(keys.max()), int(values.max())
+    bits = max(1, (k_hi - k_lo).bit_length())
+    if int(values.min()) >= 0 and v_hi.bit_length() + bits <= 62:
+        shift = v_hi.bit_length()
+        packed = np.sort(((keys - k_lo) << shift) | values)
+        sk, sv = (packed >> shift) + k_lo, packed & ((1 << shift) - 1)
+    else:  # ids or values too wide to share one integer: sort the pairs
+        order = np.lexsort((values, keys))
+        sk, sv = keys[order], values[order]
+    starts = np.flatnonzero(np.r_[True, sk[1:] != sk[:-1]])
+    ends = np.r_[starts[1:], len(sk)]
+    count = ends - starts
+    total = np.add.reduceat(sv, starts)
+    avg = total / count
+    median = (sv[starts + (count + 1) // 2 - 1] + sv[starts + count // 2]) / 2
+    dev = sv - np.repeat(avg, count)
+    ss = np.add.reduceat(dev * dev, starts)
+    stddev = np.where(count > 1, np.sqrt(ss / np.maximum(count - 1, 1)), 0.0)
+    out = pd.DataFrame({key: sk[starts], "count": count, "total": total, "avg": avg, "median": median,
+                        "min": sv[starts], "max": sv[ends - 1], "stddev": stddev})
+    if below is not None:
+        out["below"] = np.add.reduceat((sv < below).astype(np.int64), starts)
+    for col in ("count", "total", "min", "max"):
+        out[col] = out[col].astype("int64")
+    return out
+
+
+
+# Rows per read of `columnar_histogram`: memory stays bounded (a chunk's columns, then its histogram).
+CHUNK_ROWS = 2_000_000
+
+
+def columnar_histogram(trace: Trace, relation: str, key: str, value: str, where: str,
+                       params: dict[str, Any] | None = None, extras: dict[str, str] | None = None,
+                       chunk_rows: int = CHUNK_ROWS) -> pd.DataFrame | None:
+    """`id_histogram` of a large start-ordered relation (kernels, api) from its columns, or None where that
+    path does not apply (a small relation, no Arrow driver, an odd value): then the caller counts in SQL.
+
+    The relation is read in seq ranges of `chunk_rows` (each on two threads); each range becomes a
+    (key, value) -> count histogram by one packed sort, and the histograms are merged the same way, so
+    memory is a chunk plus the distinct pairs. The result equals `id_histogram`'s row for row."""
+    from profkit.analysis.seq import seq_bounds
+    from profkit.traces.columns import ADBC_MIN_ROWS, NULL_INT, adbc_available, read_columns, relation_source
+
+    span = seq_bounds(trace, relation)
+    if span is None or span[1] - span[0] + 1 < ADBC_MIN_ROWS or relation_source(trace, relation) is None \
+            or not adbc_available():
+        return None
+    extras = extras or {}
+    keys, values, counts, sums = [], [], [], {name: [] for name in extras}
+    for lo in range(span[0], span[1] + 1, chunk_rows):
+        hi = min(span[1], lo + chunk_rows - 1)
+        cols = read_columns(trace, relation, {"k": key, "v": value, **extras},
+                            where=f"({where}) AND seq >= {lo} AND seq <= {hi}", params=params, seq_span=(lo, hi))
+        k, v = cols["k"], cols["v"]
+        if len(k) and (k.min() < 0 or v.min() < 0 or k.min() == NULL_INT):
+            return None  # NULL ids or negative values: the SQL path's grouping handles them
+        part = _pairs(k, v, [cols[name] for name in extras])
+        if part is None:
+            return None
+        keys.append(part[0]), values.append(part[1]), counts.append(part[2])
+        for name, s in zip(extras, part[3], strict=True):
+            sums[name].append(s)
+    if not keys:
+        return pd.DataFrame({key: [], "v": [], "c": [], **{name: [] for name in extras}}, dtype="int64")
+    merged = _pairs(np.concatenate(keys), np.concatenate(values), [np.concatenate(sums[n]) for n in extras],
+                    weights=np.concatenate(counts))
+    if merged is None:
+        return None
+    k, v, c, extra = merged
+    return pd.DataFrame({key: k, "v": v, "c": c, **dict(zip(extras, extra, strict=True))})
+
+
+def _pairs(k: np.ndarray, v: np.ndarray, flags: list[np.ndarray], weights: np.ndarray | None = None):
+    """Distinct (k, v) pairs in (k, v) order with their counts (or summed `weights`) and the sums of `flags`.
+
+    Without weights (a chunk of events) the flags (0/1 columns) ride in the low bits of the packed integer,
+    so one `np.sort` gives all; merging chunk histograms (few rows, weighted) uses `np.unique`."""
+    if len(k) == 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, empty, [empty for _ in flags]
+    shift = max(1, int(v.max()).bit_length())
+    nb = 0 if weights is not None else len(flags)
+    if int(k.max()).bit_length() + shift + nb > 62:
+        return None
+    packed = (k << shift) | v
+    if weights is not None:
+        uniq, inverse = np.unique(packed, return_inverse=True)
+        count = np.bincount(inverse, weights=weights, minlength=len(uniq)).astype(np.int64)
+        summed = [np.bincount(inverse, weights=f, minlength=len(uniq)).astype(np.int64) for f in flags]
+        return uniq >> shift, uniq & ((1 << shift) - 1), count, summed
+    for f in flags:  # the first flag ends up in bit nb-1, the last in bit 0
+        if len(f) and (f.min() < 0 or f.max() > 1):
+            return None
+        packed = (packed << 1) | f
+    packed.sort()
+    pair = packed >> nb
+    starts = np.flatnonzero(np.r_[True, pair[1:] != pair[:-1]])
+    count = np.diff(np.r_[starts, len(pair)])
+    summed = [np.add.reduceat((packed >> (nb - 1 - i)) & 1, starts) for i in range(nb)]
+    uniq = pair[starts]
+    return uniq >> shift, uniq & ((1 << shift) - 1), count, summed

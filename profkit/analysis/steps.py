@@ -18,6 +18,9 @@ import bisect
 import re
 from typing import Any
 
+import numpy as np
+
+from profkit.analysis.gaps import DeviceGaps, gpu_gaps
 from profkit.analysis.window import Window
 from profkit.traces import Trace
 
@@ -40,32 +43,34 @@ def _quantile(values: list[int], q: float) -> int | None:
 def engine_steps(trace: Trace, win: Window) -> dict[str, Any] | None:
     """The step view, or None when the trace shows no step boundaries (then the report says so)."""
     lo, hi = (win.start_ns, win.end_ns) if win.bounded else (-(1 << 62), 1 << 62)  # `all`: every step
-    spans = trace.query("SELECT device, first_start, last_end FROM gpu_spans ORDER BY device")
-    if not spans:
+    all_gaps = gpu_gaps(trace)
+    if not all_gaps.devices:
         return None
-    device, first, last = spans[0]
+    gaps = all_gaps.devices[min(all_gaps.devices)]
+    device, first, last = gaps.device, gaps.first, gaps.last
     steps, source = _nvtx_steps(trace, lo, hi), NVTX_SOURCE
     if not steps:
-        steps, source = _kernel_steps(trace, lo, hi, device), KERNEL_SOURCE
+        steps, source = _kernel_steps(trace, lo, hi, gaps), KERNEL_SOURCE
     if not steps:
         return None
     bounds = [(s[0], steps[i + 1][0] if i + 1 < len(steps) else max(s[1], s[0] + 1)) for i, s in enumerate(steps)]
     # The gap table holds idle time between GPU operations only: clip each step to the GPU's active span.
     clipped = [(max(a, first), max(max(a, first), min(b, last))) for a, b in bounds]
-    trace.conn.execute("DROP TABLE IF EXISTS temp.steps")
-    trace.conn.execute("CREATE TEMP TABLE steps (i INTEGER PRIMARY KEY, a INTEGER, b INTEGER)")
-    trace.conn.executemany("INSERT INTO temp.steps VALUES (?, ?, ?)", [(i, a, b) for i, (a, b) in enumerate(clipped)])
-    # idle in [a, b): gaps starting inside it, plus the one gap that may straddle a (found by a PK seek)
-    idle = trace.query(
-        """SELECT s.i,
-             (SELECT coalesce(sum(min(g.end, s.b) - g.start), 0) FROM gpu_gaps g
-               WHERE g.device = :d AND g.start >= s.a AND g.start < s.b),
-             (SELECT max(min(g.end, s.b) - s.a, 0) FROM gpu_gaps g
-               WHERE g.device = :d AND g.start < s.a ORDER BY g.start DESC LIMIT 1),
-             (SELECT CASE WHEN g.end > s.a THEN g.end - s.a ELSE 0 END FROM gpu_gaps g
-               WHERE g.device = :d AND g.start <= s.a ORDER BY g.start DESC LIMIT 1)
-           FROM temp.steps s ORDER BY s.i""", {"d": device})
-    trace.conn.execute("DROP TABLE temp.steps")
+    # idle in [a, b): the gaps starting inside it (the last clipped at b), plus the one that may straddle a
+    ca = np.array([c[0] for c in clipped], dtype=np.int64)
+    cb = np.array([c[1] for c in clipped], dtype=np.int64)
+    i0 = np.searchsorted(gaps.start, ca, side="left")
+    i1 = np.searchsorted(gaps.start, cb, side="left")
+    n = len(gaps.start)
+    last_end = gaps.end[np.clip(i1 - 1, 0, max(n - 1, 0))] if n else np.zeros_like(ca)
+    inside_ns = gaps.cum[i1] - gaps.cum[i0] - np.where(i1 > i0, np.maximum(0, last_end - cb), 0)
+    prev_end = gaps.end[np.clip(i0 - 1, 0, max(n - 1, 0))] if n else np.zeros_like(ca)
+    straddle_ns = np.where(i0 > 0, np.maximum(np.minimum(prev_end, cb) - ca, 0), 0)
+    # the gap starting at or before a (the GPU's wait at the step's start)
+    j = np.searchsorted(gaps.start, ca, side="right") - 1
+    j_end = gaps.end[np.clip(j, 0, max(n - 1, 0))] if n else np.zeros_like(ca)
+    wait_ns = np.where((j >= 0) & (j_end > ca), j_end - ca, 0)
+    idle = [(i, int(inside_ns[i]), int(straddle_ns[i]), int(wait_ns[i])) for i in range(len(clipped))]
     cycles, busy, waits, prefill = [], [], [], []
     for (i, inside, straddle, wait), (a, b), (ca, cb) in zip(idle, bounds, clipped, strict=True):
         cycle = b - a
@@ -115,10 +120,11 @@ def _nvtx_steps(trace: Trace, lo: int, hi: int) -> list[tuple[int, int, int, int
     return steps
 
 
-def _kernel_steps(trace: Trace, lo: int, hi: int, device: int) -> list[tuple[int, int, int, int, int]]:
+def _kernel_steps(trace: Trace, lo: int, hi: int, gaps: DeviceGaps) -> list[tuple[int, int, int, int, int]]:
     """Steps from vLLM's per-step input kernel on the first GPU: each starts at the longest GPU idle time since
     the previous step's last kernel (a PK range seek in the gap table per step); prefill-bearing when the
     prefill-input kernel runs just before it. The prompt-token and decode counts are not on the trace (0)."""
+    device = gaps.device
     ids = dict(trace.query("SELECT value, id FROM strings WHERE value IN (?, ?, ?)",
                            (STEP_KERNEL, PREFILL_KERNEL, END_KERNEL)))
     if STEP_KERNEL not in ids:
@@ -144,12 +150,15 @@ def _kernel_steps(trace: Trace, lo: int, hi: int, device: int) -> list[tuple[int
     for mark, flag in zip(marks, flags, strict=True):
         k = bisect.bisect_left(ends, mark)
         since = ends[k - 1] if k else mark  # the previous step's end (else only the gap right before)
-        gap = trace.query("SELECT start FROM gpu_gaps WHERE device = ? AND start >= ? AND start < ? "
-                          "ORDER BY end - start DESC LIMIT 1", (device, since, mark)) if since < mark else []
-        if not gap:  # the idle time straddling or ending at the mark
-            gap = trace.query("SELECT start FROM gpu_gaps WHERE device = ? AND start < ? AND end >= ? "
-                              "ORDER BY start DESC LIMIT 1", (device, mark, mark))
-        steps.append((int(gap[0][0]) if gap else mark, mark, flag, 0, 0))
+        gap = None
+        if since < mark:  # the longest gap starting between the previous step's end and the mark
+            a, b = np.searchsorted(gaps.start, [since, mark], side="left")
+            if b > a:
+                gap = int(gaps.start[a + int(np.argmax(gaps.length[a:b]))])
+        if gap is None:  # the idle time straddling or ending at the mark
+            i = int(np.searchsorted(gaps.start, mark, side="left")) - 1
+            gap = int(gaps.start[i]) if i >= 0 and gaps.end[i] >= mark else None
+        steps.append((gap if gap is not None else mark, mark, flag, 0, 0))
     return steps
 
 

@@ -1,10 +1,9 @@
 """GPU busy/idle from the union of kernel and memory-operation intervals, per device.
 
-One window-function pass over all GPU operations (sorted by start per device) writes every idle
-gap into a TEMP table keyed by (device, start). Everything else (utilization of any window, the
-gap list, phases for the automatic window, utilization over time) is read from that table, and
-every time range is a primary-key range scan: the idle time of a range is the gaps starting in
-it plus the one gap reaching into it from before (a device's gaps never overlap).
+Every idle gap of every device comes from one read of the GPU operations (`analysis.gaps`: sorted numpy
+arrays with a prefix sum). Everything else (utilization of any window, the gap list, phases for the
+automatic window, utilization over time) is binary searches over those arrays: the idle time of a range
+is the gaps starting in it plus the one gap reaching into it from before (a device's gaps never overlap).
 """
 
 from __future__ import annotations
@@ -12,8 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
+from profkit.analysis.gaps import GpuGaps, gpu_gaps
 from profkit.analysis.seq import seq_bounds, seq_range
 from profkit.analysis.window import PHASE_GAP_NS, Window
 from profkit.traces.model import Trace
@@ -23,115 +24,53 @@ from profkit.traces.model import Trace
 GAP_CLASSES = [(20_000, "lt_20us"), (1_000_000, "20us_1ms"), (100_000_000, "1ms_100ms"), (None, "ge_100ms")]
 
 
-def build_gap_table(trace: Trace) -> None:
-    """Write temp.gpu_gaps(device, start, end) and temp.gpu_spans(device, first_start, last_end) once."""
-    devices = sorted({r[0] for r in trace.query("SELECT DISTINCT device FROM kernels UNION "
-                                                "SELECT DISTINCT device FROM memops")})
-    # With one GPU (the common case) the pass needs no PARTITION BY and the span no GROUP BY:
-    # each would add a sort of every operation.
-    partition = "PARTITION BY device" if len(devices) > 1 else ""
-    trace.conn.executescript(
-        f"""
-        DROP TABLE IF EXISTS temp.gpu_gaps;
-        DROP TABLE IF EXISTS temp.gpu_spans;
-        CREATE TEMP TABLE gpu_gaps (device INTEGER, start INTEGER, end INTEGER, PRIMARY KEY (device, start))
-            WITHOUT ROWID;
-        INSERT INTO gpu_gaps
-        WITH ops AS (
-            SELECT device, start, end FROM kernels
-            UNION ALL
-            SELECT device, start, end FROM memops
-        ),
-        ordered AS (
-            -- Only the running max: extra window columns (lag of names) would double this pass.
-            SELECT device, start,
-                   max(end) OVER ({partition} ORDER BY start
-                                  ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
-            FROM ops
-        )
-        SELECT device, prev_end AS start, start AS end FROM ordered WHERE start > prev_end;
-        CREATE TEMP TABLE gpu_spans (device INTEGER PRIMARY KEY, first_start INTEGER, last_end INTEGER);
-        """
-    )
-    for d in devices:
-        row = trace.query(
-            "SELECT min(s), max(e) FROM (SELECT min(start) AS s, max(end) AS e FROM kernels WHERE device = :d "
-            "UNION ALL SELECT min(start), max(end) FROM memops WHERE device = :d)", {"d": d})[0]
-        trace.conn.execute("INSERT INTO temp.gpu_spans VALUES (?, ?, ?)", (d, row[0], row[1]))
+def build_gap_table(trace: Trace) -> GpuGaps:
+    """Every GPU gap of the trace (computed once; the other functions here read it)."""
+    return gpu_gaps(trace)
 
 
 def phases(trace: Trace, split_ns: int = PHASE_GAP_NS) -> list[dict[str, Any]]:
     """GPU-active phases of the whole trace (all devices), split at gaps >= split_ns."""
-    first, last = trace.query("SELECT min(first_start), max(last_end) FROM gpu_spans")[0]
+    gaps = gpu_gaps(trace)
+    first, last = gaps.first, gaps.last
     # A gap splits phases only where every device is idle; with one device that is every gap.
-    n_devices = trace.query("SELECT count(*) FROM gpu_spans")[0][0]
-    if n_devices == 1:
-        cuts = trace.query("SELECT start, end FROM gpu_gaps WHERE end - start >= ? ORDER BY start", (split_ns,))
+    if len(gaps.devices) == 1:
+        (d,) = gaps.devices.values()
+        long = d.length >= split_ns
+        cuts = list(zip(d.start[long].tolist(), d.end[long].tolist(), strict=True))
     else:
-        cuts = _common_idle(trace, split_ns)
+        cuts = _common_idle(gaps, split_ns)
     bounds, cursor = [], first
     for gap_start, gap_end in cuts:
         bounds.append((cursor, gap_start))
         cursor = gap_end
     bounds.append((cursor, last))
-    idle = {d: _idle_ranges(trace, d, bounds) for d in _devices(trace)}
+    lo = np.array([b[0] for b in bounds], dtype=np.int64)
+    hi = np.array([b[1] for b in bounds], dtype=np.int64)
+    idle = [d.idle_in(lo, hi) for d in gaps.devices.values()]
     result = []
     for i, (start, end) in enumerate(bounds):
-        busy = sum(max(0, (end - start) - idle[d][i]) for d in idle)
+        busy = sum(max(0, (end - start) - int(series[i])) for series in idle)
         result.append({"start_ns": start, "end_ns": end, "busy_ns": busy})
     return result
 
 
-def _common_idle(trace: Trace, split_ns: int) -> list[tuple[int, int]]:
-    # Intersect long gaps across devices: a sweep over the (few) long gaps, done in pandas.
-    df = pd.read_sql_query(
-        "SELECT device, start, end FROM gpu_gaps WHERE end - start >= ?", trace.conn, params=(split_ns,)
-    )
-    devices = _devices(trace)
-    if df.empty:
-        return []
-    events = pd.concat([
-        pd.DataFrame({"t": df.start, "d": 1}), pd.DataFrame({"t": df.end, "d": -1}),
-    ]).sort_values(["t", "d"])
+def _common_idle(gaps: GpuGaps, split_ns: int) -> list[tuple[int, int]]:
+    """Where every device sits in a gap >= split_ns at once: a sweep over the (few) long gaps."""
+    events = []
+    for d in gaps.devices.values():
+        long = d.length >= split_ns
+        events += [(int(t), 1) for t in d.start[long]] + [(int(t), -1) for t in d.end[long]]
+    events.sort()  # at equal times a gap's end (-1) comes before another's start (+1)
     level, out, opened = 0, [], None
-    for t, d in zip(events.t, events.d, strict=True):
-        level += d
-        if level == len(devices) and opened is None:
+    for t, step in events:
+        level += step
+        if level == len(gaps.devices) and opened is None:
             opened = t
-        elif level < len(devices) and opened is not None:
+        elif level < len(gaps.devices) and opened is not None:
             if t - opened >= split_ns:
-                out.append((int(opened), int(t)))
+                out.append((opened, t))
             opened = None
-    return out
-
-
-def _devices(trace: Trace) -> list[int]:
-    return [r[0] for r in trace.query("SELECT device FROM gpu_spans ORDER BY device")]
-
-
-def _idle_ranges(trace: Trace, device: int, ranges: list[tuple[int, int]]) -> list[int]:
-    """Idle ns of `device` in each [lo, hi): gaps clipped to the range, plus the time before the
-    device's first and after its last operation. Two primary-key seeks and a range scan per range."""
-    trace.conn.executescript(
-        "DROP TABLE IF EXISTS temp.idle_ranges;"
-        "CREATE TEMP TABLE idle_ranges (i INTEGER PRIMARY KEY, lo INTEGER, hi INTEGER);"
-    )
-    trace.conn.executemany("INSERT INTO temp.idle_ranges VALUES (?, ?, ?)",
-                           [(i, lo, hi) for i, (lo, hi) in enumerate(ranges)])
-    rows = trace.query(
-        """SELECT r.i, r.lo, r.hi,
-                  coalesce((SELECT sum(min(g.end, r.hi) - g.start) FROM gpu_gaps g
-                            WHERE g.device = :d AND g.start >= r.lo AND g.start < r.hi), 0)
-                  + coalesce((SELECT max(0, min(g.end, r.hi) - r.lo) FROM gpu_gaps g
-                              WHERE g.device = :d AND g.start < r.lo ORDER BY g.start DESC LIMIT 1), 0),
-                  s.first_start, s.last_end
-           FROM idle_ranges r, gpu_spans s WHERE s.device = :d ORDER BY r.i""",
-        {"d": device},
-    )
-    out = []
-    for _, lo, hi, gaps, first, last in rows:
-        outside = max(0, min(first, hi) - lo) + max(0, hi - max(last, lo))
-        out.append(min(int(gaps) + outside, max(0, hi - lo)))
     return out
 
 
@@ -153,14 +92,15 @@ def gpu_timeline(trace: Trace, window: Window, gap_threshold_ns: int = 100_000, 
                  n_buckets: int = 100) -> Timeline:
     """Busy/idle, gap list and utilization-over-time of `window` (gap table must be built)."""
     w0, w1 = window.start_ns, window.end_ns
+    gaps = gpu_gaps(trace)
     # The buckets partition the window, so their idle times add up to the window's.
-    bucket_idle, buckets = _buckets(trace, w0, w1, n_buckets)
+    bucket_idle, buckets = _buckets(gaps, w0, w1, n_buckets)
     idle = {d: sum(series) for d, series in bucket_idle.items()}
     length = max(1, w1 - w0)
     devices = [
         {"device": d, "busy_ns": length - idle.get(d, 0), "idle_ns": idle.get(d, 0),
          "utilization": (length - idle.get(d, 0)) / length}
-        for d in _devices(trace)
+        for d in sorted(gaps.devices)
     ]
     busy = sum(d["busy_ns"] for d in devices)
     idle_total = sum(d["idle_ns"] for d in devices)
@@ -170,67 +110,65 @@ def gpu_timeline(trace: Trace, window: Window, gap_threshold_ns: int = 100_000, 
         busy_ns=busy,
         idle_ns=idle_total,
         utilization=busy / max(1, busy + idle_total),
-        gaps=_gap_list(trace, w0, w1, gap_threshold_ns, max_gaps),
-        gap_classes=_gap_classes(trace, w0, w1),
+        gaps=_gap_list(trace, gaps, w0, w1, gap_threshold_ns, max_gaps),
+        gap_classes=_gap_classes(gaps, w0, w1),
         buckets=buckets,
     )
 
 
-def _gap_classes(trace: Trace, w0: int, w1: int) -> dict[str, dict[str, int]]:
+def _gap_classes(gaps: GpuGaps, w0: int, w1: int) -> dict[str, dict[str, int]]:
     """Idle time by gap size class. Gaps inside the window count by their duration; the few that cross
-    a window edge are clipped. Most gaps are short (back-to-back kernels): the classes above the first
-    are counted over the longer gaps only, the first is the rest."""
+    a window edge are clipped."""
     bounds, lower = [], 0
     for upper, label in GAP_CLASSES:
         bounds.append((label, lower, upper))
         lower = upper or 0
     out = {label: {"count": 0, "idle_ns": 0} for label, _, _ in bounds}
-    first_label, first_hi = bounds[0][0], bounds[0][2]
-    aggs = ", ".join(
-        f"count(*) FILTER (WHERE d >= {lo}{f' AND d < {hi}' if hi else ''}), "
-        f"coalesce(sum(d) FILTER (WHERE d >= {lo}{f' AND d < {hi}' if hi else ''}), 0)"
-        for _, lo, hi in bounds[1:])
-    for d in _devices(trace):
-        params = {"d": d, "w0": w0, "w1": w1, "t": first_hi}
-        inside = "device = :d AND start >= :w0 AND start < :w1 AND end <= :w1"
-        n, total = trace.query(f"SELECT count(*), coalesce(sum(end - start), 0) FROM gpu_gaps WHERE {inside}",
-                               params)[0]
-        longer = trace.query(f"SELECT {aggs} FROM (SELECT end - start AS d FROM gpu_gaps "
-                             f"WHERE {inside} AND end - start >= :t)", params)[0]
-        for i, (label, _, _) in enumerate(bounds[1:]):
-            out[label]["count"] += int(longer[2 * i])
-            out[label]["idle_ns"] += int(longer[2 * i + 1])
-        out[first_label]["count"] += int(n) - sum(int(c) for c in longer[0::2])
-        out[first_label]["idle_ns"] += int(total) - sum(int(v) for v in longer[1::2])
+    uppers = np.array([hi for _, _, hi in bounds[:-1]], dtype=np.int64)
+    labels = [label for label, _, _ in bounds]
+    for d in gaps.devices.values():
+        a = np.searchsorted(d.start, w0, side="left")
+        b = np.searchsorted(d.start, w1, side="left")
+        length = d.length[a:b]
+        inside = d.end[a:b] <= w1
+        cls = np.searchsorted(uppers, length[inside], side="right")
+        counts = np.bincount(cls, minlength=len(labels))
+        totals = np.bincount(cls, weights=length[inside], minlength=len(labels))
+        for i, label in enumerate(labels):
+            out[label]["count"] += int(counts[i])
+            out[label]["idle_ns"] += int(totals[i])
         # At most one gap crosses each window edge.
-        crossing = trace.query(
-            """SELECT min(end, :w1) - max(start, :w0) FROM (
-                   SELECT start, end FROM gpu_gaps WHERE device = :d AND start < :w0 ORDER BY start DESC LIMIT 1)
-               WHERE end > :w0
-               UNION ALL
-               SELECT min(end, :w1) - start FROM gpu_gaps
-               WHERE device = :d AND start >= :w0 AND start < :w1 AND end > :w1""", params)
-        for (dur,) in crossing:
+        crossing = []
+        if a > 0 and d.end[a - 1] > w0:
+            crossing.append(min(int(d.end[a - 1]), w1) - max(int(d.start[a - 1]), w0))
+        crossing += [min(int(e), w1) - int(s) for s, e in zip(d.start[a:b][~inside], d.end[a:b][~inside],
+                                                              strict=True)]
+        for dur in crossing:
             label = next(lb for lb, lo, hi in bounds if dur >= lo and (hi is None or dur < hi))
             out[label]["count"] += 1
             out[label]["idle_ns"] += int(dur)
     return out
 
 
-def _gap_list(trace: Trace, w0: int, w1: int, threshold: int, limit: int) -> list[dict[str, Any]]:
-    trace.conn.executescript("DROP TABLE IF EXISTS temp.top_gaps;")
-    trace.conn.execute(
-        """CREATE TEMP TABLE top_gaps AS
-           SELECT g.device, g.start AS gap_start, g.end AS gap_end,
-                  max(g.start, :w0) AS start, min(g.end, :w1) AS end
-           FROM gpu_gaps g  -- the duration test first: it rejects almost every gap
-           WHERE g.end - g.start >= :t AND g.end > :w0 AND g.start < :w1
-                 AND min(g.end, :w1) - max(g.start, :w0) >= :t
-           ORDER BY min(g.end, :w1) - max(g.start, :w0) DESC LIMIT :n""",
-        {"w0": w0, "w1": w1, "t": threshold, "n": limit},
-    )
+def _gap_list(trace: Trace, all_gaps: GpuGaps, w0: int, w1: int, threshold: int,
+              limit: int) -> list[dict[str, Any]]:
+    rows = []
+    for d in all_gaps.devices.values():
+        a = max(0, int(np.searchsorted(d.start, w0, side="left")) - 1)  # the gap reaching in from before
+        b = int(np.searchsorted(d.start, w1, side="left"))
+        gs, ge = d.start[a:b], d.end[a:b]
+        cs, ce = np.maximum(gs, w0), np.minimum(ge, w1)
+        keep = (ge - gs >= threshold) & (ge > w0) & (gs < w1) & (ce - cs >= threshold)
+        rows += [(int(e - s), d.device, int(g0), int(g1), int(s), int(e))
+                 for g0, g1, s, e in zip(gs[keep], ge[keep], cs[keep], ce[keep], strict=True)]
+    rows.sort(key=lambda r: (-r[0], r[1], r[4]))
+    rows = rows[:limit]
+    trace.conn.executescript("DROP TABLE IF EXISTS temp.top_gaps;"
+                             "CREATE TEMP TABLE top_gaps (device INTEGER, gap_start INTEGER, gap_end INTEGER, "
+                             "start INTEGER, end INTEGER);")
+    trace.conn.executemany("INSERT INTO temp.top_gaps VALUES (?, ?, ?, ?, ?)", [r[1:] for r in rows])
     gaps = pd.read_sql_query(
-        "SELECT rowid AS gid, device, gap_start, gap_end, start, end FROM top_gaps ORDER BY end - start DESC",
+        "SELECT rowid AS gid, device, gap_start, gap_end, start, end FROM top_gaps ORDER BY rowid",
         trace.conn,
     )
     if gaps.empty:
@@ -307,13 +245,15 @@ def _host_api_during(trace: Trace, g0: int, g1: int, bounds: tuple[int, int] | N
     return [{"name": strip_api_version(n), "calls": int(c), "overlap_ns": int(o)} for n, c, o in rows]
 
 
-def _buckets(trace: Trace, w0: int, w1: int, n: int) -> tuple[dict[int, list[int]], dict[str, Any]]:
+def _buckets(gaps: GpuGaps, w0: int, w1: int, n: int) -> tuple[dict[int, list[int]], dict[str, Any]]:
     """Idle ns per equal time bucket of the window and device, and the busy fractions for the report."""
     width = max(1, -(-(w1 - w0) // n))
     ranges = [(w0 + b * width, min(w1, w0 + (b + 1) * width)) for b in range(n) if w0 + b * width < w1]
     if not ranges:  # an empty window
         ranges = [(w0, w0 + 1)]
-    idle = {d: _idle_ranges(trace, d, ranges) for d in _devices(trace)}
+    lo = np.array([r[0] for r in ranges], dtype=np.int64)
+    hi = np.array([r[1] for r in ranges], dtype=np.int64)
+    idle = {dev: [int(x) for x in d.idle_in(lo, hi)] for dev, d in sorted(gaps.devices.items())}
     busy_fraction = {str(d): [round(1.0 - i / (hi - lo), 4) for i, (lo, hi) in zip(series, ranges, strict=True)]
                      for d, series in idle.items()}
     return idle, {"start_ns": w0, "bucket_ns": width, "busy_fraction": busy_fraction}

@@ -81,11 +81,10 @@ def with_seq_ranges(trace: Trace, window: Window) -> Window:
 
 def gpu_span(trace: Trace) -> tuple[int, int]:
     """First GPU operation start and last GPU operation end over the whole trace."""
-    row = trace.query(
-        "SELECT min(s), max(e) FROM (SELECT min(start) AS s, max(end) AS e FROM kernels "
-        "UNION ALL SELECT min(start), max(end) FROM memops)"
-    )[0]
-    return int(row[0]), int(row[1])
+    from profkit.analysis.gaps import gpu_gaps  # the gaps hold each device's span: no scan of its own
+
+    gaps = gpu_gaps(trace)
+    return gaps.first, gaps.last
 
 
 def choose_window(trace: Trace, spec: str, phases: list[dict] | None = None) -> Window:

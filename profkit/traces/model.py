@@ -44,16 +44,20 @@ class Trace:
     snapshot: Path | None = None
     # Relations an nsys export had out of start order or with duplicated rows, read through a repaired copy.
     repaired: tuple[str, ...] = ()
+    # Results computed once per trace and shared by its analyses (the GPU gaps), across `reopen`.
+    cache: dict[str, Any] = field(default_factory=dict)
 
     def reopen(self) -> Trace:
         """Another connection to the same normalized trace (for analyses running in parallel)."""
         if self.db_file is None:
             from profkit.traces.nsys import open_nsys
 
-            return open_nsys(self.path, snapshot=self.snapshot, checked=self)
+            other = open_nsys(self.path, snapshot=self.snapshot, checked=self)
+            other.cache = self.cache
+            return other
         conn = sqlite3.connect(f"file:{self.db_file}?mode=ro", uri=True, check_same_thread=False)
         return Trace(conn=conn, path=self.path, kind=self.kind, meta=self.meta, present=self.present,
-                     db_file=self.db_file, owns_db=False)
+                     db_file=self.db_file, owns_db=False, cache=self.cache)
 
     def has(self, relation: str) -> bool:
         return relation in self.present

@@ -1,0 +1,122 @@
+"""Columns of a normalized relation as numpy arrays: the large tables are read once, the analyses vectorised.
+
+Reading a million rows through `sqlite3` builds a Python object per value (~2 s for 7 kernel columns x 1M
+rows). Apache Arrow's ADBC SQLite driver fills Arrow buffers in C instead (0.6 s; half that on two threads,
+as it releases the GIL), which numpy then views without a copy: `benchmarks/bench_extract.py` measures both.
+ADBC is used where `adbc-driver-sqlite` is installed and the relation is a plain query over the trace's file;
+otherwise (or when a column holds a value of another type, which only a broken export does) the same query
+runs through `sqlite3`, with every value made an integer, and gives the same arrays.
+
+Every column is an int64 array; NULL becomes `NULL_INT`.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import numpy as np
+
+from profkit.traces.model import Trace
+
+NULL_INT = -(1 << 62)  # stands for NULL in an int64 column: below every time, id and size a trace holds
+# Below this many rows the driver's import (pyarrow: ~0.4 s) costs more than it saves.
+ADBC_MIN_ROWS = int(os.environ.get("PROFKIT_ADBC_MIN_ROWS", "400000"))
+
+
+def relation_source(trace: Trace, relation: str) -> str | None:
+    """SQL that a fresh connection to the trace's file can run to get `relation`'s rows, or None."""
+    row = trace.conn.execute("SELECT type, sql FROM sqlite_temp_master WHERE name = ?", (relation,)).fetchone()
+    if row is None:  # a table of the file itself (torch traces are loaded into one)
+        return relation if trace.db_file is not None else None
+    if row[0] != "view" or "temp." in row[1]:  # a repaired TEMP copy, or a view over other TEMP objects
+        return None
+    return "(" + row[1].split(" AS ", 1)[1] + ")"
+
+
+def source_file(trace: Trace) -> Path:
+    return trace.db_file or trace.snapshot or trace.path
+
+
+def read_columns(trace: Trace, relation: str, columns: Mapping[str, str], where: str = "1",
+                 params: Mapping[str, int] | None = None, seq_span: tuple[int, int] | None = None,
+                 jobs: int = 2) -> dict[str, np.ndarray]:
+    """{name: int64 array} of `columns` ({name: SQL expression}) over `relation`'s rows matching `where`.
+
+    `seq_span`: the relation's first and last seq (start-ordered relations): its size decides the reader, and
+    the driver reads it in `jobs` ranges at once."""
+    rows_hint = seq_span[1] - seq_span[0] + 1 if seq_span else 0
+    # Named parameters are integers (window bounds): written into the text, the query runs on any connection.
+    for key, value in (params or {}).items():
+        where = where.replace(f":{key}", str(int(value)))
+    source = relation_source(trace, relation)
+    if source is not None and rows_hint >= ADBC_MIN_ROWS and adbc_available():
+        try:
+            return _read_adbc(source_file(trace), source, columns, where, jobs, seq_span)
+        except (OSError, ValueError, TypeError):  # a value of another type in a column: read it the safe way
+            pass
+    return _read_sqlite(trace.conn, relation, columns, where)
+
+
+def adbc_available() -> bool:
+    try:
+        import adbc_driver_sqlite.dbapi  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _read_sqlite(conn: sqlite3.Connection, relation: str, columns: Mapping[str, str],
+                 where: str) -> dict[str, np.ndarray]:
+    # CAST makes any stored value an integer (text and blobs of a broken export become 0), NULL stays NULL
+    exprs = ", ".join(f"coalesce(CAST({expr} AS INTEGER), {NULL_INT})" for expr in columns.values())
+    rows = conn.execute(f"SELECT {exprs} FROM {relation} WHERE {where}").fetchall()
+    table = np.array(rows, dtype=np.int64).reshape(len(rows), len(columns))
+    return {name: np.ascontiguousarray(table[:, i]) for i, name in enumerate(columns)}
+
+
+def _read_adbc(path: Path, source: str, columns: Mapping[str, str], where: str, jobs: int,
+               seq_span: tuple[int, int] | None) -> dict[str, np.ndarray]:
+    import adbc_driver_sqlite.dbapi as adbc
+
+    uri = f"file:{quote(str(Path(path).resolve()))}?mode=ro&immutable=1"
+    exprs = ", ".join(columns.values())
+
+    def part(clause: str) -> list[Any]:
+        with adbc.connect(uri) as conn, conn.cursor() as cur:
+            cur.execute(f"SELECT {exprs} FROM {source} WHERE ({where}) {clause}")
+            return cur.fetch_arrow_table().columns
+
+    if seq_span is not None and jobs > 1:  # seq (row id) ranges, read on threads: the driver releases the GIL
+        lo, hi = seq_span
+        cuts = [lo + (hi - lo + 1) * k // jobs for k in range(jobs + 1)]
+        with ThreadPoolExecutor(jobs) as pool:
+            chunks = list(pool.map(part, [f"AND seq >= {a} AND seq < {b}" for a, b in pairwise(cuts)]))
+    else:
+        chunks = [part("")]
+    out = {}
+    for i, name in enumerate(columns):
+        arrays = [_to_int64(chunk[i]) for chunk in chunks]
+        out[name] = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+    return out
+
+
+def _to_int64(column: Any) -> np.ndarray:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if pa.types.is_null(column.type):
+        return np.full(len(column), NULL_INT, dtype=np.int64)
+    if pa.types.is_boolean(column.type):
+        column = pc.cast(column, pa.int64())
+    if not pa.types.is_integer(column.type):
+        raise TypeError(f"column of type {column.type}")
+    if column.null_count:
+        column = pc.fill_null(column, NULL_INT)
+    return column.to_numpy().astype(np.int64, copy=False)
