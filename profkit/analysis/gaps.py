@@ -73,25 +73,69 @@ def gpu_gaps(trace: Trace) -> GpuGaps:
     return trace.cache["gaps"]
 
 
-def _compute(trace: Trace) -> GpuGaps:
+# GPU operations per read: memory stays a chunk's columns plus the gaps found so far.
+CHUNK_ROWS = 1 << 19
+
+
+def _compute(trace: Trace, chunk_rows: int = CHUNK_ROWS) -> GpuGaps:
+    """The kernels are read in seq ranges (seq order is start order: the readers guarantee it) and the memory
+    operations (few) at once; each range is merged with the memory operations that start no later than its
+    last kernel, and the running maximum of the ends carries from range to range, per device."""
     from profkit.analysis.seq import seq_bounds
 
     cols = {"start": "start", "end": "end", "device": "device"}
-    k = read_columns(trace, "kernels", cols, seq_span=seq_bounds(trace, "kernels"))
     m = read_columns(trace, "memops", cols)
-    start = np.concatenate([k["start"], m["start"]])
-    end = np.concatenate([k["end"], m["end"]])
-    device = np.concatenate([k["device"], m["device"]])
-    del k, m
-    out = {}
-    for d in np.unique(device):
-        mask = device == d
-        s, e = start[mask], end[mask]
+    order = np.argsort(m["start"], kind="stable")
+    m = {k: v[order] for k, v in m.items()}
+    state: dict[int, _Sweep] = {}
+    taken = 0
+    span = seq_bounds(trace, "kernels")
+    for lo in range(span[0], span[1] + 1, chunk_rows) if span else ():
+        hi = min(span[1], lo + chunk_rows - 1)
+        k = read_columns(trace, "kernels", cols, where=f"seq >= {lo} AND seq <= {hi}", seq_span=(lo, hi))
+        if not len(k["start"]):
+            continue
+        upto = int(np.searchsorted(m["start"], k["start"][-1], side="right"))
+        _sweep(state, {c: np.concatenate([k[c], m[c][taken:upto]]) for c in cols})
+        taken = upto
+    if taken < len(m["start"]):
+        _sweep(state, {c: m[c][taken:] for c in cols})
+    return GpuGaps({d: sw.result(d) for d, sw in sorted(state.items())})
+
+
+@dataclass
+class _Sweep:
+    """One device's pass so far: its first start, the latest end, and the gaps found."""
+
+    first: int
+    reach: int
+    starts: list[np.ndarray] = field(default_factory=list)
+    ends: list[np.ndarray] = field(default_factory=list)
+
+    def result(self, device: int) -> DeviceGaps:
+        g0 = np.concatenate(self.starts) if self.starts else np.zeros(0, dtype=np.int64)
+        g1 = np.concatenate(self.ends) if self.ends else np.zeros(0, dtype=np.int64)
+        return DeviceGaps(device, self.first, self.reach, g0, g1,
+                          np.concatenate([[0], np.cumsum(g1 - g0)]).astype(np.int64))
+
+
+def _sweep(state: dict[int, _Sweep], ops: dict[str, np.ndarray]) -> None:
+    """Fold a batch of operations (each starting no earlier than any of an earlier batch) into `state`."""
+    devices = np.unique(ops["device"])
+    for d in devices.tolist():
+        if len(devices) > 1:
+            mask = ops["device"] == d
+            s, e = ops["start"][mask], ops["end"][mask]
+        else:
+            s, e = ops["start"], ops["end"]
         order = np.argsort(s, kind="stable")
         s, e = s[order], e[order]
-        reach = np.maximum.accumulate(e)  # the latest end so far
-        opens = s[1:] > reach[:-1]
-        g0, g1 = reach[:-1][opens], s[1:][opens]
-        out[int(d)] = DeviceGaps(int(d), int(s[0]), int(reach[-1]), g0, g1,
-                                 np.concatenate([[0], np.cumsum(g1 - g0)]).astype(np.int64))
-    return GpuGaps(out)
+        sw = state.get(d)
+        if sw is None:
+            sw = state[d] = _Sweep(first=int(s[0]), reach=int(s[0]))
+        reach = np.maximum(np.maximum.accumulate(e), sw.reach)  # the latest end so far, this batch included
+        before = np.concatenate([[sw.reach], reach[:-1]])  # for each operation: the latest end before it
+        opens = s > before
+        sw.starts.append(before[opens])
+        sw.ends.append(s[opens])
+        sw.reach = int(reach[-1])

@@ -149,7 +149,7 @@ def grouped_stats(keys: np.ndarray, values: np.ndarray, key: str = "key",
 
 
 # Rows per read of `columnar_histogram`: memory stays bounded (a chunk's columns, then its histogram).
-CHUNK_ROWS = 2_000_000
+CHUNK_ROWS = 1 << 19
 
 
 def columnar_histogram(trace: Trace, relation: str, key: str, value: str, where: str,

@@ -154,7 +154,7 @@ def _kernel_steps(trace: Trace, lo: int, hi: int, gaps: DeviceGaps) -> list[tupl
         if since < mark:  # the longest gap starting between the previous step's end and the mark
             a, b = np.searchsorted(gaps.start, [since, mark], side="left")
             if b > a:
-                gap = int(gaps.start[a + int(np.argmax(gaps.length[a:b]))])
+                gap = int(gaps.start[a + int(np.argmax(gaps.end[a:b] - gaps.start[a:b]))])
         if gap is None:  # the idle time straddling or ending at the mark
             i = int(np.searchsorted(gaps.start, mark, side="left")) - 1
             gap = int(gaps.start[i]) if i >= 0 and gaps.end[i] >= mark else None
