@@ -183,3 +183,18 @@ def test_folder_without_trace(tmp_path: Path) -> None:
 def test_bad_gap_threshold(sqlite_path) -> None:
     result = profkit("report", str(sqlite_path("eager_b1")), "--gap-threshold", "soon")
     assert result.returncode == 2 and "Traceback" not in result.stderr
+
+
+def test_report_path_imports_only_what_it_uses(sqlite_path) -> None:
+    """Start-up is part of every report: the JSON report of a trace without /metrics imports neither the
+    plotting library (HTML only) nor the Prometheus parser (metrics only); `python -X importtime` says so."""
+    import subprocess
+    import sys
+
+    trace = str(sqlite_path("graphs_b1"))
+    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "profkit.cli", "report", trace, "--format", "json",
+                        "--no-progress"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    imported = {line.split("|")[-1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")}
+    assert "profkit.report" in imported and "profkit.analysis.kernels" in imported  # the check sees imports
+    assert not {m for m in imported if m.split(".")[0] in ("matplotlib", "prometheus_client")}

@@ -13,8 +13,6 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from profkit.errors import ProfkitError
 from profkit.inputs import one_line, read_text
 
@@ -146,6 +144,8 @@ def parse_metrics(text: str) -> dict[str, float]:
     """Prometheus text from vLLM's /metrics, summed over label sets: {'vllm:num_preemptions_total': 31.0, ...}.
 
     Histograms keep their `_sum` and `_count` samples (means come from them)."""
+    from prometheus_client.parser import text_string_to_metric_families  # only runs that kept /metrics need it
+
     out: dict[str, float] = {}
     try:
         for family in text_string_to_metric_families(text):
