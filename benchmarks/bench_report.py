@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 import lzma
-import resource
+import os
 import shutil
 import sqlite3
 import subprocess
@@ -65,15 +65,18 @@ def build_replicated(base: Path, copies: int, out: Path) -> int:
     return kernels
 
 
-def run_measured(cmd: list[str]) -> tuple[float, float]:
-    """Wall seconds and peak RSS (MiB) of one child process."""
+def run_measured(cmd: list[str], tree: Path | None = None) -> tuple[float, float]:
+    """Wall seconds and peak RSS (MiB) of one child process (profkit imported from `tree` when given)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))} \
+        if tree else None
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=tree)
+    _, status, usage = os.wait4(proc.pid, 0)  # this child's own peak RSS
     wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode:
-        raise SystemExit(f"failed: {' '.join(cmd)}\n{proc.stderr}")
-    # ru_maxrss of RUSAGE_CHILDREN is the max over children so far: run the small (floor) first.
-    return wall, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+        raise SystemExit(f"failed: {' '.join(cmd)}\n{proc.stderr.read().decode()}")
+    return wall, usage.ru_maxrss / 1024
 
 
 def floor_cmd(path: Path) -> list[str]:
@@ -99,6 +102,8 @@ def main() -> None:
     ap.add_argument("--scales", default="17,68,272", help="copies of the fixture per size (17 -> 1.0M kernels)")
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--baseline", type=Path, default=None,
+                    help="another profkit source tree (e.g. a worktree of an earlier commit) measured alongside")
     args = ap.parse_args()
     work, base = prepare(args.fixture, args.workdir)
 
@@ -109,20 +114,24 @@ def main() -> None:
         kernels = build_replicated(base, copies, path)
         built = time.perf_counter() - t0
         floor = min(run_measured(floor_cmd(path))[0] for _ in range(args.repeat))
-        report_runs = [run_measured([sys.executable, "-m", "profkit.cli", "report", str(path), "--window", "all",
-                                     "--format", "json", "-o", str(work / "r.json"), "--no-progress"])
-                       for _ in range(args.repeat)]
-        wall = min(w for w, _ in report_runs)
-        rss = max(r for _, r in report_runs)
         size_mb = path.stat().st_size / 1e6
-        rows.append((copies, kernels, size_mb, floor, wall, wall / floor, rss))
+        for label, tree in (("this tree", None), ("baseline", args.baseline)):
+            if label == "baseline" and tree is None:
+                continue
+            report_runs = [run_measured([sys.executable, "-m", "profkit.cli", "report", str(path), "--window", "all",
+                                         "--format", "json", "-o", str(work / "r.json"), "--no-progress"], tree)
+                           for _ in range(args.repeat)]
+            wall = min(w for w, _ in report_runs)
+            rss = max(r for _, r in report_runs)
+            rows.append((label, copies, kernels, size_mb, floor, wall, wall / floor, rss))
         print(f"built x{copies}: {kernels:,} kernels, {size_mb:.0f} MB in {built:.0f} s", file=sys.stderr)
         path.unlink()
 
-    print("| copies | kernels | SQLite MB | floor s | report s | report / floor | peak RSS MiB |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
-    for copies, kernels, size_mb, floor, wall, ratio, rss in rows:
-        print(f"| {copies} | {kernels:,} | {size_mb:.0f} | {floor:.2f} | {wall:.2f} | {ratio:.2f}x | {rss:.0f} |")
+    print("| profkit | copies | kernels | SQLite MB | floor s | report s | report / floor | peak RSS MiB |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for label, copies, kernels, size_mb, floor, wall, ratio, rss in rows:
+        print(f"| {label} | {copies} | {kernels:,} | {size_mb:.0f} | {floor:.2f} | {wall:.2f} | {ratio:.2f}x "
+              f"| {rss:.0f} |")
 
 
 if __name__ == "__main__":

@@ -28,6 +28,8 @@ from profkit.traces.model import Trace
 NULL_INT = -(1 << 62)  # stands for NULL in an int64 column: below every time, id and size a trace holds
 # Below this many rows the driver's import (pyarrow: ~0.4 s) costs more than it saves.
 ADBC_MIN_ROWS = int(os.environ.get("PROFKIT_ADBC_MIN_ROWS", "400000"))
+# Threads reading one relation at once (each its own connection and seq range).
+JOBS = max(1, min(8, os.cpu_count() or 1))
 
 
 def relation_source(trace: Trace, relation: str) -> str | None:
@@ -46,7 +48,7 @@ def source_file(trace: Trace) -> Path:
 
 def read_columns(trace: Trace, relation: str, columns: Mapping[str, str], where: str = "1",
                  params: Mapping[str, int] | None = None, seq_span: tuple[int, int] | None = None,
-                 jobs: int = 2) -> dict[str, np.ndarray]:
+                 jobs: int = JOBS) -> dict[str, np.ndarray]:
     """{name: int64 array} of `columns` ({name: SQL expression}) over `relation`'s rows matching `where`.
 
     `seq_span`: the relation's first and last seq (start-ordered relations): its size decides the reader, and
