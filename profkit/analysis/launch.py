@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import pandas as pd
+import numpy as np
 
-from profkit.analysis.seq import seq_range
+from profkit.analysis.seq import seq_bounds, seq_range
 from profkit.analysis.timeline import LOOKBACK_NS
 from profkit.analysis.window import Window
+from profkit.traces.columns import NULL_INT, read_columns
 from profkit.traces.model import Trace
 
 # Launch latency is a distribution: a uniform sample of this many eager launches (every n-th by
@@ -23,33 +24,39 @@ def launch_latency(trace: Trace, window: Window, eager_kernels: int) -> dict[str
 
     For a bounded window only the API rows from LOOKBACK_NS (100 ms) before it to its end are read
     (a seq range): a launch call earlier than that is not matched, and `sampled` counts those that were.
-    """
+    Both sides are read as columns with the sample's filter (every `step`-th correlation id) in the query,
+    and joined in numpy: a sort of the sampled calls by correlation id, a binary search per kernel."""
     if eager_kernels == 0 or not trace.has("api"):
         return {"sampled": 0}
     step = max(1, eager_kernels // LATENCY_SAMPLE)
-    trace.conn.executescript("DROP TABLE IF EXISTS temp.launch_sample;")
-    trace.conn.execute(
-        f"""CREATE TEMP TABLE launch_sample AS SELECT correlation, pid, start FROM kernels
-            WHERE graph_node IS NULL AND correlation IS NOT NULL AND {window.where('kernels')}
-            AND correlation % :step = 0""",
-        {**window.params, "step": step},
-    )
-    trace.conn.execute("CREATE INDEX temp.launch_sample_corr ON launch_sample (correlation)")
+    k = read_columns(trace, "kernels", {"c": "correlation", "p": "pid", "s": "start"},
+                     where=f"graph_node IS NULL AND correlation IS NOT NULL AND {window.where('kernels')} "
+                           f"AND correlation % {step} = 0", params=window.params,
+                     seq_span=seq_bounds(trace, "kernels"))
     api_rows = seq_range(trace, "api", window.start_ns - LOOKBACK_NS, window.end_ns) if window.bounded else None
-    lat = pd.read_sql_query(
-        f"""SELECT l.start - a.start AS latency, a.end - a.start AS call FROM api a
-            JOIN launch_sample l ON l.correlation = a.correlation AND l.start >= a.start
-            AND (l.pid = a.pid OR l.pid IS NULL OR a.pid IS NULL)
-            {'WHERE a.seq BETWEEN :lo AND :hi' if api_rows else ''}""",
-        trace.conn, params={"lo": api_rows[0], "hi": api_rows[1]} if api_rows else {},
-    )
-    if lat.empty:
+    bounds = seq_bounds(trace, "api")
+    a = read_columns(trace, "api", {"c": "correlation", "p": "pid", "s": "start", "e": "end"},
+                     where=f"correlation % {step} = 0" + (f" AND seq BETWEEN {int(api_rows[0])} AND {int(api_rows[1])}"
+                                                          if api_rows else ""),
+                     seq_span=(max(bounds[0], api_rows[0]), min(bounds[1], api_rows[1])) if api_rows and bounds
+                     else bounds)
+    # every (kernel, call) pair with the same correlation id: the calls sorted by id, a range per kernel
+    order = np.argsort(a["c"], kind="stable")
+    ac = a["c"][order]
+    lo = np.searchsorted(ac, k["c"], side="left")
+    n = np.searchsorted(ac, k["c"], side="right") - lo
+    ik = np.repeat(np.arange(len(k["c"])), n)
+    ia = order[np.repeat(lo, n) + np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)]
+    kp, ap = k["p"][ik], a["p"][ia]
+    ok = (k["s"][ik] >= a["s"][ia]) & ((kp == ap) | (kp == NULL_INT) | (ap == NULL_INT))
+    latency = (k["s"][ik] - a["s"][ia])[ok]
+    if not len(latency):
         return {"sampled": 0}
-    q = lat["latency"].quantile([0.5, 0.9])
+    call = (a["e"][ia] - a["s"][ia])[ok]
     return {
-        "sampled": int(len(lat)),
+        "sampled": int(len(latency)),
         "sample_step": step,
-        "median_ns": float(q.loc[0.5]),
-        "p90_ns": float(q.loc[0.9]),
-        "call_median_ns": float(lat["call"].median()),
+        "median_ns": float(np.quantile(latency, 0.5)),
+        "p90_ns": float(np.quantile(latency, 0.9)),
+        "call_median_ns": float(np.median(call)),
     }
