@@ -401,6 +401,10 @@ def main() -> None:
     except click.exceptions.Abort:
         click.echo("profkit: interrupted", err=True)
         sys.exit(130)
+    except click.UsageError as exc:  # one line, like every other input error (click's own is four)
+        where = exc.ctx.command_path if exc.ctx else "profkit"
+        click.echo(f"profkit: error: {one_line(exc.format_message(), 600)} (see: {where} --help)", err=True)
+        sys.exit(exc.exit_code)
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)

@@ -407,3 +407,57 @@ KINETO_FOUND = [  # what the property above found; each failed before its fix
 @pytest.mark.parametrize(("mutations", "wrapping"), KINETO_FOUND, ids=[str(m)[:60] for m, _ in KINETO_FOUND])
 def test_kineto_found_by_fuzzing(tmp_path_factory, mutations: list[tuple], wrapping: str) -> None:
     test_mutated_kineto_traces_at_the_cli.hypothesis.inner_test(tmp_path_factory, mutations, wrapping)
+
+
+# --- a capture folder whose manifest is anything JSON (vllm_args, command, environment of any shape) beside a
+# real run's evidence, reported without a trace; and `profkit report` with arbitrary option values.
+MANIFEST_KEYS = st.sampled_from(["vllm_args", "command", "environment", "tool", "bench", "argv", "mode", "profiled"])
+
+
+@FUZZ
+@given(st.dictionaries(MANIFEST_KEYS, json_values, max_size=6) | json_values)
+def test_capture_manifests(tmp_path_factory, manifest: object) -> None:
+    import shutil
+
+    from profkit.report import build_report
+
+    folder = tmp_path_factory.mktemp("capture")
+    for name in ("bench.json", "server.log", "metrics-after.txt"):
+        shutil.copyfile(Path(__file__).parent / "data" / "vllm_serve_kv300mb" / name, folder / name)
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    try:
+        report = build_report(folder)
+    except ProfkitError as exc:
+        assert printable(exc) and "manifest.json" in str(exc)
+    else:
+        json.dumps(report, allow_nan=False)
+        assert finite_numbers(report["facts"])
+
+
+cli_value = st.sampled_from(["all", "auto", "0:1", "5:3", "nvtx:", "nvtx:x", "1:99999999999999999999", "-1",
+                             "1e400", "100us", "0", "10ms", "-5us", "2s", "abc", "", "\x1b[2J", "9" * 30]) | \
+    st.text(max_size=12)
+
+
+@settings(FUZZ, max_examples=TRACE_EXAMPLES,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(window=cli_value, gap=cli_value, top=cli_value, fmt=st.sampled_from(["text", "json", "md", "html", "x"]))
+def test_report_arguments(sqlite_path, tmp_path_factory, window: str, gap: str, top: str, fmt: str) -> None:
+    import hashlib
+
+    trace = sqlite_path("prefill_long")
+    digest = hashlib.sha256(trace.read_bytes()).hexdigest()
+    out = tmp_path_factory.mktemp("args") / "r.out"
+    code, _, err = run_cli("report", str(trace), "--window", window, "--gap-threshold", gap, "--top", top,
+                           "--format", fmt, "-o", str(out), "--no-progress")
+    assert hashlib.sha256(trace.read_bytes()).hexdigest() == digest
+    if code == 0:
+        text = out.read_text()
+        if fmt == "json":
+            _plausible(json.loads(text, parse_constant=lambda c: pytest.fail(c)))
+        elif fmt in ("text", "md"):
+            assert _clean_text(text)
+    else:
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert code != 70 and len(lines) == 1 and "Traceback" not in err, err
+        assert all(ch == "\t" or ord(ch) >= 32 for ch in lines[0]) and not out.exists()
