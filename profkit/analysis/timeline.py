@@ -36,7 +36,7 @@ def phases(trace: Trace, split_ns: int = PHASE_GAP_NS) -> list[dict[str, Any]]:
     # A gap splits phases only where every device is idle; with one device that is every gap.
     if len(gaps.devices) == 1:
         (d,) = gaps.devices.values()
-        long = d.length >= split_ns
+        long = np.flatnonzero(d.end - d.start >= split_ns)
         cuts = list(zip(d.start[long].tolist(), d.end[long].tolist(), strict=True))
     else:
         cuts = _common_idle(gaps, split_ns)
@@ -59,7 +59,7 @@ def _common_idle(gaps: GpuGaps, split_ns: int) -> list[tuple[int, int]]:
     """Where every device sits in a gap >= split_ns at once: a sweep over the (few) long gaps."""
     events = []
     for d in gaps.devices.values():
-        long = d.length >= split_ns
+        long = np.flatnonzero(d.end - d.start >= split_ns)
         events += [(int(t), 1) for t in d.start[long]] + [(int(t), -1) for t in d.end[long]]
     events.sort()  # at equal times a gap's end (-1) comes before another's start (+1)
     level, out, opened = 0, [], None
@@ -124,19 +124,15 @@ def _gap_classes(gaps: GpuGaps, w0: int, w1: int) -> dict[str, dict[str, int]]:
         bounds.append((label, lower, upper))
         lower = upper or 0
     out = {label: {"count": 0, "idle_ns": 0} for label, _, _ in bounds}
-    uppers = np.array([hi for _, _, hi in bounds[:-1]], dtype=np.int64)
-    labels = [label for label, _, _ in bounds]
     for d in gaps.devices.values():
         a = np.searchsorted(d.start, w0, side="left")
         b = np.searchsorted(d.start, w1, side="left")
-        length = d.length[a:b]
+        length = d.end[a:b] - d.start[a:b]
         inside = d.end[a:b] <= w1
-        cls = np.searchsorted(uppers, length[inside], side="right")
-        counts = np.bincount(cls, minlength=len(labels))
-        totals = np.bincount(cls, weights=length[inside], minlength=len(labels))
-        for i, label in enumerate(labels):
-            out[label]["count"] += int(counts[i])
-            out[label]["idle_ns"] += int(totals[i])
+        for label, lo, hi in bounds:  # masks, no copies: a window can hold millions of gaps
+            mask = inside & (length >= lo) if hi is None else inside & (length >= lo) & (length < hi)
+            out[label]["count"] += int(np.count_nonzero(mask))
+            out[label]["idle_ns"] += int(np.sum(length, where=mask))
         # At most one gap crosses each window edge.
         crossing = []
         if a > 0 and d.end[a - 1] > w0:
@@ -156,7 +152,8 @@ def _gap_list(trace: Trace, all_gaps: GpuGaps, w0: int, w1: int, threshold: int,
     for d in all_gaps.devices.values():
         a = max(0, int(np.searchsorted(d.start, w0, side="left")) - 1)  # the gap reaching in from before
         b = int(np.searchsorted(d.start, w1, side="left"))
-        gs, ge = d.start[a:b], d.end[a:b]
+        at = a + np.flatnonzero(d.end[a:b] - d.start[a:b] >= threshold)  # few: most gaps are microseconds
+        gs, ge = d.start[at], d.end[at]
         cs, ce = np.maximum(gs, w0), np.minimum(ge, w1)
         keep = (ge - gs >= threshold) & (ge > w0) & (gs < w1) & (ce - cs >= threshold)
         rows += [(int(e - s), d.device, int(g0), int(g1), int(s), int(e))

@@ -13,7 +13,9 @@ Every column is an int64 array; NULL becomes `NULL_INT`.
 from __future__ import annotations
 
 import os
+import queue
 import sqlite3
+import threading
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from itertools import pairwise
@@ -60,10 +62,42 @@ def read_columns(trace: Trace, relation: str, columns: Mapping[str, str], where:
     source = relation_source(trace, relation)
     if source is not None and rows_hint >= ADBC_MIN_ROWS and adbc_available():
         try:
-            return _read_adbc(source_file(trace), source, columns, where, jobs, seq_span)
+            pool = trace.cache.setdefault("adbc", ConnectionPool(source_file(trace)))
+            return _read_adbc(pool, source, columns, where, jobs, seq_span)
         except (OSError, ValueError, TypeError):  # a value of another type in a column: read it the safe way
             pass
     return _read_sqlite(trace.conn, relation, columns, where)
+
+
+class ConnectionPool:
+    """Open ADBC connections to one trace file, kept for the trace's life: opening one costs ~20 ms, and a
+    report reads dozens of chunks on several threads. Closed with the Trace that made it."""
+
+    def __init__(self, path: Path) -> None:
+        self.uri = f"file:{quote(str(Path(path).resolve()))}?mode=ro&immutable=1"
+        self.idle: queue.SimpleQueue = queue.SimpleQueue()
+        self.opened: list[Any] = []
+        self.lock = threading.Lock()
+
+    def get(self) -> Any:
+        try:
+            return self.idle.get_nowait()
+        except queue.Empty:
+            import adbc_driver_sqlite.dbapi as adbc
+
+            conn = adbc.connect(self.uri)
+            with self.lock:
+                self.opened.append(conn)
+            return conn
+
+    def put(self, conn: Any) -> None:
+        self.idle.put(conn)
+
+    def close(self) -> None:
+        with self.lock:
+            for conn in self.opened:
+                conn.close()
+            self.opened.clear()
 
 
 def adbc_available() -> bool:
@@ -83,23 +117,24 @@ def _read_sqlite(conn: sqlite3.Connection, relation: str, columns: Mapping[str, 
     return {name: np.ascontiguousarray(table[:, i]) for i, name in enumerate(columns)}
 
 
-def _read_adbc(path: Path, source: str, columns: Mapping[str, str], where: str, jobs: int,
+def _read_adbc(pool: ConnectionPool, source: str, columns: Mapping[str, str], where: str, jobs: int,
                seq_span: tuple[int, int] | None) -> dict[str, np.ndarray]:
-    import adbc_driver_sqlite.dbapi as adbc
-
-    uri = f"file:{quote(str(Path(path).resolve()))}?mode=ro&immutable=1"
     exprs = ", ".join(columns.values())
 
     def part(clause: str) -> list[Any]:
-        with adbc.connect(uri) as conn, conn.cursor() as cur:
-            cur.execute(f"SELECT {exprs} FROM {source} WHERE ({where}) {clause}")
-            return cur.fetch_arrow_table().columns
+        conn = pool.get()
+        try:
+            with conn.cursor() as cur:
+                cur.execute(f"SELECT {exprs} FROM {source} WHERE ({where}) {clause}")
+                return cur.fetch_arrow_table().columns
+        finally:
+            pool.put(conn)
 
     if seq_span is not None and jobs > 1:  # seq (row id) ranges, read on threads: the driver releases the GIL
         lo, hi = seq_span
         cuts = [lo + (hi - lo + 1) * k // jobs for k in range(jobs + 1)]
-        with ThreadPoolExecutor(jobs) as pool:
-            chunks = list(pool.map(part, [f"AND seq >= {a} AND seq < {b}" for a, b in pairwise(cuts)]))
+        with ThreadPoolExecutor(jobs) as threads:
+            chunks = list(threads.map(part, [f"AND seq >= {a} AND seq < {b}" for a, b in pairwise(cuts)]))
     else:
         chunks = [part("")]
     out = {}

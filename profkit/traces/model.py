@@ -46,6 +46,7 @@ class Trace:
     repaired: tuple[str, ...] = ()
     # Results computed once per trace and shared by its analyses (the GPU gaps), across `reopen`.
     cache: dict[str, Any] = field(default_factory=dict)
+    primary: bool = True  # False for a `reopen`ed connection: the first one closes what the cache holds
 
     def reopen(self) -> Trace:
         """Another connection to the same normalized trace (for analyses running in parallel)."""
@@ -53,11 +54,11 @@ class Trace:
             from profkit.traces.nsys import open_nsys
 
             other = open_nsys(self.path, snapshot=self.snapshot, checked=self)
-            other.cache = self.cache
+            other.cache, other.primary = self.cache, False
             return other
         conn = sqlite3.connect(f"file:{self.db_file}?mode=ro", uri=True, check_same_thread=False)
         return Trace(conn=conn, path=self.path, kind=self.kind, meta=self.meta, present=self.present,
-                     db_file=self.db_file, owns_db=False, cache=self.cache)
+                     db_file=self.db_file, owns_db=False, cache=self.cache, primary=False)
 
     def has(self, relation: str) -> bool:
         return relation in self.present
@@ -76,6 +77,11 @@ class Trace:
 
     def close(self) -> None:
         self.conn.close()
+        if self.primary:
+            for value in self.cache.values():  # e.g. the pool of Arrow connections to the file
+                if hasattr(value, "close"):
+                    value.close()
+            self.cache.clear()
         if self.owns_db and self.db_file is not None:
             self.db_file.unlink(missing_ok=True)
         if self.owns_db and self.snapshot is not None:
