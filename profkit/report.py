@@ -9,6 +9,7 @@ This is the library entry point behind `profkit report`; everything here is usab
 from __future__ import annotations
 
 import json
+import math
 import os
 import shlex
 import sqlite3
@@ -147,7 +148,8 @@ def capture_folder_inputs(folder: Path) -> dict[str, Any]:
         if user := from_manifest(data):
             found["user_command"] = user
         if isinstance(data.get("environment"), dict):
-            found["environment"] = {k: v for k, v in data["environment"].items() if isinstance(v, (str, int, float))}
+            found["environment"] = {k: v for k, v in data["environment"].items()  # Infinity/NaN make no JSON
+                                    if isinstance(v, (str, int)) or isinstance(v, float) and math.isfinite(v)}
     return found
 
 

@@ -12,7 +12,7 @@ import shlex
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from profkit.analysis.vllm import parse_args, parse_bench, parse_log, parse_metrics
@@ -416,6 +416,7 @@ MANIFEST_KEYS = st.sampled_from(["vllm_args", "command", "environment", "tool", 
 
 @FUZZ
 @given(st.dictionaries(MANIFEST_KEYS, json_values, max_size=6) | json_values)
+@example({"vllm_args": None, "command": None, "environment": {"": float("inf")}})  # Infinity reached the JSON
 def test_capture_manifests(tmp_path_factory, manifest: object) -> None:
     import shutil
 
