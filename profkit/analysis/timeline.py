@@ -155,9 +155,11 @@ def _gap_list(trace: Trace, all_gaps: GpuGaps, w0: int, w1: int, threshold: int,
         at = a + np.flatnonzero(d.end[a:b] - d.start[a:b] >= threshold)  # few: most gaps are microseconds
         gs, ge = d.start[at], d.end[at]
         cs, ce = np.maximum(gs, w0), np.minimum(ge, w1)
-        keep = (ge - gs >= threshold) & (ge > w0) & (gs < w1) & (ce - cs >= threshold)
+        keep = np.flatnonzero((ge > w0) & (gs < w1) & (ce - cs >= threshold))
+        # this device's `limit` longest (clipped), longest first, ties by start: Python sees those alone
+        top = keep[np.lexsort((cs[keep], -(ce[keep] - cs[keep])))[:limit]]
         rows += [(int(e - s), d.device, int(g0), int(g1), int(s), int(e))
-                 for g0, g1, s, e in zip(gs[keep], ge[keep], cs[keep], ce[keep], strict=True)]
+                 for g0, g1, s, e in zip(gs[top], ge[top], cs[top], ce[top], strict=True)]
     rows.sort(key=lambda r: (-r[0], r[1], r[4]))
     rows = rows[:limit]
     trace.conn.executescript("DROP TABLE IF EXISTS temp.top_gaps;"
