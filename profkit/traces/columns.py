@@ -64,8 +64,8 @@ def read_columns(trace: Trace, relation: str, columns: Mapping[str, str], where:
         try:
             pool = trace.cache.setdefault("adbc", ConnectionPool(source_file(trace)))
             return _read_adbc(pool, source, columns, where, jobs, seq_span)
-        except (OSError, ValueError, TypeError):  # a value of another type in a column: read it the safe way
-            pass
+        except Exception:  # noqa: BLE001 - any driver error (a value of another type...): read the safe way,
+            pass  # and a real fault of the file surfaces from sqlite3 as the usual one-line error
     return _read_sqlite(trace.conn, relation, columns, where)
 
 

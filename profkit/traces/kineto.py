@@ -77,7 +77,9 @@ CREATE INDEX api_corr ON api (correlation);
 # What makes two events one recorded twice: the same place, times and correlation id (as for nsys exports).
 DUPLICATE_KEYS = {"kernels": ("device", "stream", "start", "end", "correlation"),
                   "api": ("tid", "start", "end", "name_id", "correlation"),
-                  "memops": ("device", "stream", "start", "end", "correlation")}
+                  "memops": ("device", "stream", "start", "end", "correlation"),
+                  "sync": ("device", "stream", "start", "end", "correlation"),
+                  "cpu_ops": ("tid", "start", "end", "name_id"), "nvtx": ("tid", "start", "end", "name", "style")}
 
 
 def _drop_duplicates(conn: sqlite3.Connection, relation: str) -> int:
@@ -87,7 +89,7 @@ def _drop_duplicates(conn: sqlite3.Connection, relation: str) -> int:
     start together, so one pass comparing each row with the next finds the candidates; only when some row
     starts with its predecessor is the exact count (and a rebuild, when there are duplicates) paid for."""
     keys = ", ".join(DUPLICATE_KEYS[relation])
-    if relation == "memops":  # few rows, no row order to lean on: counted exactly
+    if relation not in ("kernels", "api"):  # no row order to lean on: counted exactly
         subset = ""
     else:
         pairs = f"{relation} a JOIN {relation} b ON b.seq = a.seq + 1 WHERE b.start = a.start"
@@ -100,7 +102,7 @@ def _drop_duplicates(conn: sqlite3.Connection, relation: str) -> int:
         return 0
     cols = [d[0] for d in conn.execute(f"SELECT * FROM {relation} LIMIT 0").description if d[0] != "seq"]
     rest = ", ".join(cols)
-    seq = "" if relation == "memops" else "row_number() OVER (ORDER BY start) AS seq, "
+    seq = "row_number() OVER (ORDER BY start) AS seq, " if relation in ("kernels", "api") else ""
     conn.executescript(
         f"""CREATE TABLE unique_rows AS SELECT {seq}{rest} FROM (SELECT {rest} FROM {relation} GROUP BY {keys})
                 ORDER BY start;
@@ -269,7 +271,7 @@ class _Loader:
             "SELECT (SELECT count(*) FROM raw_kernels WHERE device < 0) + "
             "(SELECT count(*) FROM raw_memops WHERE device < 0)").fetchone()[0]
         self.conn.executescript(FINISH)
-        self.duplicated = {rel: _drop_duplicates(self.conn, rel) for rel in ("kernels", "api", "memops")}
+        self.duplicated = {rel: _drop_duplicates(self.conn, rel) for rel in DUPLICATE_KEYS}
         # Kernels replayed from a CUDA (or HIP) graph were launched by a graph launch (joined by correlation id).
         marks = ", ".join("?" * len(GRAPH_LAUNCH_APIS))
         self.conn.execute(
@@ -288,7 +290,7 @@ def _open_stream(path: Path) -> IO[bytes]:
 
 # An integer SQLite can store (int64) with room to add: a bigger one fails the typed decode, and the chunk is read
 # by the generic reader, which drops what does not fit (`_int`).
-Int = Annotated[int, msgspec.Meta(ge=-(1 << 62), le=1 << 62)]
+Int = Annotated[int, msgspec.Meta(gt=-(1 << 62), lt=1 << 62)]  # the same open bounds as `_int`
 
 
 class _Args(msgspec.Struct):
@@ -620,7 +622,8 @@ def open_kineto(path: Path) -> Trace:
     said = [f"{loader.skipped} events with malformed fields (time, duration, device) left out"] if loader.skipped \
         else []
     said += [f"{n} duplicated {what} events (same {', '.join(DUPLICATE_KEYS[rel])}) counted once"
-             for rel, what in (("kernels", "kernel"), ("api", "CUDA API"), ("memops", "memory-operation"))
+             for rel, what in (("kernels", "kernel"), ("api", "CUDA API"), ("memops", "memory-operation"),
+                               ("sync", "synchronization"), ("cpu_ops", "CPU operator"), ("nvtx", "annotation"))
              if (n := loader.duplicated.get(rel))]
     if said:
         meta["inconsistent"] = "; ".join(said)
