@@ -18,8 +18,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
 from profkit import __version__
 from profkit.analysis import api as api_analysis
 from profkit.analysis import timeline
@@ -30,7 +28,6 @@ from profkit.analysis.kernels import kernel_summary
 from profkit.analysis.launch import launch_latency
 from profkit.analysis.nvtx import nvtx_summary
 from profkit.analysis.sched import process_cpu
-from profkit.analysis.stats import records
 from profkit.analysis.steps import engine_steps
 from profkit.analysis.transfers import memop_summary, memory_kinds
 from profkit.analysis.vllm import set_gpu_defaults, vllm_evidence
@@ -203,13 +200,13 @@ def _build(path: str | os.PathLike, window: str, gap_threshold_ns: int, buckets:
                 "devices": tl.devices},
         "timeline": tl.buckets,
         "kernels": _kernel_records(kernels),
-        "categories": records(category_breakdown(kernels)),
-        "memops": _memop_records(memops),
-        "memory_kinds": records(kinds),
-        "api": _stat_records(api.drop(columns=["name_id"], errors="ignore"), first="name"),
-        "sync": records(sync),
-        "nvtx": _stat_records(nvtx.rename(columns={"name": "range"}), first="range"),
-        "cpu_ops": _stat_records(cpu_ops, first="name"),
+        "categories": category_breakdown(kernels),
+        "memops": [_stat_record(m, first="operation") for m in memops],
+        "memory_kinds": kinds,
+        "api": [_stat_record(a, first="name") for a in api],
+        "sync": sync,
+        "nvtx": [_stat_record({"range": n.pop("name"), **n}, first="range") for n in nvtx],
+        "cpu_ops": [_stat_record(c, first="name") for c in cpu_ops],
         "gaps": tl.gaps,
         "gap_classes": tl.gap_classes,
         "steps": steps,
@@ -227,7 +224,7 @@ def _gpu_side(main: Trace, win: Window) -> tuple:
         memops = memop_summary(trace, win)
         kinds = memory_kinds(trace, win)
         nvtx = nvtx_summary(trace, win)
-        eager = int((kernels["count"] - kernels["graph"]).sum()) if not kernels.empty else 0
+        eager = sum(k["count"] - k["graph"] for k in kernels)
         launch = launch_latency(trace, win, eager)
     return kernels, memops, kinds, nvtx, launch
 
@@ -238,26 +235,24 @@ def _host_side(main: Trace, win: Window) -> tuple:
                 cpu_op_summary(trace, win))
 
 
-def _stat_records(df: pd.DataFrame, first: str) -> list[dict[str, Any]]:
-    if df.empty:
-        return []
-    df = df.rename(columns=STAT_RENAMES)
-    cols = [first] + [c for c in df.columns if c != first]
-    return records(df[cols])
+def _stat_record(row: dict[str, Any], first: str) -> dict[str, Any]:
+    """A summary row as the report writes it: `first` first, nanosecond statistics named *_ns, sizes `bytes`."""
+    renames = {**STAT_RENAMES, "bytes_total": "bytes"}
+    out = {first: row[first]}
+    out.update((renames.get(k, k), v) for k, v in row.items() if k not in (first, "name_id"))
+    return out
 
 
-def _kernel_records(kernels: pd.DataFrame) -> list[dict[str, Any]]:
-    if kernels.empty:
-        return []
-    df = kernels.rename(columns={**STAT_RENAMES, "graph": "graph_count", "short": "short_count"})
-    df["share"] = df["total_ns"] / df["total_ns"].sum()
-    cols = ["name", "short_name", "category", "count", "total_ns", "share", "avg_ns", "median_ns", "min_ns",
-            "max_ns", "stddev_ns", "graph_count", "short_count"]
-    return records(df[cols])
+KERNEL_FIELDS = ["name", "short_name", "category", "count", "total_ns", "share", "avg_ns", "median_ns", "min_ns",
+                 "max_ns", "stddev_ns", "graph_count", "short_count"]
 
 
-def _memop_records(memops: pd.DataFrame) -> list[dict[str, Any]]:
-    if memops.empty:
-        return []
-    df = memops.rename(columns={**STAT_RENAMES, "bytes_total": "bytes"})
-    return _stat_records(df, first="operation")
+def _kernel_records(kernels: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    grand = sum(k["total"] for k in kernels)
+    renames = {**STAT_RENAMES, "graph": "graph_count", "short": "short_count"}
+    out = []
+    for k in kernels:
+        row = {renames.get(key, key): v for key, v in k.items()}
+        row["share"] = row["total_ns"] / grand if grand else None
+        out.append({f: row[f] for f in KERNEL_FIELDS})
+    return out

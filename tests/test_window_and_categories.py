@@ -149,11 +149,8 @@ def test_id_histogram_equals_the_group_by(sqlite_path, value: str) -> None:
         src = f"SELECT name_id, {value} AS dur, graph_node IS NOT NULL AS graph FROM kernels"
         fast = id_histogram(trace, src, "name_id", extras={"graph": "graph"})
         plain = histogram(trace, src, ["name_id"], extras={"graph": "graph"})
-    key = ["name_id", "v"]
-    fast = fast.sort_values(key).reset_index(drop=True)
-    plain = plain.sort_values(key).reset_index(drop=True)
     assert len(fast) > 1000
-    assert fast[key + ["c", "graph"]].astype("int64").equals(plain[key + ["c", "graph"]].astype("int64"))
+    assert sorted(tuple(map(int, r)) for r in fast) == sorted(tuple(map(int, r)) for r in plain)
 
 
 def _raw_launch_latencies(path) -> pd.Series:
@@ -217,9 +214,9 @@ def test_window_seq_ranges_select_the_same_rows(name: str, sqlite_path) -> None:
                                         (win.start_ns, win.end_ns))[0][0]
                 assert ranges["kernels"][1] - ranges["kernels"][0] <= in_window + 2 * 256 + 1
             plain = replace(ranged, seq_ranges=())
-            assert kernel_summary(trace, ranged).equals(kernel_summary(trace, plain))
-            assert api_summary(trace, ranged).equals(api_summary(trace, plain))
-            assert not kernel_summary(trace, ranged).empty
+            assert kernel_summary(trace, ranged) == kernel_summary(trace, plain)
+            assert api_summary(trace, ranged) == api_summary(trace, plain)
+            assert kernel_summary(trace, ranged)
 
 
 def test_launch_latency_in_a_bounded_window_equals_the_raw_join(sqlite_path) -> None:

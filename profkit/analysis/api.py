@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import pandas as pd
+from typing import Any
 
 from profkit.analysis.stats import columnar_histogram, id_histogram, summarize
 from profkit.analysis.timeline import strip_api_version
@@ -13,24 +13,22 @@ from profkit.traces.model import Trace
 __all__ = ["GRAPH_LAUNCH_APIS", "LAUNCH_APIS", "SYNC_APIS", "api_summary", "sync_summary"]
 
 
-def api_summary(trace: Trace, window: Window) -> pd.DataFrame:
-    """One row per API function (grouped by its string id, as nsys does), nsys's name spelling."""
+def api_summary(trace: Trace, window: Window) -> list[dict[str, Any]]:
+    """One row per API function (grouped by its string id, as nsys does), nsys's name spelling; by total."""
     hist = columnar_histogram(trace, "api", "name_id", "end - start", window.where("api"), window.params)
     if hist is None:
         hist = id_histogram(trace, f"SELECT name_id, end - start AS dur FROM api WHERE {window.where('api')}",
                             "name_id", window.params)
     stats = summarize(hist, ["name_id"])
-    if stats.empty:
-        return stats.assign(name=[])
-    names = trace.strings(stats["name_id"])
-    stats["name"] = stats["name_id"].map(lambda i: strip_api_version(names.get(i, f"api#{i}")))
-    return stats.sort_values("total", ascending=False).reset_index(drop=True)
+    names = trace.strings(row["name_id"] for row in stats)
+    for row in stats:
+        row["name"] = strip_api_version(names.get(row["name_id"], f"api#{row['name_id']}"))
+    return sorted(stats, key=lambda r: -r["total"])
 
 
-def sync_summary(trace: Trace, window: Window) -> pd.DataFrame:
+def sync_summary(trace: Trace, window: Window) -> list[dict[str, Any]]:
     """CUPTI synchronization records by type (the host waiting on the device)."""
-    return pd.read_sql_query(
+    rows = trace.query(
         f"""SELECT sync_type, count(*) AS count, sum(end - start) AS total_ns, max(end - start) AS max_ns
-            FROM sync WHERE {window.where()} GROUP BY 1 ORDER BY total_ns DESC""",
-        trace.conn, params=window.params,
-    )
+            FROM sync WHERE {window.where()} GROUP BY 1 ORDER BY total_ns DESC""", window.params)
+    return [{"sync_type": t, "count": c, "total_ns": total, "max_ns": m} for t, c, total, m in rows]

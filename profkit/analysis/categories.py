@@ -6,11 +6,11 @@ the order of the rows is the precedence (a fused MoE GEMM is `moe`, not `gemm`).
 
 from __future__ import annotations
 
+import csv
 import re
 from functools import lru_cache
 from pathlib import Path
-
-import pandas as pd
+from typing import Any
 
 TABLE = Path(__file__).with_name("kernel_categories.csv")
 OTHER = "other"
@@ -18,8 +18,8 @@ OTHER = "other"
 
 @lru_cache(maxsize=1)
 def _patterns() -> list[tuple[str, re.Pattern[str]]]:
-    table = pd.read_csv(TABLE)
-    return [(row.category, re.compile(row.pattern, re.IGNORECASE)) for row in table.itertuples()]
+    with TABLE.open(newline="") as f:
+        return [(row["category"], re.compile(row["pattern"], re.IGNORECASE)) for row in csv.DictReader(f)]
 
 
 def categorize(name: str) -> str:
@@ -34,10 +34,14 @@ def categories() -> list[str]:
     return [c for c, _ in _patterns()] + [OTHER]
 
 
-def category_breakdown(kernels: pd.DataFrame) -> pd.DataFrame:
-    """Total kernel time per category with its share (kernels has `category` and `total`)."""
-    if kernels.empty:
-        return pd.DataFrame(columns=["category", "count", "total_ns", "share"])
-    out = kernels.groupby("category", as_index=False).agg(count=("count", "sum"), total_ns=("total", "sum"))
-    out["share"] = out["total_ns"] / out["total_ns"].sum()
-    return out.sort_values("total_ns", ascending=False).reset_index(drop=True)
+def category_breakdown(kernels: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Total kernel time per category with its share (kernel rows have `category`, `count` and `total`)."""
+    sums: dict[str, list[int]] = {}
+    for k in kernels:
+        entry = sums.setdefault(k["category"], [0, 0])
+        entry[0] += k["count"]
+        entry[1] += k["total"]
+    grand = sum(total for _, total in sums.values())
+    out = [{"category": c, "count": n, "total_ns": total, "share": total / grand if grand else None}
+           for c, (n, total) in sorted(sums.items())]
+    return sorted(out, key=lambda r: -r["total_ns"])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import pandas as pd
+from typing import Any
 
 from profkit.analysis.categories import categorize
 from profkit.analysis.stats import columnar_histogram, id_histogram, summarize
@@ -13,8 +13,9 @@ from profkit.traces.model import Trace
 SHORT_KERNEL_NS = 10_000
 
 
-def kernel_summary(trace: Trace, window: Window) -> pd.DataFrame:
-    """One row per kernel name: stats, category, graph-replayed count, short-kernel count."""
+def kernel_summary(trace: Trace, window: Window) -> list[dict[str, Any]]:
+    """One row per kernel name: stats, category, graph-replayed count (`graph`), short-kernel count (`short`);
+    by total time, longest first."""
     hist = columnar_histogram(trace, "kernels", "name_id", "end - start", window.where("kernels"), window.params,
                               extras={"graph": "graph_node IS NOT NULL"})
     if hist is None:
@@ -26,19 +27,19 @@ def kernel_summary(trace: Trace, window: Window) -> pd.DataFrame:
             params=window.params,
             extras={"graph": "graph"},
         )
-    if hist.empty:
-        return pd.DataFrame(columns=["name", "short_name", "category", "count", "total"])
-    hist["short"] = hist["c"].where(hist["v"] < SHORT_KERNEL_NS, 0)
-    stats = summarize(hist, ["name_id"])
-    extra = hist.groupby("name_id", as_index=False)[["graph", "short"]].sum()
-    stats = stats.merge(extra, on="name_id")
-    names = trace.strings(stats["name_id"])
+    stats = summarize(hist, ["name_id"], extras=["graph"], below=SHORT_KERNEL_NS)
+    if not stats:
+        return []
+    names = trace.strings(row["name_id"] for row in stats)
     short_names = _short_names(trace, window)
-    stats["name"] = stats["name_id"].map(names).fillna("<no name>")
-    stats["short_name"] = stats["name_id"].map(short_names).fillna(stats["name"])
-    stats["category"] = stats["name"].map(categorize)
-    stats = stats.sort_values(["total", "count", "name"], ascending=[False, True, True]).reset_index(drop=True)
-    return stats
+    for row in stats:
+        row["short"] = row.pop("below")
+        name = names.get(row["name_id"])
+        row["name"] = "<no name>" if name is None else name  # an id of another type: no name
+        short = short_names.get(row["name_id"])
+        row["short_name"] = row["name"] if short is None else short
+        row["category"] = categorize(row["name"])
+    return sorted(stats, key=lambda r: (-r["total"], r["count"], r["name"]))
 
 
 def _short_names(trace: Trace, window: Window) -> dict[int, str]:

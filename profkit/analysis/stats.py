@@ -1,38 +1,40 @@
 """Duration statistics per group, as nsys stats reports them (count, total, avg, median, min, max, stddev).
 
-SQLite reduces millions of events to a histogram of (group, value, count); the histogram is small
-(durations repeat), so the exact median and a numerically stable standard deviation are computed
-from it with pandas instead of sorting the events a second time.
+Millions of events are reduced to a histogram of (group, value, count) rows (SQLite, or packed numpy
+sorts over Arrow columns for the large tables); the histogram is small (durations repeat), so the exact
+median and a numerically stable standard deviation come from it, group by group, in plain Python.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from profkit.traces.model import Trace
+
+Rows = list[tuple]  # (key..., value, count, extra sums...) rows of a histogram
 
 STAT_COLUMNS = ["count", "total", "avg", "median", "min", "max", "stddev"]
 
 
 def histogram(trace: Trace, source_sql: str, keys: list[str], params: dict[str, Any] | None = None,
-              value: str = "dur", extras: dict[str, str] | None = None) -> pd.DataFrame:
-    """(keys..., value, c, extras...) rows: how many events of each group had each value."""
+              value: str = "dur", extras: dict[str, str] | None = None) -> Rows:
+    """(keys..., value, count, extras...) rows: how many events of each group had each value."""
     extra_sql = "".join(f", sum({expr}) AS {name}" for name, expr in (extras or {}).items())
     key_sql = ", ".join(keys)
     sql = (f"SELECT {key_sql}, {value} AS v, count(*) AS c{extra_sql} FROM ({source_sql}) "
            f"GROUP BY {key_sql}, {value}")
-    return pd.read_sql_query(sql, trace.conn, params=params or {})
+    return trace.query(sql, params or {})
 
 
 _table_ids = itertools.count()
 
 
 def id_histogram(trace: Trace, source_sql: str, key: str, params: dict[str, Any] | None = None,
-                 value: str = "dur", extras: dict[str, str] | None = None) -> pd.DataFrame:
+                 value: str = "dur", extras: dict[str, str] | None = None) -> Rows:
     """`histogram` for one integer id key (name ids), in a single pass without a sort.
 
     SQLite groups by sorting every input row; its only hash-like structure is a b-tree. Packing
@@ -62,90 +64,50 @@ def id_histogram(trace: Trace, source_sql: str, key: str, params: dict[str, Any]
             params or {},
         )
         if not trace.query(f"SELECT 1 FROM {table} WHERE pk = -1"):
-            return pd.read_sql_query(
-                f"SELECT pk / {scale} AS {key}, pk % {scale} AS v, c{inserts} FROM {table} ORDER BY pk",
-                trace.conn)
+            return trace.query(f"SELECT pk / {scale} AS {key}, pk % {scale} AS v, c{inserts} FROM {table} ORDER BY pk")
     finally:
         trace.conn.execute(f"DROP TABLE IF EXISTS {table}")
     return histogram(trace, source_sql, [key], params, value=value, extras=extras)
 
 
-def summarize(hist: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    """Per-group count/total/avg/median/min/max/stddev from a histogram (sample stddev, as nsys)."""
-    if hist.empty:
-        return pd.DataFrame(columns=keys + STAT_COLUMNS)
-    h = hist.sort_values(keys + ["v"], kind="stable").reset_index(drop=True)
-    h["vc"] = h["v"] * h["c"]
-    g = h.groupby(keys, sort=False, dropna=False)
-    out = g.agg(count=("c", "sum"), total=("vc", "sum"), min=("v", "min"), max=("v", "max"))
-    out["avg"] = out["total"] / out["count"]
-
-    # Exact median: the value(s) at rank (n+1)//2 and n//2+1 of each group's sorted values.
-    h["cum"] = g["c"].cumsum()
-    n = h[keys].merge(out["count"].reset_index(), on=keys, how="left")["count"].to_numpy()
-    lo_rank, hi_rank = (n + 1) // 2, n // 2 + 1
-    lo = h[h["cum"].to_numpy() >= lo_rank].groupby(keys, sort=False, dropna=False)["v"].first()
-    hi = h[h["cum"].to_numpy() >= hi_rank].groupby(keys, sort=False, dropna=False)["v"].first()
-    out["median"] = (lo + hi) / 2
-
-    # Two-pass variance over the histogram: no catastrophic cancellation for long, steady events.
-    mean = h[keys].merge(out["avg"].reset_index(), on=keys, how="left")["avg"].to_numpy()
-    h["sq"] = h["c"] * (h["v"].to_numpy() - mean) ** 2
-    ss = h.groupby(keys, sort=False, dropna=False)["sq"].sum()
-    denom = (out["count"] - 1).where(out["count"] > 1, 1)
-    out["stddev"] = np.sqrt(ss / denom).where(out["count"] > 1, 0.0)
-    out = out.reset_index()
-    for col in ("count", "total", "min", "max"):
-        out[col] = out[col].astype("int64")
-    return out[keys + STAT_COLUMNS + [c for c in out.columns if c not in keys + STAT_COLUMNS]]
+def _order(value: Any) -> tuple:
+    """A sort key for any SQLite value (a broken export mixes NULLs, numbers, text and blobs in a column)."""
+    if value is None:
+        return (0, 0)
+    if isinstance(value, (int, float)):
+        return (1, value)
+    return (2, str(value))
 
 
-def records(df: pd.DataFrame) -> list[dict[str, Any]]:
-    """DataFrame rows as JSON-ready dicts (numpy scalars to Python, NaN to None)."""
-    clean = df.astype(object).where(pd.notna(df), None)
+def summarize(rows: Rows, keys: list[str], extras: list[str] | None = None,
+              below: int | None = None) -> list[dict[str, Any]]:
+    """Per group of a histogram: count/total/avg/median/min/max/stddev (sample stddev, as nsys), the sums of
+    the `extras` columns, and with `below` the count of values under it (`below`); groups in key order."""
+    extras, nk = extras or [], len(keys)
+    usable = [r for r in rows if isinstance(r[nk], (int, float))]  # a NULL value counts nowhere
+    usable.sort(key=lambda r: (tuple(_order(k) for k in r[:nk]), r[nk]))
     out = []
-    for row in clean.to_dict(orient="records"):
-        out.append({k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()})
+    for _, grouped in itertools.groupby(usable, key=lambda r: tuple(_order(k) for k in r[:nk])):
+        group = list(grouped)
+        values, counts = [r[nk] for r in group], [int(r[nk + 1]) for r in group]
+        n = sum(counts)
+        total = sum(v * c for v, c in zip(values, counts, strict=True))
+        avg = total / n
+        # Exact median: the value(s) at rank (n+1)//2 and n//2+1 of the group's sorted values.
+        cum = list(itertools.accumulate(counts))
+        lo = next(v for v, k in zip(values, cum, strict=True) if k >= (n + 1) // 2)
+        hi = next(v for v, k in zip(values, cum, strict=True) if k >= n // 2 + 1)
+        # Two-pass variance: no catastrophic cancellation for long, steady events; fsum rounds once.
+        ss = math.fsum(c * (v - avg) ** 2 for v, c in zip(values, counts, strict=True))
+        row = dict(zip(keys, group[0][:nk], strict=True))
+        row.update(count=n, total=int(total), avg=avg, median=(lo + hi) / 2, min=int(values[0]),
+                   max=int(values[-1]), stddev=math.sqrt(ss / (n - 1)) if n > 1 else 0.0)
+        for i, name in enumerate(extras):
+            row[name] = int(sum(r[nk + 2 + i] or 0 for r in group))
+        if below is not None:
+            row["below"] = sum(c for v, c in zip(values, counts, strict=True) if v < below)
+        out.append(row)
     return out
-
-
-def grouped_stats(keys: np.ndarray, values: np.ndarray, key: str = "key",
-                  below: int | None = None) -> pd.DataFrame:
-    """Exact per-key count/total/avg/median/min/max/stddev of non-negative int64 `values`, from one sort.
-
-    (key, value) pairs are packed into one int64 where they fit (ids and durations do), so a single
-    `np.sort` orders every group's values; group bounds are where the key changes, and the order
-    statistics are read at offsets. `below`: also count each group's values under this bound (column
-    `below`). Sample stddev, two-pass, as nsys stats reports it."""
-    columns = [key, *STAT_COLUMNS] + (["below"] if below is not None else [])
-    if len(keys) == 0:
-        return pd.DataFrame(columns=columns)
-    k_lo, k_hi, v_hi = int(keys.min()), int(keys.max()), int(values.max())
-    bits = max(1, (k_hi - k_lo).bit_length())
-    if int(values.min()) >= 0 and v_hi.bit_length() + bits <= 62:
-        shift = v_hi.bit_length()
-        packed = np.sort(((keys - k_lo) << shift) | values)
-        sk, sv = (packed >> shift) + k_lo, packed & ((1 << shift) - 1)
-    else:  # ids or values too wide to share one integer: sort the pairs
-        order = np.lexsort((values, keys))
-        sk, sv = keys[order], values[order]
-    starts = np.flatnonzero(np.r_[True, sk[1:] != sk[:-1]])
-    ends = np.r_[starts[1:], len(sk)]
-    count = ends - starts
-    total = np.add.reduceat(sv, starts)
-    avg = total / count
-    median = (sv[starts + (count + 1) // 2 - 1] + sv[starts + count // 2]) / 2
-    dev = sv - np.repeat(avg, count)
-    ss = np.add.reduceat(dev * dev, starts)
-    stddev = np.where(count > 1, np.sqrt(ss / np.maximum(count - 1, 1)), 0.0)
-    out = pd.DataFrame({key: sk[starts], "count": count, "total": total, "avg": avg, "median": median,
-                        "min": sv[starts], "max": sv[ends - 1], "stddev": stddev})
-    if below is not None:
-        out["below"] = np.add.reduceat((sv < below).astype(np.int64), starts)
-    for col in ("count", "total", "min", "max"):
-        out[col] = out[col].astype("int64")
-    return out
-
 
 
 # Rows per read of `columnar_histogram`: memory stays bounded (a chunk's columns, then its histogram).
@@ -154,7 +116,7 @@ CHUNK_ROWS = 1 << 19
 
 def columnar_histogram(trace: Trace, relation: str, key: str, value: str, where: str,
                        params: dict[str, Any] | None = None, extras: dict[str, str] | None = None,
-                       chunk_rows: int = CHUNK_ROWS) -> pd.DataFrame | None:
+                       chunk_rows: int = CHUNK_ROWS) -> Rows | None:
     """`id_histogram` of a large start-ordered relation (kernels, api) from its columns, or None where that
     path does not apply (a small relation, no Arrow driver, an odd value): then the caller counts in SQL.
 
@@ -184,13 +146,13 @@ def columnar_histogram(trace: Trace, relation: str, key: str, value: str, where:
         for name, s in zip(extras, part[3], strict=True):
             sums[name].append(s)
     if not keys:
-        return pd.DataFrame({key: [], "v": [], "c": [], **{name: [] for name in extras}}, dtype="int64")
+        return []
     merged = _pairs(np.concatenate(keys), np.concatenate(values), [np.concatenate(sums[n]) for n in extras],
                     weights=np.concatenate(counts))
     if merged is None:
         return None
     k, v, c, extra = merged
-    return pd.DataFrame({key: k, "v": v, "c": c, **dict(zip(extras, extra, strict=True))})
+    return list(zip(k.tolist(), v.tolist(), c.tolist(), *(e.tolist() for e in extra), strict=True))
 
 
 def _pairs(k: np.ndarray, v: np.ndarray, flags: list[np.ndarray], weights: np.ndarray | None = None):

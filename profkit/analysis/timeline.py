@@ -9,15 +9,24 @@ is the gaps starting in it plus the one gap reaching into it from before (a devi
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
-import pandas as pd
 
 from profkit.analysis.gaps import GpuGaps, gpu_gaps
 from profkit.analysis.seq import seq_bounds, seq_range
 from profkit.analysis.window import PHASE_GAP_NS, Window
 from profkit.traces.model import Trace
+
+
+class ListedGap(NamedTuple):
+    gid: int
+    device: int
+    gap_start: int
+    gap_end: int
+    start: int  # clipped to the window
+    end: int
+
 
 # Idle time is reported by gap size class (upper bounds). Gaps under 20 us are the launch-to-launch
 # spacing of back-to-back kernels; 1 ms and more is host-side work between GPU steps.
@@ -166,18 +175,16 @@ def _gap_list(trace: Trace, all_gaps: GpuGaps, w0: int, w1: int, threshold: int,
                              "CREATE TEMP TABLE top_gaps (device INTEGER, gap_start INTEGER, gap_end INTEGER, "
                              "start INTEGER, end INTEGER);")
     trace.conn.executemany("INSERT INTO temp.top_gaps VALUES (?, ?, ?, ?, ?)", [r[1:] for r in rows])
-    gaps = pd.read_sql_query(
-        "SELECT rowid AS gid, device, gap_start, gap_end, start, end FROM top_gaps ORDER BY rowid",
-        trace.conn,
-    )
-    if gaps.empty:
+    gaps = [ListedGap(*row) for row in trace.query(
+        "SELECT rowid AS gid, device, gap_start, gap_end, start, end FROM top_gaps ORDER BY rowid")]
+    if not gaps:
         return []
     api_bounds, kernel_bounds = seq_bounds(trace, "api"), seq_bounds(trace, "kernels")
     by_gap = {int(g.gid): _host_api_during(trace, int(g.start), int(g.end), api_bounds)
-              for g in gaps.itertuples()}
+              for g in gaps}
     neighbours = _neighbours(trace, gaps, kernel_bounds)
     out = []
-    for g in gaps.itertuples(index=False):
+    for g in gaps:
         dur = int(g.end - g.start)
         api = by_gap[int(g.gid)]
         out.append({
@@ -195,7 +202,7 @@ def _gap_list(trace: Trace, all_gaps: GpuGaps, w0: int, w1: int, threshold: int,
 LOOKBACK_NS = 100_000_000
 
 
-def _neighbours(trace: Trace, gaps: pd.DataFrame, kernel_bounds: tuple[int, int] | None) -> dict:
+def _neighbours(trace: Trace, gaps: list[ListedGap], kernel_bounds: tuple[int, int] | None) -> dict:
     """(before, after) names per listed gap: the operation that ended at the gap's start and the one
     that started at its end (a memory operation where one sits exactly there, else a kernel)."""
     trace.conn.executescript(
@@ -207,7 +214,7 @@ def _neighbours(trace: Trace, gaps: pd.DataFrame, kernel_bounds: tuple[int, int]
     mem_after = dict(trace.query(
         "SELECT g.rowid, m.operation FROM memops m JOIN top_gaps g ON g.gap_end = m.start AND g.device = m.device"))
     out = {}
-    for g in gaps.itertuples():
+    for g in gaps:
         gid, g0, g1 = int(g.gid), int(g.gap_start), int(g.gap_end)
         before = mem_before.get(gid)
         after = mem_after.get(gid)

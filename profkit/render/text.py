@@ -4,18 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-import pandas as pd
-
 from profkit.render.units import change_from, change_to, clip, ns, pct, size, strip_controls, terminal_safe
 
 
 def _table(rows: list[dict[str, Any]], columns: dict[str, Any], limit: int) -> str:
     if not rows:
         return "  (none)"
-    df = pd.DataFrame([{title: str(fmt(r)) for title, fmt in columns.items()} for r in rows[:limit]])
-    widths = {c: max(len(c), int(df[c].str.len().max())) for c in df.columns}
-    lines = ["  ".join(c.ljust(widths[c]) for c in df.columns).rstrip()]
-    lines += ["  ".join(v.ljust(widths[c]) for c, v in row.items()).rstrip() for row in df.to_dict("records")]
+    table = [{title: str(fmt(r)) for title, fmt in columns.items()} for r in rows[:limit]]
+    widths = {c: max(len(c), *(len(row[c]) for row in table)) for c in columns}
+    lines = ["  ".join(c.ljust(widths[c]) for c in columns).rstrip()]
+    lines += ["  ".join(v.ljust(widths[c]) for c, v in row.items()).rstrip() for row in table]
     more = f"\n  ... {len(rows) - limit} more" if len(rows) > limit else ""
     return "\n".join("  " + line for line in lines) + more
 
