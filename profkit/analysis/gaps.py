@@ -26,10 +26,6 @@ class DeviceGaps:
     end: np.ndarray
     cum: np.ndarray = field(repr=False)  # cum[i]: total length of gaps [0, i)
 
-    @property
-    def length(self) -> np.ndarray:
-        return self.end - self.start
-
     def idle_in(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
         """Idle ns in each [lo, hi): the gaps clipped to it, and the time before the device's first and
         after its last operation, at most hi - lo."""
@@ -46,11 +42,6 @@ class DeviceGaps:
         before = np.where(a > 0, np.maximum(0, np.minimum(prev_end, hi) - lo), 0)
         outside = np.maximum(0, np.minimum(self.first, hi) - lo) + np.maximum(0, hi - np.maximum(self.last, lo))
         return np.minimum(inside + before + outside, np.maximum(0, hi - lo))
-
-    def covering(self, t: int) -> int | None:
-        """Index of the last gap starting at or before t, or None."""
-        i = int(np.searchsorted(self.start, t, side="right")) - 1
-        return i if i >= 0 else None
 
 
 @dataclass

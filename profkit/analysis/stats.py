@@ -17,7 +17,6 @@ from profkit.traces.model import Trace
 
 Rows = list[tuple]  # (key..., value, count, extra sums...) rows of a histogram
 
-STAT_COLUMNS = ["count", "total", "avg", "median", "min", "max", "stddev"]
 
 
 def histogram(trace: Trace, source_sql: str, keys: list[str], params: dict[str, Any] | None = None,

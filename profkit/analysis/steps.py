@@ -56,29 +56,22 @@ def engine_steps(trace: Trace, win: Window) -> dict[str, Any] | None:
     bounds = [(s[0], steps[i + 1][0] if i + 1 < len(steps) else max(s[1], s[0] + 1)) for i, s in enumerate(steps)]
     # The gap table holds idle time between GPU operations only: clip each step to the GPU's active span.
     clipped = [(max(a, first), max(max(a, first), min(b, last))) for a, b in bounds]
-    # idle in [a, b): the gaps starting inside it (the last clipped at b), plus the one that may straddle a
     ca = np.array([c[0] for c in clipped], dtype=np.int64)
     cb = np.array([c[1] for c in clipped], dtype=np.int64)
-    i0 = np.searchsorted(gaps.start, ca, side="left")
-    i1 = np.searchsorted(gaps.start, cb, side="left")
-    n = len(gaps.start)
-    last_end = gaps.end[np.clip(i1 - 1, 0, max(n - 1, 0))] if n else np.zeros_like(ca)
-    inside_ns = gaps.cum[i1] - gaps.cum[i0] - np.where(i1 > i0, np.maximum(0, last_end - cb), 0)
-    prev_end = gaps.end[np.clip(i0 - 1, 0, max(n - 1, 0))] if n else np.zeros_like(ca)
-    straddle_ns = np.where(i0 > 0, np.maximum(np.minimum(prev_end, cb) - ca, 0), 0)
+    idle_ns = gaps.idle_in(ca, cb)  # inside the GPU's span: the gaps clipped to the step
     # the gap starting at or before a (the GPU's wait at the step's start)
+    n = len(gaps.start)
     j = np.searchsorted(gaps.start, ca, side="right") - 1
     j_end = gaps.end[np.clip(j, 0, max(n - 1, 0))] if n else np.zeros_like(ca)
     wait_ns = np.where((j >= 0) & (j_end > ca), j_end - ca, 0)
-    idle = [(i, int(inside_ns[i]), int(straddle_ns[i]), int(wait_ns[i])) for i in range(len(clipped))]
     cycles, busy, waits, prefill = [], [], [], []
-    for (i, inside, straddle, wait), (a, b), (ca, cb) in zip(idle, bounds, clipped, strict=True):
+    for i, ((a, b), (ca_i, cb_i)) in enumerate(zip(bounds, clipped, strict=True)):
         cycle = b - a
         cycles.append(cycle)
-        busy.append(max(0, (cb - ca) - inside - (straddle or 0)))
+        busy.append(max(0, (cb_i - ca_i) - int(idle_ns[i])))
         # the GPU's wait at the step's start: idle from the start to its next operation (before the first
         # operation of the trace, the time until it)
-        waits.append(min(cycle, (wait or 0) + (ca - a)))
+        waits.append(min(cycle, int(wait_ns[i]) + (ca_i - a)))
         prefill.append(steps[i][2] > 0)
     total = sum(cycles)
     stride = max(1, len(steps) // SERIES_MAX)
