@@ -34,7 +34,7 @@ import msgspec
 from profkit.errors import TraceError
 from profkit.resources import process_context
 from profkit.traces.apis import GRAPH_LAUNCH_APIS
-from profkit.traces.model import Trace
+from profkit.traces.model import DUPLICATE_KEYS, Trace, count_duplicates
 
 BATCH = 20_000
 # "Memcpy HtoD (Pageable -> Device)" -> nsys's "[CUDA memcpy Host-to-Device]", src Pageable, dst Device
@@ -74,14 +74,6 @@ CREATE INDEX api_corr ON api (correlation);
 """
 
 
-# What makes two events one recorded twice: the same place, times and correlation id (as for nsys exports).
-DUPLICATE_KEYS = {"kernels": ("device", "stream", "start", "end", "correlation"),
-                  "api": ("tid", "start", "end", "name_id", "correlation"),
-                  "memops": ("device", "stream", "start", "end", "correlation"),
-                  "sync": ("device", "stream", "start", "end", "correlation"),
-                  "cpu_ops": ("tid", "start", "end", "name_id"), "nvtx": ("tid", "start", "end", "name", "style")}
-
-
 def _drop_duplicates(conn: sqlite3.Connection, relation: str) -> int:
     """Count the duplicated events of the start-ordered `relation` and keep each once; returns how many went.
 
@@ -96,8 +88,7 @@ def _drop_duplicates(conn: sqlite3.Connection, relation: str) -> int:
         if not conn.execute(f"SELECT 1 FROM {pairs} LIMIT 1").fetchone():
             return 0
         subset = f"WHERE start IN (SELECT a.start FROM {pairs})"
-    n = conn.execute(f"SELECT coalesce(sum(n - 1), 0) FROM (SELECT count(*) AS n FROM {relation} {subset} "
-                     f"GROUP BY {keys} HAVING n > 1)").fetchone()[0]
+    n = count_duplicates(conn, relation, subset)
     if not n:
         return 0
     cols = [d[0] for d in conn.execute(f"SELECT * FROM {relation} LIMIT 0").description if d[0] != "seq"]

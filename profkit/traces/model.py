@@ -26,6 +26,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+# What makes two rows one event recorded twice: the same place, times and correlation id. (A real nsys 2022 export,
+# extrap_con_kernel, holds two kernels on one stream with equal times but their own correlation ids: nsys stats
+# counts both, and so does profkit.) Both readers deduplicate by these keys.
+DUPLICATE_KEYS = {"kernels": ("device", "stream", "start", "end", "correlation"),
+                  "api": ("tid", "start", "end", "name_id", "correlation"),
+                  "memops": ("device", "stream", "start", "end", "correlation"),
+                  "sync": ("device", "stream", "start", "end", "correlation"),
+                  "cpu_ops": ("tid", "start", "end", "name_id"), "nvtx": ("tid", "start", "end", "name", "style")}
+
+
+def count_duplicates(conn: sqlite3.Connection, relation: str, subset: str = "", table: str | None = None) -> int:
+    """How many rows of `relation` (read from `table`, default the relation itself) repeat an earlier one by
+    DUPLICATE_KEYS; `subset` a WHERE clause that narrows the rows looked at."""
+    keys = ", ".join(DUPLICATE_KEYS[relation])
+    return conn.execute(f"SELECT coalesce(sum(n - 1), 0) FROM (SELECT count(*) AS n FROM {table or relation} "
+                        f"{subset} GROUP BY {keys} HAVING n > 1)").fetchone()[0]
+
 
 @dataclass
 class Trace:

@@ -14,7 +14,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from profkit.errors import TraceError
-from profkit.traces.model import Trace
+from profkit.traces.model import DUPLICATE_KEYS, Trace, count_duplicates
 
 KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
 MEMCPY = "CUPTI_ACTIVITY_KIND_MEMCPY"
@@ -119,12 +119,6 @@ def _left_out(conn: sqlite3.Connection) -> list[str]:
     return ["; ".join(f"{why[k]} kernel rows {w}" for k, w in words.items() if k in why) + "; left out"]
 
 
-# What makes two rows one event recorded twice: the same place, times and correlation id. (A real nsys 2022 export,
-# extrap_con_kernel, holds two kernels on one stream with equal times but their own correlation ids: nsys stats
-# counts both, and so does profkit.)
-EVENT_KEYS = {"kernels": ("device", "stream", "start", "end", "correlation"),
-              "api": ("tid", "start", "end", "name_id", "correlation"),
-              "memops": ("device", "stream", "start", "end", "correlation")}
 WHAT = {"kernels": "kernel", "api": "CUDA API", "memops": "memory-operation"}
 RAW = {"kernels": (KERNEL,), "api": (RUNTIME,), "memops": (MEMCPY, MEMSET)}
 
@@ -150,7 +144,7 @@ def _sort_and_deduplicate(conn: sqlite3.Connection, relation: str, tables: set[s
             "WHERE b.start <= a.start OR b.start IS NULL").fetchone()[0] > 0
     if not suspect:
         return None
-    keys = ", ".join(EVENT_KEYS[relation])
+    keys = ", ".join(DUPLICATE_KEYS[relation])
     if relation == "memops":  # a union of two tables, in no order the analyses rely on: counted exactly
         unordered, subset = 0, ""
     else:
@@ -161,9 +155,7 @@ def _sort_and_deduplicate(conn: sqlite3.Connection, relation: str, tables: set[s
             return None
         # With rows out of order a duplicate can sit anywhere; in order, only among rows that start together.
         subset = "" if unordered else f"WHERE start IN (SELECT start FROM {ordered} WHERE start = prev)"
-    duplicated = conn.execute(
-        f"SELECT coalesce(sum(n - 1), 0) FROM (SELECT count(*) AS n FROM temp.{relation} {subset} "
-        f"GROUP BY {keys} HAVING n > 1)").fetchone()[0]
+    duplicated = count_duplicates(conn, relation, subset, table=f"temp.{relation}")
     if not unordered and not duplicated:
         return None
     _repair(conn, relation)
@@ -181,7 +173,7 @@ def _repair(conn: sqlite3.Connection, relation: str) -> None:
     # seq becomes the row id of the sorted copy; the bare columns of a group are one duplicate's (all equal)
     conn.execute(f"CREATE TEMP TABLE {relation} ({'seq INTEGER PRIMARY KEY, ' if 'seq' in names else ''}{rest})")
     conn.execute(f"INSERT INTO temp.{relation} ({rest}) SELECT {rest} FROM ({body}) "
-                 f"GROUP BY {', '.join(EVENT_KEYS[relation])} ORDER BY start")
+                 f"GROUP BY {', '.join(DUPLICATE_KEYS[relation])} ORDER BY start")
 
 
 def _open_with_wal(path: Path, wal: Path) -> Trace:
