@@ -33,6 +33,15 @@ CAST = {
     + ", ((globalTid >> 24) & 16777215)",
 }
 
+# Every column of both tables through one ADBC connection; EXPRS names the column expressions (COLS or CASTS).
+ADBC_ONE_THREAD = """
+import adbc_driver_sqlite.dbapi as ad
+c = ad.connect(URI_ADBC); cur = c.cursor()
+for t, cols in EXPRS.items():
+    cur.execute(f"SELECT {{cols}} FROM {{t}}"); tb = cur.fetch_arrow_table()
+    [col.to_numpy() for col in tb.columns]
+"""
+
 CASES = {
     "floor: kernel GROUP BY name": """
 import sqlite3
@@ -51,13 +60,7 @@ c = sqlite3.connect(URI, uri=True)
 for t, cols in COLS.items():
     np.array(c.execute(f"SELECT {{cols}} FROM {{t}}").fetchall(), dtype=np.int64)
 """,
-    "ADBC -> numpy, kernels + API, 1 thread": """
-import adbc_driver_sqlite.dbapi as ad
-c = ad.connect(URI_ADBC); cur = c.cursor()
-for t, cols in COLS.items():
-    cur.execute(f"SELECT {{cols}} FROM {{t}}"); tb = cur.fetch_arrow_table()
-    [col.to_numpy() for col in tb.columns]
-""",
+    "ADBC -> numpy, kernels + API, 1 thread": ADBC_ONE_THREAD.replace("EXPRS", "COLS"),
     "ADBC -> numpy, kernels + API, 2 threads": """
 from concurrent.futures import ThreadPoolExecutor
 import adbc_driver_sqlite.dbapi as ad, sqlite3
@@ -69,13 +72,7 @@ def part(t, lo, hi):
 with ThreadPoolExecutor(2) as pool:
     list(pool.map(lambda a: part(*a), [(t, k * n[t] // 2, (k + 1) * n[t] // 2) for t in COLS for k in (0, 1)]))
 """,
-    "ADBC -> numpy with CASTs, 1 thread": """
-import adbc_driver_sqlite.dbapi as ad
-c = ad.connect(URI_ADBC); cur = c.cursor()
-for t, cols in CASTS.items():
-    cur.execute(f"SELECT {{cols}} FROM {{t}}"); tb = cur.fetch_arrow_table()
-    [col.to_numpy() for col in tb.columns]
-""",
+    "ADBC -> numpy with CASTs, 1 thread": ADBC_ONE_THREAD.replace("EXPRS", "CASTS"),
     "import pyarrow + ADBC driver": """
 import adbc_driver_sqlite.dbapi
 """,
