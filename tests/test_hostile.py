@@ -484,3 +484,14 @@ def test_context_switches_and_step_kernels_of_the_wrong_shape(tmp_path: Path, sq
         conn.execute("ALTER TABLE SCHED_EVENTS DROP COLUMN isSchedIn")
     r = profkit("report", str(trace), "--format", "json")
     assert r.returncode == 0 and json.loads(r.stdout)["sched"] is None, r.stderr
+
+
+@pytest.mark.parametrize("value", ["abc", "-5", "", "1" * 40, "\x1b[2J"])
+def test_a_bad_arrow_threshold_in_the_environment_is_one_line(sqlite_path, value: str) -> None:
+    """PROFKIT_ADBC_MIN_ROWS (when to read through Arrow) was parsed at import: 'abc' was an internal error."""
+    r = subprocess.run([sys.executable, "-m", "profkit.cli", "report", str(sqlite_path("graphs_b1"))],
+                       capture_output=True, text=True, timeout=60, env={**os.environ, "PROFKIT_ADBC_MIN_ROWS": value})
+    one_clear_line(r, "PROFKIT_ADBC_MIN_ROWS")
+    ok = subprocess.run([sys.executable, "-m", "profkit.cli", "report", str(sqlite_path("graphs_b1"))],
+                        capture_output=True, text=True, timeout=60, env={**os.environ, "PROFKIT_ADBC_MIN_ROWS": "0"})
+    assert ok.returncode == 0, ok.stderr

@@ -123,10 +123,10 @@ def columnar_histogram(trace: Trace, relation: str, key: str, value: str, where:
     (key, value) -> count histogram by one packed sort, and the histograms are merged the same way, so
     memory is a chunk plus the distinct pairs. The result equals `id_histogram`'s row for row."""
     from profkit.analysis.seq import seq_bounds
-    from profkit.traces.columns import ADBC_MIN_ROWS, NULL_INT, adbc_available, read_columns, relation_source
+    from profkit.traces.columns import NULL_INT, adbc_available, adbc_min_rows, read_columns, relation_source
 
     span = seq_bounds(trace, relation)
-    if span is None or span[1] - span[0] + 1 < ADBC_MIN_ROWS or relation_source(trace, relation) is None \
+    if span is None or span[1] - span[0] + 1 < adbc_min_rows() or relation_source(trace, relation) is None \
             or not adbc_available():
         return None
     extras = extras or {}

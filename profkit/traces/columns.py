@@ -25,11 +25,14 @@ from urllib.parse import quote
 
 import numpy as np
 
+from profkit.errors import ProfkitError
+from profkit.inputs import one_line
 from profkit.traces.model import Trace
 
 NULL_INT = -(1 << 62)  # stands for NULL in an int64 column: below every time, id and size a trace holds
-# Below this many rows the driver's import (pyarrow: ~0.4 s) costs more than it saves.
-ADBC_MIN_ROWS = int(os.environ.get("PROFKIT_ADBC_MIN_ROWS", "400000"))
+# Below this many rows the driver's import (pyarrow: ~0.4 s) costs more than it saves. PROFKIT_ADBC_MIN_ROWS
+# overrides it (0: Arrow for every relation; a huge number: never).
+ADBC_MIN_ROWS = 400_000
 # Threads reading one relation at once (each its own connection and seq range).
 JOBS = max(1, min(8, os.cpu_count() or 1))
 
@@ -60,7 +63,7 @@ def read_columns(trace: Trace, relation: str, columns: Mapping[str, str], where:
     for key, value in (params or {}).items():
         where = where.replace(f":{key}", str(int(value)))
     source = relation_source(trace, relation)
-    if source is not None and rows_hint >= ADBC_MIN_ROWS and adbc_available():
+    if source is not None and rows_hint >= adbc_min_rows() and adbc_available():
         try:
             pool = trace.cache.setdefault("adbc", ConnectionPool(source_file(trace)))
             return _read_adbc(pool, source, columns, where, jobs, seq_span)
@@ -98,6 +101,17 @@ class ConnectionPool:
             for conn in self.opened:
                 conn.close()
             self.opened.clear()
+
+
+def adbc_min_rows() -> int:
+    """The size from which a relation is read through Arrow: PROFKIT_ADBC_MIN_ROWS, else ADBC_MIN_ROWS."""
+    text = os.environ.get("PROFKIT_ADBC_MIN_ROWS")
+    if text is None:
+        return ADBC_MIN_ROWS
+    if not text.strip().isdigit() or len(text.strip()) > 19:
+        raise ProfkitError(f"PROFKIT_ADBC_MIN_ROWS={one_line(text, 40)!r}: expected a whole number of rows "
+                           f"(default {ADBC_MIN_ROWS})")
+    return int(text)
 
 
 def adbc_available() -> bool:
