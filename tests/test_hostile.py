@@ -358,6 +358,8 @@ KINETO_MUTATIONS = {
     "device -1": lambda d, k: d["traceEvents"][k]["args"].__setitem__("device", -1),
     "dur is a string": lambda d, k: d["traceEvents"][k].__setitem__("dur", "long"),
     "ts past int64": lambda d, k: d["traceEvents"][k].__setitem__("ts", 1e20),
+    # each fits an int64 in nanoseconds, their sum (the end) would not
+    "ts and dur near int64": lambda d, k: d["traceEvents"][k].update(ts=8.9e15, dur=8.9e15),
     "ts NaN": lambda d, k: d["traceEvents"][k].__setitem__("ts", "NaN"),
     "args a list": lambda d, k: d["traceEvents"][k].__setitem__("args", [1, 2]),
     "device a string": lambda d, k: d["traceEvents"][k]["args"].__setitem__("device", "gpu0"),

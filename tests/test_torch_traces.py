@@ -197,9 +197,9 @@ def test_parallel_decoding_gives_the_same_database(monkeypatch) -> None:
     from profkit.traces.open import open_trace
 
     def dump(trace) -> dict[str, list]:
-        named = {"kernels": "SELECT start, end, device, stream, correlation, s.value, graph_node FROM kernels "
-                            "JOIN strings s ON s.id = name_id ORDER BY seq",
-                 "api": "SELECT start, end, tid, pid, correlation, s.value FROM api "
+        named = {"kernels": "SELECT seq, start, end, device, stream, correlation, pid, s.value, short_id = name_id, "
+                            "graph_node FROM kernels JOIN strings s ON s.id = name_id ORDER BY seq",
+                 "api": "SELECT seq, start, end, tid, pid, correlation, s.value FROM api "
                         "JOIN strings s ON s.id = name_id ORDER BY seq",
                  "cpu_ops": "SELECT start, end, tid, s.value FROM cpu_ops JOIN strings s ON s.id = name_id "
                             "ORDER BY start, end, tid, s.value",
@@ -228,3 +228,15 @@ def test_parallel_decoding_gives_the_same_database(monkeypatch) -> None:
     monkeypatch.setattr(kineto, "ProcessPoolExecutor", no_pool)
     with open_trace(TORCH["vllm_rank0"]) as sequential:
         assert dump(sequential) == expected
+
+    # The large relations are written through Arrow's driver (here every one of them): the same rows, NULLs kept.
+    from profkit.traces import columns
+
+    ingested = []
+    real_ingest = kineto._ingest
+    monkeypatch.setattr(kineto, "_ingest", lambda *a: ingested.append(a[1]) or real_ingest(*a))
+    monkeypatch.setattr(columns, "ADBC_MIN_ROWS", 0)
+    with open_trace(TORCH["vllm_rank0"]) as through_arrow:
+        assert dump(through_arrow) == expected
+        assert through_arrow.query("SELECT count(*) FROM kernels WHERE pid IS NULL") == [(len(expected["kernels"]),)]
+    assert sorted(ingested) == ["api", "cpu_ops", "kernels"]

@@ -1,11 +1,15 @@
 """torch.profiler / Kineto Chrome-trace JSON (plain or .gz) as a normalized `Trace`.
 
-The JSON is streamed: Kineto's layout is cut into 16 MB chunks at event boundaries, and each chunk is
+The JSON is streamed: Kineto's layout is cut into 4 MB chunks at event boundaries, and each chunk is
 decoded by msgspec into small structs holding only the fields profkit reads (by worker processes when
-there is more than one chunk); any other layout goes through ijson one event object at a time. Rows
-are written in batches to a SQLite database in a temporary file, so a trace of hundreds of MB never
-becomes a list of Python objects. The analyses then run on that database exactly as on an nsys
-export. Timestamps: Kineto writes microseconds as floats on the trace's clock; they become integer
+there are more than a few chunks); any other layout goes through ijson one event object at a time.
+Events become columns (int64 numpy arrays, NULL as `NULL_INT`; text only in the small relations), the
+same layout the nsys reader's columns have: each chunk's rows are packed into arrays as they come, so
+a trace of hundreds of MB never becomes a list of Python objects. Sorting by start, dropping duplicated
+events and marking graph-replayed kernels are array operations over the merged columns; the result is
+written once, in C through Arrow's ADBC driver for the large relations, to a SQLite file in the
+temporary folder that the SQL-side analyses and the columnar reads share with nsys exports.
+Timestamps: Kineto writes microseconds as floats on the trace's clock; they become integer
 nanoseconds on the same clock (`baseTimeNanoseconds` is kept in `meta` to map them to wall time).
 """
 
@@ -17,7 +21,6 @@ import itertools
 import math
 import os
 import re
-import shutil
 import sqlite3
 import tempfile
 import zlib
@@ -25,18 +28,22 @@ from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Annotated, Any
 
 import ijson
 import msgspec
+import numpy as np
 
 from profkit.errors import TraceError
 from profkit.resources import process_context
 from profkit.traces.apis import GRAPH_LAUNCH_APIS
-from profkit.traces.model import DUPLICATE_KEYS, Trace, count_duplicates
+from profkit.traces.columns import NULL_INT, adbc_available, adbc_min_rows
+from profkit.traces.model import DUPLICATE_KEYS, Trace
 
-BATCH = 20_000
+# Rows of one relation held as Python tuples before they are packed into arrays.
+PACK_ROWS = 200_000
 # "Memcpy HtoD (Pageable -> Device)" -> nsys's "[CUDA memcpy Host-to-Device]", src Pageable, dst Device
 _MEMCPY = re.compile(r"Memcpy (\w+) \((\w+) -> (\w+)\)")
 _COPY_KINDS = {"HtoD": "Host-to-Device", "DtoH": "Device-to-Host", "DtoD": "Device-to-Device",
@@ -44,68 +51,39 @@ _COPY_KINDS = {"HtoD": "Host-to-Device", "DtoH": "Device-to-Host", "DtoD": "Devi
                "AtoD": "Array-to-Device", "HtoA": "Host-to-Array", "AtoH": "Array-to-Host"}
 _MEMSET = re.compile(r"Memset \((\w+)\)")
 
+# The columns each relation's events are decoded into, in the loader's tuple order.
+LAYOUT = {
+    "kernels": ("start", "end", "device", "stream", "correlation", "pid", "name_id"),
+    "memops": ("start", "end", "device", "stream", "correlation", "pid", "operation", "bytes", "src_kind",
+               "dst_kind"),
+    "api": ("start", "end", "tid", "pid", "correlation", "name_id"),
+    "sync": ("start", "end", "device", "stream", "correlation", "pid", "sync_type"),
+    "nvtx": ("start", "end", "tid", "name", "style"),
+    "cpu_ops": ("start", "end", "tid", "name_id"),
+}
+TEXT_COLUMNS = frozenset({"operation", "src_kind", "dst_kind", "sync_type", "name", "style"})
+NAMED = ("kernels", "api", "cpu_ops")  # relations whose name_id refers to the loader's names
+
+# The normalized relations as written: start-ordered, `seq` the row order of kernels and api.
 SCHEMA = """
 CREATE TABLE strings (id INTEGER PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE raw_kernels (start INTEGER, end INTEGER, device INTEGER, stream INTEGER, correlation INTEGER,
-                          pid INTEGER, name_id INTEGER);
-CREATE TABLE raw_memops (start INTEGER, end INTEGER, device INTEGER, stream INTEGER, correlation INTEGER,
-                         pid INTEGER, operation TEXT, bytes INTEGER, src_kind TEXT, dst_kind TEXT);
-CREATE TABLE raw_api (start INTEGER, end INTEGER, tid INTEGER, pid INTEGER, correlation INTEGER, name_id INTEGER);
-CREATE TABLE raw_sync (start INTEGER, end INTEGER, device INTEGER, stream INTEGER, correlation INTEGER,
-                       pid INTEGER, sync_type TEXT);
+CREATE TABLE kernels (seq INTEGER PRIMARY KEY, start INTEGER, end INTEGER, device INTEGER, stream INTEGER,
+                      correlation INTEGER, pid INTEGER, name_id INTEGER, short_id INTEGER, graph_node INTEGER);
+CREATE TABLE memops (start INTEGER, end INTEGER, device INTEGER, stream INTEGER, correlation INTEGER, pid INTEGER,
+                     operation TEXT, bytes INTEGER, src_kind TEXT, dst_kind TEXT, graph_node INTEGER);
+CREATE TABLE api (seq INTEGER PRIMARY KEY, start INTEGER, end INTEGER, tid INTEGER, pid INTEGER,
+                  correlation INTEGER, name_id INTEGER);
+CREATE TABLE sync (start INTEGER, end INTEGER, device INTEGER, stream INTEGER, correlation INTEGER, pid INTEGER,
+                   sync_type TEXT);
 CREATE TABLE nvtx (start INTEGER, end INTEGER, tid INTEGER, name TEXT, style TEXT);
 CREATE TABLE cpu_ops (start INTEGER, end INTEGER, tid INTEGER, name_id INTEGER);
 """
 
-# The normalized relations, start-ordered (`seq` is the row order), built once the stream is read.
-FINISH = """
-CREATE TABLE kernels AS SELECT row_number() OVER (ORDER BY start) AS seq, start, end, device, stream,
-    correlation, pid, name_id, name_id AS short_id, NULL AS graph_node FROM raw_kernels WHERE device >= 0
-    ORDER BY start;
-CREATE TABLE memops AS SELECT start, end, device, stream, correlation, pid, operation, bytes, src_kind,
-    dst_kind, NULL AS graph_node FROM raw_memops WHERE device >= 0 ORDER BY start;
-CREATE TABLE api AS SELECT row_number() OVER (ORDER BY start) AS seq, start, end, tid, pid, correlation, name_id
-    FROM raw_api ORDER BY start;
-CREATE TABLE sync AS SELECT * FROM raw_sync ORDER BY start;
-DROP TABLE raw_kernels; DROP TABLE raw_memops; DROP TABLE raw_api; DROP TABLE raw_sync;
-CREATE UNIQUE INDEX kernels_seq ON kernels (seq);
-CREATE UNIQUE INDEX api_seq ON api (seq);
-CREATE INDEX api_corr ON api (correlation);
-"""
+Columns = dict[str, Any]  # column name -> int64 array, or a list for a text column
 
 
-def _drop_duplicates(conn: sqlite3.Connection, relation: str) -> int:
-    """Count the duplicated events of the start-ordered `relation` and keep each once; returns how many went.
-
-    A trace written twice into one file, or events repeated by a merge, would double every count. Duplicates
-    start together, so one pass comparing each row with the next finds the candidates; only when some row
-    starts with its predecessor is the exact count (and a rebuild, when there are duplicates) paid for."""
-    keys = ", ".join(DUPLICATE_KEYS[relation])
-    if relation not in ("kernels", "api"):  # no row order to lean on: counted exactly
-        subset = ""
-    else:
-        pairs = f"{relation} a JOIN {relation} b ON b.seq = a.seq + 1 WHERE b.start = a.start"
-        if not conn.execute(f"SELECT 1 FROM {pairs} LIMIT 1").fetchone():
-            return 0
-        subset = f"WHERE start IN (SELECT a.start FROM {pairs})"
-    n = count_duplicates(conn, relation, subset)
-    if not n:
-        return 0
-    cols = [d[0] for d in conn.execute(f"SELECT * FROM {relation} LIMIT 0").description if d[0] != "seq"]
-    rest = ", ".join(cols)
-    seq = "row_number() OVER (ORDER BY start) AS seq, " if relation in ("kernels", "api") else ""
-    conn.executescript(
-        f"""CREATE TABLE unique_rows AS SELECT {seq}{rest} FROM (SELECT {rest} FROM {relation} GROUP BY {keys})
-                ORDER BY start;
-            DROP TABLE {relation}; ALTER TABLE unique_rows RENAME TO {relation};""")
-    if seq:
-        conn.execute(f"CREATE UNIQUE INDEX {relation}_seq ON {relation} (seq)")
-    if relation == "api":
-        conn.execute("CREATE INDEX api_corr ON api (correlation)")
-    return int(n)
-
-
-TS_LIMIT_US = 9.0e15  # microseconds: in nanoseconds still an int64 (SQLite INTEGER)
+# Microseconds whose nanoseconds, plus a duration as long, still fit an int64 (SQLite's INTEGER).
+TS_LIMIT_US = 4.5e15
 
 
 def _ns(us: Any) -> int | None:
@@ -133,18 +111,26 @@ CATEGORY_ALIASES = {
 }
 
 
-class _Loader:
-    """Turns a stream of Kineto events into rows of the normalized tables."""
+@dataclass
+class _Decoded:
+    """What a decoding worker sends back for one chunk: its columns, with name ids into `names` (1-based)."""
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        self.conn = conn
+    names: list[str]
+    parts: dict[str, list[Columns]]
+    seen: dict[str, int]
+    skipped: int
+
+
+class _Loader:
+    """Turns a stream of Kineto events into the columns of the normalized relations."""
+
+    def __init__(self) -> None:
         self.names: dict[str, int] = {}
-        self.rows: dict[str, list[tuple]] = {t: [] for t in ("raw_kernels", "raw_memops", "raw_api", "raw_sync",
-                                                           "nvtx", "cpu_ops")}
-        self.counts: dict[str, int] = {t: 0 for t in self.rows}
-        self.saved_names = 0  # names[:saved_names] are in the strings table
+        self.rows: dict[str, list[tuple]] = {rel: [] for rel in LAYOUT}
+        self.parts: dict[str, list[Columns]] = {rel: [] for rel in LAYOUT}  # packed rows, in file order
+        self.seen: dict[str, int] = {rel: 0 for rel in LAYOUT}  # events decoded per relation
         self.skipped = 0  # events whose fields are not what Kineto writes (a string time, no device, ...)
-        self.duplicated: dict[str, int] = {}  # events seen twice (same stream/thread, start and end), kept once
+        self.duplicated: dict[str, int] = {}  # events seen twice (same place, times and correlation id), kept once
 
     def name_id(self, name: str) -> int:
         nid = self.names.get(name)
@@ -168,24 +154,21 @@ class _Loader:
             self.skipped += 1  # a GPU event must say which GPU
             return
         if cat == "kernel":
-            self._put("raw_kernels", (start, end, _int(device), _int(stream),
-                                      _int(correlation), None, self.name_id(name)))
+            self._put("kernels", (start, end, _int(device), _int(stream), _int(correlation), None,
+                                  self.name_id(name)))
         elif cat == "gpu_memcpy":
             m = _MEMCPY.match(name)
             op = f"[CUDA memcpy {_COPY_KINDS.get(m.group(1), m.group(1))}]" if m else f"[CUDA memcpy {name}]"
-            self._put("raw_memops", (start, end, _int(device), _int(stream),
-                                     _int(correlation), None, op, _int(nbytes) or 0,
-                                     m.group(2) if m else None, m.group(3) if m else None))
+            self._put("memops", (start, end, _int(device), _int(stream), _int(correlation), None, op,
+                                 _int(nbytes) or 0, m.group(2) if m else None, m.group(3) if m else None))
         elif cat == "gpu_memset":
             m = _MEMSET.match(name)
-            self._put("raw_memops", (start, end, _int(device), _int(stream),
-                                     _int(correlation), None, "[CUDA memset]",
-                                     _int(nbytes) or 0, None, m.group(1) if m else None))
+            self._put("memops", (start, end, _int(device), _int(stream), _int(correlation), None,
+                                 "[CUDA memset]", _int(nbytes) or 0, None, m.group(1) if m else None))
         elif cat in ("cuda_runtime", "cuda_driver"):
-            self._put("raw_api", (start, end, _int(tid), _int(pid), _int(correlation), self.name_id(name)))
+            self._put("api", (start, end, _int(tid), _int(pid), _int(correlation), self.name_id(name)))
         elif cat == "cuda_sync":
-            self._put("raw_sync", (start, end, _int(device), _int(stream),
-                                   _int(correlation), _int(pid), name))
+            self._put("sync", (start, end, _int(device), _int(stream), _int(correlation), _int(pid), name))
         elif cat in ("user_annotation", "gpu_user_annotation"):
             self._put("nvtx", (start, end, _int(tid), name, "CPU" if cat == "user_annotation" else "GPU"))
         elif cat == "cpu_op":
@@ -194,7 +177,7 @@ class _Loader:
     def add_events(self, events: list[_Event]) -> None:
         """A decoded chunk: the frequent categories inline (msgspec already typed the fields), the rest
         through `add`. This loop is the reader's hot path: millions of events per trace."""
-        kernels, api, cpu = self.rows["raw_kernels"], self.rows["raw_api"], self.rows["cpu_ops"]
+        kernels, api, cpu = self.rows["kernels"], self.rows["api"], self.rows["cpu_ops"]
         names = self.names
         for e in events:
             if e.ph != "X" or e.ts is None:  # flow arrows, metadata, instants: ~40 % of a trace
@@ -216,8 +199,7 @@ class _Loader:
                 if cat == "cpu_op":
                     cpu.append((start, end, e.tid if type(e.tid) is int else _int(e.tid), nid))
                 elif cat == "kernel":
-                    kernels.append((start, end, a.device, a.stream, a.correlation, None, nid) if a
-                                   else (start, end, None, None, None, None, nid))
+                    kernels.append((start, end, a.device, a.stream, a.correlation, None, nid))
                 else:
                     api.append((start, end, e.tid if type(e.tid) is int else _int(e.tid),
                                 e.pid if type(e.pid) is int else _int(e.pid), a.correlation if a else None, nid))
@@ -228,49 +210,157 @@ class _Loader:
                 else:
                     self.add(e.ph, cat, e.name, e.pid, e.tid, e.ts, e.dur, a.device, a.stream, a.correlation,
                              a.nbytes)
-        for table in ("raw_kernels", "raw_api", "cpu_ops"):
-            if len(self.rows[table]) >= BATCH:
-                self.flush(table)
+        if len(kernels) + len(api) + len(cpu) >= PACK_ROWS:
+            self.pack()
 
-    def _put(self, table: str, row: tuple) -> None:
-        rows = self.rows[table]
+    def _put(self, relation: str, row: tuple) -> None:
+        rows = self.rows[relation]
         rows.append(row)
-        if len(rows) >= BATCH:
-            self.flush(table)
+        if len(rows) >= PACK_ROWS:
+            self.pack()
 
-    def flush(self, table: str | None = None) -> None:
-        for t in [table] if table else list(self.rows):
-            rows = self.rows[t]
+    def pack(self) -> None:
+        """The rows decoded so far become columns."""
+        for rel, rows in self.rows.items():
             if rows:
-                marks = ",".join("?" * len(rows[0]))
-                self.conn.executemany(f"INSERT INTO {t} VALUES ({marks})", rows)
-                self.counts[t] += len(rows)
+                self.parts[rel].append(_columns(rel, rows))
+                self.seen[rel] += len(rows)
                 rows.clear()
 
-    def flush_names(self) -> None:
-        """Write the names seen since the last call (ids are assigned in order of first sight)."""
-        new = [(i, n) for n, i in self.names.items() if i > self.saved_names]
-        self.conn.executemany("INSERT INTO strings VALUES (?, ?)", new)
-        self.saved_names = len(self.names)
+    def take(self) -> _Decoded:
+        """Everything decoded, for the process that merges (a worker's loader is used for one chunk)."""
+        self.pack()
+        return _Decoded(names=list(self.names), parts=self.parts, seen=self.seen, skipped=self.skipped)
 
-    def finish(self) -> None:
-        self.flush()
-        self.flush_names()
+    def absorb(self, other: _Decoded) -> None:
+        """Append a worker's columns, its name ids mapped to this loader's."""
+        ids = np.array([0] + [self.name_id(name) for name in other.names], dtype=np.int64)
+        for rel, parts in other.parts.items():
+            for part in parts:
+                if rel in NAMED:
+                    part["name_id"] = ids[part["name_id"]]
+                self.parts[rel].append(part)
+            self.seen[rel] += other.seen[rel]
+        self.skipped += other.skipped
+
+    def finish(self) -> dict[str, Columns]:
+        """The normalized relations' columns: start-ordered, each event once, graph-replayed kernels marked."""
+        self.pack()
+        tables = {rel: _concat(rel, self.parts.pop(rel)) for rel in LAYOUT}
         # A GPU is numbered from 0: a negative device id is no GPU (it halved the utilization, counted as a
         # second device); those events are left out and counted.
-        self.skipped += self.conn.execute(
-            "SELECT (SELECT count(*) FROM raw_kernels WHERE device < 0) + "
-            "(SELECT count(*) FROM raw_memops WHERE device < 0)").fetchone()[0]
-        self.conn.executescript(FINISH)
-        self.duplicated = {rel: _drop_duplicates(self.conn, rel) for rel in DUPLICATE_KEYS}
+        for rel in ("kernels", "memops"):
+            keep = tables[rel]["device"] >= 0
+            if not keep.all():
+                self.skipped += int(len(keep) - keep.sum())
+                tables[rel] = _select(tables[rel], keep)
+        for rel, table in tables.items():
+            table = _select(table, np.argsort(table["start"], kind="stable"))
+            tables[rel], self.duplicated[rel] = _drop_duplicates(table, DUPLICATE_KEYS[rel])
+        kernels, api = tables["kernels"], tables["api"]
+        n = len(kernels["start"])
+        kernels["seq"] = np.arange(1, n + 1, dtype=np.int64)
+        kernels["short_id"] = kernels["name_id"]
         # Kernels replayed from a CUDA (or HIP) graph were launched by a graph launch (joined by correlation id).
-        marks = ", ".join("?" * len(GRAPH_LAUNCH_APIS))
-        self.conn.execute(
-            f"""UPDATE kernels SET graph_node = 1 WHERE correlation IN (
-                 SELECT a.correlation FROM api a JOIN strings s ON s.id = a.name_id
-                 WHERE s.value IN ({marks}))""", GRAPH_LAUNCH_APIS,
-        )
-        self.conn.commit()
+        launch_ids = [self.names[name] for name in GRAPH_LAUNCH_APIS if name in self.names]
+        launches = api["correlation"][np.isin(api["name_id"], launch_ids)]
+        replayed = np.isin(kernels["correlation"], launches[launches != NULL_INT])
+        kernels["graph_node"] = np.where(replayed, 1, NULL_INT).astype(np.int64)
+        api["seq"] = np.arange(1, len(api["start"]) + 1, dtype=np.int64)
+        tables["memops"]["graph_node"] = np.full(len(tables["memops"]["start"]), NULL_INT, dtype=np.int64)
+        return tables
+
+
+def _columns(relation: str, rows: list[tuple]) -> Columns:
+    values = list(zip(*rows, strict=True))
+    return {name: list(col) if name in TEXT_COLUMNS else _int_array(col)
+            for name, col in zip(LAYOUT[relation], values, strict=True)}
+
+
+def _int_array(values: tuple) -> np.ndarray:
+    try:
+        return np.fromiter(values, dtype=np.int64, count=len(values))
+    except TypeError:  # NULLs (an event without a stream, correlation id, thread...)
+        return np.fromiter((NULL_INT if v is None else v for v in values), dtype=np.int64, count=len(values))
+
+
+def _concat(relation: str, parts: list[Columns]) -> Columns:
+    if not parts:
+        return {name: [] if name in TEXT_COLUMNS else np.zeros(0, dtype=np.int64) for name in LAYOUT[relation]}
+    return {name: [v for part in parts for v in part[name]] if name in TEXT_COLUMNS
+            else np.concatenate([part[name] for part in parts]) for name in LAYOUT[relation]}
+
+
+def _select(table: Columns, index: np.ndarray) -> Columns:
+    """The rows at `index` (positions, or a boolean mask)."""
+    if index.dtype == bool:
+        index = np.flatnonzero(index)
+    return {name: [col[i] for i in index.tolist()] if isinstance(col, list) else col[index]
+            for name, col in table.items()}
+
+
+def _drop_duplicates(table: Columns, keys: tuple[str, ...]) -> tuple[Columns, int]:
+    """The start-ordered `table` with each event recorded twice (same `keys`) kept once, the first in file
+    order; and how many rows went. A trace written twice into one file, or events repeated by a merge, would
+    double every count. Duplicates start together, so only a table where some row starts with its
+    predecessor pays for the exact comparison."""
+    start = table["start"]
+    if len(start) < 2 or not (start[1:] == start[:-1]).any():
+        return table, 0
+    cols = [_codes(table[k]) for k in keys]
+    order = np.lexsort(cols[::-1])  # stable: equal keys stay in row order, the first one leads
+    same = np.ones(len(start) - 1, dtype=bool)
+    for col in cols:
+        ordered = col[order]
+        same &= ordered[1:] == ordered[:-1]
+    if not same.any():
+        return table, 0
+    keep = np.ones(len(start), dtype=bool)
+    keep[order[1:][same]] = False
+    return _select(table, keep), int(same.sum())
+
+
+def _codes(col: Any) -> np.ndarray:
+    """An int64 array standing for a column: itself, or for text each distinct value's number."""
+    if not isinstance(col, list):
+        return col
+    seen: dict[Any, int] = {}
+    return np.fromiter((seen.setdefault(v, len(seen)) for v in col), dtype=np.int64, count=len(col))
+
+
+def _write(conn: sqlite3.Connection, db: str, names: dict[str, int], tables: dict[str, Columns]) -> None:
+    """The relations into the (empty) database `db` that `conn` holds open."""
+    conn.executemany("INSERT INTO strings VALUES (?, ?)", ((i, n) for n, i in names.items()))
+    conn.commit()
+    for rel, table in tables.items():
+        columns = [d[1] for d in conn.execute(f"PRAGMA table_info({rel})")]
+        n = len(table["start"])
+        if not n:
+            continue
+        if rel in NAMED and n >= adbc_min_rows() and adbc_available():
+            _ingest(db, rel, {c: table[c] for c in columns})  # ~4x faster than executemany for 1M rows
+            continue
+        values = [table[c] if isinstance(table[c], list) else _sql_values(table[c]) for c in columns]
+        conn.executemany(f"INSERT INTO {rel} VALUES ({', '.join('?' * len(columns))})", zip(*values, strict=True))
+        conn.commit()
+
+
+def _sql_values(col: np.ndarray) -> list[int | None]:
+    values = col.tolist()
+    for i in np.flatnonzero(col == NULL_INT).tolist():
+        values[i] = None
+    return values
+
+
+def _ingest(db: str, relation: str, table: Columns) -> None:
+    import adbc_driver_sqlite.dbapi as adbc
+    import pyarrow as pa
+
+    arrow = pa.table({name: pa.array(col, mask=col == NULL_INT) for name, col in table.items()})
+    with adbc.connect(db) as conn:
+        with conn.cursor() as cur:
+            cur.adbc_ingest(relation, arrow, mode="append")
+        conn.commit()
 
 
 def _open_stream(path: Path) -> IO[bytes]:
@@ -370,8 +460,8 @@ def _load_fast(path: Path, loader: _Loader, trailer: dict[str, Any] | None = Non
     """Chunked msgspec decoding (~3x faster than ijson); raises _NotKinetoLayout to fall back.
 
     A small trace is decoded here; a longer one by worker processes (decoding and the
-    per-event loop hold the GIL, so threads would not help), each writing its own SQLite file,
-    merged into `loader`'s database at the end.
+    per-event loop hold the GIL, so threads would not help), each chunk's columns merged into
+    `loader` in file order.
     """
     chunks = _kineto_chunks(path, trailer)
     head = list(itertools.islice(chunks, IN_PROCESS_CHUNKS + 1))
@@ -435,10 +525,9 @@ def _workers() -> int:
 
 
 def _load_parallel(path: Path, loader: _Loader, chunks: Iterator[tuple[bytes, bool]]) -> int:
-    workdir = Path(tempfile.mkdtemp(prefix="profkit-kineto-"))
     n_workers = _workers()
     ctx = process_context()  # not fork: this process already runs the gunzip prefetch thread
-    n, dbs = 0, set()
+    n = 0
     try:
         try:
             pool = ProcessPoolExecutor(max_workers=n_workers, mp_context=ctx)
@@ -447,80 +536,28 @@ def _load_parallel(path: Path, loader: _Loader, chunks: Iterator[tuple[bytes, bo
         with pool:
             pending: deque = deque()
 
-            def collect() -> None:
+            def collect() -> None:  # in submission order: the columns stay in file order
                 nonlocal n
-                db, events, counts = pending.popleft().result()
-                dbs.add(db)
+                events, decoded = pending.popleft().result()
+                loader.absorb(decoded)
                 n += events
-                for table, c in counts.items():
-                    loader.counts[table] += c
 
             for data, tail in chunks:
-                pending.append(pool.submit(_decode_in_worker, str(workdir), data, tail))
+                pending.append(pool.submit(_decode_in_worker, data, tail))
                 while len(pending) > n_workers:  # bounded: a chunk queued per worker, flat memory
                     collect()
             while pending:
                 collect()
-        for db in sorted(dbs):
-            _merge_worker_db(loader, db)
-        # The merged names took ids in the strings table: the loader's map follows it from here.
-        loader.names = dict(loader.conn.execute("SELECT value, id FROM strings"))
-        loader.saved_names = max(loader.names.values(), default=0)
     except BrokenProcessPool as exc:
         raise TraceError(f"{path}: a decoding worker process died ({exc or 'killed'}); out of memory?") from None
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
     return n
 
 
-# A worker process's own database, opened on its first chunk: (file, loader).
-_worker_db: tuple[str, _Loader] | None = None
-
-
-def _decode_in_worker(workdir: str, data: bytes, tail: bool) -> tuple[str, int, dict[str, int]]:
-    """In a worker process: decode one chunk into this process's own SQLite file."""
-    global _worker_db
-    if _worker_db is None:
-        db = str(Path(workdir) / f"worker-{os.getpid()}.sqlite")
-        conn = sqlite3.connect(db)
-        conn.executescript("PRAGMA journal_mode = OFF; PRAGMA synchronous = OFF;" + SCHEMA)
-        _worker_db = (db, _Loader(conn))
-    db, loader = _worker_db
-    before = dict(loader.counts)
+def _decode_in_worker(data: bytes, tail: bool) -> tuple[int, _Decoded]:
+    """In a worker process: one chunk's events as columns (sent back as numpy arrays, compact to pickle)."""
+    loader = _Loader()
     events = _decode_into(loader, data, tail)
-    loader.flush()
-    loader.flush_names()
-    loader.conn.commit()
-    return db, events, {t: loader.counts[t] - before[t] for t in before}
-
-
-def _merge_worker_db(loader: _Loader, db: str) -> None:
-    """Append a worker's rows to the main database, its name ids mapped to the main string ids."""
-    conn = loader.conn
-    conn.execute("ATTACH DATABASE ? AS w", (db,))
-    try:
-        conn.executescript(
-            """
-            CREATE INDEX IF NOT EXISTS strings_value ON strings (value);
-            INSERT INTO strings (value) SELECT value FROM w.strings
-                WHERE value NOT IN (SELECT value FROM main.strings);
-            DROP TABLE IF EXISTS temp.name_map;
-            CREATE TEMP TABLE name_map (local INTEGER PRIMARY KEY, global INTEGER);
-            INSERT INTO name_map SELECT ws.id, s.id FROM w.strings ws JOIN main.strings s ON s.value = ws.value;
-            INSERT INTO raw_kernels SELECT k.start, k.end, k.device, k.stream, k.correlation, k.pid, m.global
-                FROM w.raw_kernels k JOIN name_map m ON m.local = k.name_id;
-            INSERT INTO raw_api SELECT a.start, a.end, a.tid, a.pid, a.correlation, m.global
-                FROM w.raw_api a JOIN name_map m ON m.local = a.name_id;
-            INSERT INTO cpu_ops SELECT c.start, c.end, c.tid, m.global
-                FROM w.cpu_ops c JOIN name_map m ON m.local = c.name_id;
-            INSERT INTO raw_memops SELECT * FROM w.raw_memops;
-            INSERT INTO raw_sync SELECT * FROM w.raw_sync;
-            INSERT INTO nvtx SELECT * FROM w.nvtx;
-            """
-        )
-        conn.commit()
-    finally:
-        conn.execute("DETACH DATABASE w")
+    return events, loader.take()
 
 
 def _load_ijson(path: Path, loader: _Loader) -> int:
@@ -563,9 +600,8 @@ def _until_events(f: IO[bytes]) -> IO[bytes]:
 
 
 def open_kineto(path: Path) -> Trace:
-    """Read a torch.profiler trace into a temporary SQLite database and expose it as a `Trace`."""
-    conn, db = _new_db()
-    loader = _Loader(conn)
+    """Read a torch.profiler trace into columns, write them to a temporary SQLite file, expose it as a `Trace`."""
+    loader = _Loader()
     try:
         header = _header(path)
         if not header and not _looks_like_trace(path):
@@ -574,41 +610,32 @@ def open_kineto(path: Path) -> Trace:
         try:
             n = _load_fast(path, loader, trailer)
         except _NotKinetoLayout:
-            _discard(conn, db)
-            conn, db = _new_db()
-            loader = _Loader(conn)
+            loader = _Loader()
             n = _load_ijson(path, loader)
-        if n == 0:
-            raise TraceError(f"{path}: JSON without trace events: not a torch.profiler trace")
-        loader.finish()
     except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
-        _discard(conn, db)
         raise TraceError(f"{path}: truncated or corrupt gzip ({exc})") from None
     except ijson.JSONError as exc:
-        _discard(conn, db)
         raise TraceError(f"{path}: broken JSON ({_printable(exc)})") from None
     except OSError as exc:
-        _discard(conn, db)
         raise TraceError(f"{path}: unreadable ({exc})") from None
-    except TraceError:
-        _discard(conn, db)
-        raise
     except RecursionError:
-        _discard(conn, db)
         raise TraceError(f"{path}: JSON nested too deeply: not a torch.profiler trace") from None
-    except BaseException:
-        _discard(conn, db)  # no temporary database left behind, whatever stopped the load
-        raise
-    if loader.counts["raw_kernels"] == 0:
-        _discard(conn, db)
+    if n == 0:
+        raise TraceError(f"{path}: JSON without trace events: not a torch.profiler trace")
+    tables = loader.finish()
+    if loader.seen["kernels"] == 0:
         raise TraceError(f"{path}: the trace has no GPU kernels (was the profiler run with CUDA activities?)")
-    if conn.execute("SELECT 1 FROM kernels LIMIT 1").fetchone() is None:
-        _discard(conn, db)
+    if not len(tables["kernels"]["start"]):
         raise TraceError(f"{path}: no usable kernel events: {loader.skipped} with malformed fields "
                          "(time, duration, device) left out")
-    present = {"kernels", "strings"} | {rel for rel, t in (("memops", "raw_memops"), ("api", "raw_api"),
-                                                           ("sync", "raw_sync"), ("nvtx", "nvtx"),
-                                                           ("cpu_ops", "cpu_ops")) if loader.counts[t]}
+    conn, db = _new_db()
+    try:
+        _write(conn, db, loader.names, tables)
+    except BaseException:
+        _discard(conn, db)  # no temporary database left behind, whatever stopped the write
+        raise
+    present = {"kernels", "strings"} | {rel for rel in ("memops", "api", "sync", "nvtx", "cpu_ops")
+                                        if loader.seen[rel]}
     meta = _meta({**trailer, **header})  # the header's own keys first, then those written after the events
     said = [f"{loader.skipped} events with malformed fields (time, duration, device) left out"] if loader.skipped \
         else []
