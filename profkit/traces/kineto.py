@@ -389,8 +389,9 @@ class _Event(msgspec.Struct):
     name: str | None = None
     pid: Int | str | None = None
     tid: Int | str | None = None
-    ts: float | None = None
-    dur: float | None = None
+    # An integer stays one: epoch microseconds (~1.7e15) times 1000 lose up to 256 ns as a float.
+    ts: Int | float | None = None
+    dur: Int | float | None = None
     args: _Args | None = None
 
 
