@@ -37,7 +37,7 @@ def cli() -> None:
 
 
 @cli.command()
-@click.argument("trace", type=click.Path(path_type=Path), required=False)
+@click.argument("traces", type=click.Path(path_type=Path), nargs=-1)
 @click.option("--window", default="auto", show_default=True,
               help="all | auto (the benchmark phase) | nvtx:NAME | START_NS:END_NS")
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "md", "html"]), default="text",
@@ -60,10 +60,14 @@ def cli() -> None:
 @click.option("--save", "save_db", type=click.Path(dir_okay=False, path_type=Path),
               help="also store the run in this history database (SQLite; see `profkit history`)")
 @click.option("--label", help="with --save: a label for the run (runs with one label are replicates)")
-def report(trace: Path | None, window: str, fmt: str, output: Path | None, gap_threshold: str, top: int,
+@click.option("--jobs", type=click.IntRange(min=1, max=256), default=None,
+              help="traces analysed at once, one process each (several traces; default: the cores)")
+@click.option("--dask", "dask_address", metavar="ADDRESS",
+              help="analyse each trace as a task on this Dask scheduler (pip install 'profkit[dask]')")
+def report(traces: tuple[Path, ...], window: str, fmt: str, output: Path | None, gap_threshold: str, top: int,
            progress: bool | None, bench: Path | None, vllm_log: Path | None, metrics: tuple[Path, ...],
            vllm_args: str | None, host_json: Path | None, rules_dirs: tuple[Path, ...], save_db: Path | None,
-           label: str | None) -> None:
+           label: str | None, jobs: int | None, dask_address: str | None) -> None:
     """Analyse TRACE and print the report.
 
     \b
@@ -71,6 +75,8 @@ def report(trace: Path | None, window: str, fmt: str, output: Path | None, gap_t
       an nsys SQLite export   `nsys export --type sqlite` (nsys 2021 to 2026)
       a torch.profiler trace  .json or .json.gz (Kineto, torch 1.8 on; NVIDIA CUDA or AMD ROCm)
       a capture folder        what `profkit capture` wrote (trace, benchmark, logs, host samples)
+      several traces          one per rank of a multi-GPU run (or a folder of them): one report with
+                              a section per rank and the cross-rank imbalance
 
     vLLM flag changes are suggested only for a run shown to be vLLM's (its command, log, benchmark,
     metrics or flags, or vLLM's kernel names in the trace).
@@ -80,11 +86,13 @@ def report(trace: Path | None, window: str, fmt: str, output: Path | None, gap_t
     from profkit.report import build_report
 
     show = sys.stderr.isatty() if progress is None else progress
+    trace = list(traces) if len(traces) > 1 else (traces[0] if traces else None)
     with _Steps(show) as steps:
         doc = build_report(trace, window=window, gap_threshold_ns=parse_duration(gap_threshold),
                            progress=steps.step, bench=bench, vllm_log=vllm_log, metrics=list(metrics) or None,
-                           vllm_args=vllm_args, rules_dirs=list(rules_dirs), host=host_json)
-    inputs = [p for p in (trace, bench, vllm_log, host_json, *metrics) if p is not None]
+                           vllm_args=vllm_args, rules_dirs=list(rules_dirs), host=host_json, jobs=jobs,
+                           dask=dask_address)
+    inputs = [p for p in (*traces, bench, vllm_log, host_json, *metrics) if p is not None]
     if output:
         refuse_overwrite(output, inputs)
     if save_db:

@@ -22,6 +22,7 @@ from profkit import __version__
 from profkit.analysis import api as api_analysis
 from profkit.analysis import timeline
 from profkit.analysis.categories import category_breakdown
+from profkit.analysis.communication import DeviceKernels, collective_imbalance, per_device
 from profkit.analysis.cpu import cpu_op_summary
 from profkit.analysis.host import read_host
 from profkit.analysis.kernels import kernel_summary
@@ -47,7 +48,7 @@ from profkit.diagnose.facts import compute_facts
 from profkit.errors import ProfkitError, TraceError
 from profkit.inputs import one_line, read_text
 from profkit.traces import Trace, open_trace
-from profkit.traces.open import trace_in_folder
+from profkit.traces.open import traces_in_folder
 
 SCHEMA = "profkit.report/1"
 STAT_RENAMES = {"total": "total_ns", "avg": "avg_ns", "median": "median_ns", "min": "min_ns",
@@ -59,18 +60,33 @@ Progress = Callable[[str], None]
 def build_report(path: str | os.PathLike | None, window: str = "auto", gap_threshold_ns: int = 100_000,
                  buckets: int = 100, progress: Progress | None = None, bench: Path | None = None,
                  vllm_log: Path | None = None, metrics: list[Path] | None = None, vllm_args: str | None = None,
-                 rules_dirs: list[Path] | None = None, host: Path | None = None) -> dict[str, Any]:
+                 rules_dirs: list[Path] | None = None, host: Path | None = None, jobs: int | None = None,
+                 dask: str | None = None) -> dict[str, Any]:
     """Analyse one trace (or capture folder), join vLLM's evidence, run the rules; return the document.
 
+    `path` may also be a list of traces (one per rank of a multi-GPU run), or a folder holding several: one
+    report with a section per rank (`ranks`) and the cross-rank `imbalance`; the traces are analysed on
+    `jobs` local processes (default: the cores), or as tasks on the Dask cluster at `dask`.
     Without a trace (`path` None, or a capture folder of an unprofiled run) the report holds the vLLM
     evidence alone: its facts, and the findings whose facts are known (the rest in `rules_skipped`)."""
+    several = [Path(p) for p in path] if isinstance(path, (list, tuple)) else None
+    if several is not None:
+        path = several[0] if len(several) == 1 else None
+    for p in several or ([path] if path is not None else []):
+        if not Path(p).exists():
+            raise TraceError(f"{p}: no such file or directory")
     folder = Path(path) if path is not None and Path(path).is_dir() else None
-    if path is not None and not Path(path).exists():
-        raise TraceError(f"{path}: no such file or directory")
     inputs = capture_folder_inputs(folder) if folder else {}
-    trace_path = (trace_in_folder(folder) if folder else path) if path is not None else None
+    in_folder = traces_in_folder(folder) if folder else []
+    if len(in_folder) > 1:
+        several = in_folder
+    elif several is not None and len(several) == 1:
+        several = None
+    trace_path = (in_folder[0] if in_folder else None) if folder else path
     host_file = host or inputs.get("host")
-    if trace_path is None and not (bench or vllm_log or metrics or vllm_args or host or inputs):
+    if several:
+        trace_path = None
+    elif trace_path is None and not (bench or vllm_log or metrics or vllm_args or host or inputs):
         where = f"{folder}: folder holds no trace and no vLLM evidence" if folder else "nothing to report"
         raise ProfkitError(f"{where} (give a trace, a capture folder, or --bench/--vllm-log/--metrics/--vllm-args)")
     evidence = vllm_evidence(bench=bench or inputs.get("bench"), log=vllm_log or inputs.get("log"),
@@ -80,16 +96,18 @@ def build_report(path: str | os.PathLike | None, window: str = "auto", gap_thres
     host_section = (read_host(Path(host_file), (evidence.get("bench") or {}).get("elapsed_s"))
                     if host_file else None)
     rules = load_rules(rules_dirs)  # validate the rules before spending time on the trace
-    if trace_path is None:
+    if several:
+        from profkit.ranks import build_ranks
+
+        report = build_ranks(several, window, gap_threshold_ns, buckets, progress or (lambda _name: None),
+                             jobs=jobs, dask=dask)
+    elif trace_path is None:
         report = evidence_only_report(folder)
     else:
-        try:
-            report = _build(trace_path, window, gap_threshold_ns, buckets, progress or (lambda _name: None))
-        except sqlite3.DatabaseError as exc:
-            # A truncated or corrupt export can open fine and fail deep inside a query.
-            raise TraceError(f"{trace_path}: damaged or unreadable trace database ({exc})") from None
-        if folder:
-            report["source"]["path"] = str(folder)
+        report = build_trace_part(trace_path, window, gap_threshold_ns, buckets, progress or (lambda _name: None))
+    if folder and report["source"].get("path"):
+        report["source"]["path"] = str(folder)
+    finish_ranks(report)
     if inputs.get("environment"):
         report["environment"] = inputs["environment"]
     report["vllm"] = evidence
@@ -163,8 +181,29 @@ def evidence_only_report(folder: Path | None) -> dict[str, Any]:
     }
 
 
+def build_trace_part(path: str | os.PathLike, window: str, gap_threshold_ns: int, buckets: int,
+                     step: Progress | None = None, ranks: bool = False) -> dict[str, Any]:
+    """The trace's sections of the report (before vLLM's evidence, facts and rules). `ranks`: give the
+    per-device section even for a single GPU (the trace is one rank of several)."""
+    try:
+        return _build(path, window, gap_threshold_ns, buckets, step or (lambda _name: None), ranks)
+    except sqlite3.DatabaseError as exc:
+        # A truncated or corrupt export can open fine and fail deep inside a query.
+        raise TraceError(f"{path}: damaged or unreadable trace database ({exc})") from None
+
+
+def finish_ranks(report: dict[str, Any]) -> None:
+    """The cross-rank imbalance from the per-rank collectives `_build` left beside its sections."""
+    collectives = report.pop("_collectives", None)
+    window_ns = report.pop("_window_ns", None)
+    if collectives is not None and len(report.get("ranks") or []) > 1:
+        report["imbalance"] = rank_imbalance(report["ranks"], collectives, window_ns)
+    elif "ranks" in report and len(report["ranks"]) <= 1:
+        del report["ranks"]  # one GPU: today's shape
+
+
 def _build(path: str | os.PathLike, window: str, gap_threshold_ns: int, buckets: int,
-           step: Progress) -> dict[str, Any]:
+           step: Progress, ranks: bool = False) -> dict[str, Any]:
     step("open trace")
     with open_trace(path) as trace:
         step("GPU timeline")
@@ -188,6 +227,7 @@ def _build(path: str | os.PathLike, window: str, gap_threshold_ns: int, buckets:
             kernels, memops, kinds, nvtx, launch = gpu_side.result()
             step("CUDA API")
             api, sync, cpu_ops = host_side.result()
+        devices = per_device(trace, win, kernels) if ranks or len(tl.devices) > 1 else None
         source = {"path": str(Path(path)), "kind": trace.kind, **trace.meta,
                   "vllm_names": trace_mentions_vllm(trace)}
 
@@ -215,7 +255,44 @@ def _build(path: str | os.PathLike, window: str, gap_threshold_ns: int, buckets:
         "vllm": {},
         "findings": [],
     }
+    if devices is not None:
+        _add_ranks(report, devices, tl.devices, win.duration_ns)
     return report
+
+
+def _add_ranks(report: dict[str, Any], devices: dict[int, DeviceKernels], busy: list[dict[str, Any]],
+               window_ns: int) -> None:
+    """`ranks`: one entry per device (a rank), with the collectives it ran kept beside for `finish_ranks`."""
+    source = report["source"]
+    gpus = {g.get("id"): g.get("name") for g in source.get("gpus") or [] if isinstance(g, dict)}
+    by_device = {d["device"]: d for d in busy}
+    single = len(devices) == 1 and source.get("rank") is not None
+    report["ranks"], report["_collectives"], report["_window_ns"] = [], {}, {}
+    for device, dev in sorted(devices.items()):
+        rank = source["rank"] if single else device
+        b = by_device.get(device, {})
+        report["ranks"].append({
+            "rank": rank, "source": source["path"], "device": device,
+            "gpu": {"name": gpus.get(device) or source.get("gpu"), "busy_ns": b.get("busy_ns"),
+                    "idle_ns": b.get("idle_ns"), "utilization": b.get("utilization")},
+            "kernels": {"count": dev.count, "total_ns": dev.total_ns},
+            "categories": dev.categories(),
+            "communication": dev.communication(),
+        })
+        report["_collectives"][rank] = (dev.comm_starts, dev.comm_names)
+        report["_window_ns"][rank] = window_ns
+
+
+def rank_imbalance(ranks: list[dict[str, Any]], collectives: dict[Any, Any],
+                   window_ns: dict[Any, int]) -> dict[str, Any]:
+    """Busy time across ranks and the wait inside collectives (see analysis.communication)."""
+    busy = [r["gpu"]["busy_ns"] or 0 for r in ranks]
+    out: dict[str, Any] = {
+        "busy_ns": {"min": min(busy), "max": max(busy),
+                    "spread_share": (max(busy) - min(busy)) / max(busy) if max(busy) else None},
+        "collectives": collective_imbalance(collectives, window_ns),
+    }
+    return out
 
 
 def _gpu_side(main: Trace, win: Window) -> tuple:

@@ -92,7 +92,20 @@ VLLM_FACT_DOCS = {
     "vllm.model_memory_bytes": "GPU memory the model weights took (log)",
     "vllm.default_max_num_seqs": "vLLM 0.26's --max-num-seqs for this GPU when not given (1024 on H100/H200, else 256)",
 }
+RANK_FACT_DOCS = {
+    "ranks.count": "GPUs (ranks) reported apart: the devices of a multi-GPU trace, or one per rank trace",
+    "communication.share_max": "the largest share of a GPU's kernel time in communication kernels, over ranks",
+    "communication.overlap_share_min": "the smallest share of a GPU's communication time overlapped by compute "
+                                       "(HTA's comm/comp overlap), over ranks with communication",
+    "imbalance.busy_spread": "(max - min) / max of the ranks' GPU busy time",
+    "imbalance.wait_share_max": "the largest share of a rank's window spent waiting in collectives for the "
+                                "last rank to arrive (start spread of matched communication kernels)",
+    "imbalance.straggler_last_share": "share of collectives the straggler (the rank most often last) arrived last",
+    "imbalance.collectives": "collectives matched across ranks",
+    "imbalance.straggler": "the rank that arrived last in most collectives (None when no rank does)",
+}
 FACT_DOCS.update(VLLM_FACT_DOCS)
+FACT_DOCS.update(RANK_FACT_DOCS)
 FACT_DOCS.update(HOST_FACT_DOCS)
 FACT_DOCS.update(STEP_FACT_DOCS)
 FACT_DOCS["gpu.busy"] = "share of the run the GPU was busy: NVML samples (host.json) if taken, else gpu.utilization"
@@ -128,6 +141,7 @@ def compute_facts(report: dict[str, Any]) -> dict[str, float | int | None]:
     facts.update(_gap_facts(report, win))
     facts.update(_memop_facts(report, win))
     facts["nvtx.ranges"] = sum(r["count"] for r in report["nvtx"])
+    facts.update(_rank_facts(report))
     facts.update(vllm_facts(report.get("vllm") or {}))
     for key, entry in (report.get("vllm") or {}).get("config", {}).items():
         facts[f"config_source.{key}"] = entry["source"]
@@ -143,6 +157,28 @@ def _with_host(facts: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
     for name in FACT_DOCS:  # every fact a rule may name exists; unknown ones are None (a run not shown to be
         facts.setdefault(name, None)  # vLLM's has no config.* at all)
     return facts
+
+
+def _rank_facts(report: dict[str, Any]) -> dict[str, Any]:
+    ranks = report.get("ranks") or []
+    if not ranks:
+        return {"ranks.count": len(report["gpu"]["devices"])}
+    comm = [r["communication"] for r in ranks]
+    shares = [c["share"] for c in comm if c["share"] is not None]
+    overlaps = [c["overlap_share"] for c in comm if c["overlap_share"] is not None]
+    imbalance = report.get("imbalance") or {}
+    coll = imbalance.get("collectives") or {}
+    waits = [r["wait_share"] for r in coll.get("ranks", []) if r["wait_share"] is not None]
+    return {
+        "ranks.count": len(ranks),
+        "communication.share_max": max(shares) if shares else None,
+        "communication.overlap_share_min": min(overlaps) if overlaps else None,
+        "imbalance.busy_spread": (imbalance.get("busy_ns") or {}).get("spread_share"),
+        "imbalance.wait_share_max": max(waits) if waits else None,
+        "imbalance.straggler_last_share": (coll.get("straggler") or {}).get("last_share"),
+        "imbalance.collectives": coll.get("collectives"),
+        "imbalance.straggler": (coll.get("straggler") or {}).get("rank"),
+    }
 
 
 def _kernel_facts(report: dict[str, Any]) -> dict[str, Any]:

@@ -68,6 +68,25 @@ def _barh(labels: list[str], values: list[float], xlabel: str, color: str = BUSY
     return _svg(fig)
 
 
+def ranks_chart(report: dict[str, Any]) -> str:
+    """Per GPU (rank): compute kernel time, communication kernel time, idle time; stacked bars."""
+    ranks = report["ranks"]
+    labels = [f"rank {r['rank']}" for r in ranks]
+    comm = [r["communication"]["total_ns"] / 1e6 for r in ranks]
+    compute = [(r["kernels"]["total_ns"] - r["communication"]["total_ns"]) / 1e6 for r in ranks]
+    idle = [(r["gpu"]["idle_ns"] or 0) / 1e6 for r in ranks]
+    fig, ax = plt.subplots(figsize=(9, 0.4 * len(labels) + 1.0))
+    ypos = list(range(len(labels)))[::-1]
+    ax.barh(ypos, compute, color=BUSY, label="compute kernels")
+    ax.barh(ypos, comm, left=compute, color=ACCENT, label="communication kernels")
+    ax.barh(ypos, idle, left=[a + b for a, b in zip(compute, comm, strict=True)], color=IDLE, alpha=0.5,
+            label="GPU idle")
+    ax.set_yticks(ypos, labels)
+    ax.set_xlabel("ms (kernel time per kind; concurrent kernels each count)")
+    ax.legend(loc="lower right", frameon=False, fontsize=8)
+    return _svg(fig)
+
+
 def category_chart(report: dict[str, Any]) -> str:
     cats = report["categories"]
     return _barh([c["category"] for c in cats], [c["total_ns"] / 1e6 for c in cats], "kernel time (ms)",

@@ -43,6 +43,7 @@ def render_html(report: dict[str, Any]) -> str:
         "memops": charts.memops_chart(report) if report["memops"] else "",
         "api": charts.api_chart(report) if report["api"] else "",
         "steps": charts.steps_chart(report) if report.get("steps") else "",
+        "ranks": charts.ranks_chart(report) if report.get("ranks") else "",
     }
     svgs = {k: jinja2.filters.Markup(v) for k, v in svgs.items()}  # matplotlib escaped the labels
     return _page(report, svgs, pairs)

@@ -103,6 +103,37 @@ def step_lines(report: dict[str, Any]) -> list[str]:
     return out + [""]
 
 
+def rank_lines(report: dict[str, Any]) -> list[str]:
+    """Per GPU (rank): busy time, communication and its overlap, the wait in collectives; the straggler."""
+    ranks = report.get("ranks")
+    if not ranks:
+        return []
+    src = report["source"]
+    out = [f"GPUs ({len(ranks)} ranks)" + (f"; {len(src['traces'])} traces, the sections below are rank "
+                                             f"{terminal_safe(str(ranks[0]['rank']))}'s" if src.get("traces") else "")]
+    coll = (report.get("imbalance") or {}).get("collectives") or {}
+    waits = {str(w["rank"]): w for w in coll.get("ranks", [])}
+    columns = {"rank": lambda r: terminal_safe(str(r["rank"])), "busy": lambda r: ns(r["gpu"]["busy_ns"]),
+               "util": lambda r: pct(r["gpu"]["utilization"]), "kernels": lambda r: ns(r["kernels"]["total_ns"]),
+               "communication": lambda r: ns(r["communication"]["total_ns"]),
+               "share": lambda r: pct(r["communication"]["share"]),
+               "overlapped": lambda r: pct(r["communication"]["overlap_share"])}
+    if waits:
+        columns["waits"] = lambda r: ns(waits[str(r["rank"])]["wait_ns"]) if str(r["rank"]) in waits else "-"
+        columns["last"] = lambda r: pct(waits[str(r["rank"])]["last_share"]) if str(r["rank"]) in waits else "-"
+    out.append(_table(ranks, columns, 64))
+    imb = report.get("imbalance")
+    if imb:
+        out.append(f"  busy time spread {pct(imb['busy_ns']['spread_share'])}")
+        if coll:
+            straggler = (f"straggler: rank {terminal_safe(str(coll['straggler']['rank']))}, last in "
+                         f"{pct(coll['straggler']['last_share'])}" if coll["straggler"] else "no straggler")
+            out.append(f"  {coll['collectives']:,} collectives matched (names agree {pct(coll['names_agree'])}); "
+                       f"start spread median {ns(coll['spread_ns']['median'])}, p90 {ns(coll['spread_ns']['p90'])}; "
+                       f"{straggler}")
+    return out + [""]
+
+
 def render_text(report: dict[str, Any], top: int = 10, name_width: int = 70) -> str:
     src, win, gpu, facts = report["source"], report["window"], report["gpu"], report["facts"]
     if gpu is None:
@@ -121,6 +152,7 @@ def render_text(report: dict[str, Any], top: int = 10, name_width: int = 70) -> 
         "",
     ]
     out += _findings(report)
+    out += rank_lines(report)
     out += step_lines(report)
     out += host_lines(report)
     out += sched_lines(report)

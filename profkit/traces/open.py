@@ -70,12 +70,18 @@ def find_trace_in_folder(folder: Path) -> Path:
 
 def trace_in_folder(folder: Path) -> Path | None:
     """Like `find_trace_in_folder`, but None for a folder without a trace (an unprofiled capture)."""
-    preferred = folder / "trace.sqlite"
-    if preferred.is_file():
-        return preferred
-    found = sorted(folder.glob("*.sqlite")) or sorted(folder.glob("*.pt.trace.json*")) or sorted(
-        folder.glob("torch/*.pt.trace.json*"))
+    found = traces_in_folder(folder)
     if len(found) <= 1:
         return found[0] if found else None
     names = ", ".join(f.name for f in found)
     raise TraceError(f"{folder}: folder holds several traces ({names}); name one")
+
+
+def traces_in_folder(folder: Path) -> list[Path]:
+    """The traces of a capture folder or a folder of per-rank traces: trace.sqlite alone when it is there,
+    else every nsys export, else every torch trace (torch.profiler writes one per rank)."""
+    preferred = folder / "trace.sqlite"
+    if preferred.is_file():
+        return [preferred]
+    return (sorted(folder.glob("*.sqlite")) or sorted(folder.glob("*.pt.trace.json*"))
+            or sorted(folder.glob("torch/*.pt.trace.json*")) or sorted(folder.glob("*rank*.json*")))
