@@ -22,7 +22,7 @@ from profkit import __version__
 from profkit.analysis import api as api_analysis
 from profkit.analysis import timeline
 from profkit.analysis.categories import category_breakdown
-from profkit.analysis.communication import DeviceKernels, collective_imbalance, per_device
+from profkit.analysis.communication import DeviceKernels, per_device, rank_imbalance
 from profkit.analysis.cpu import cpu_op_summary
 from profkit.analysis.host import read_host
 from profkit.analysis.kernels import kernel_summary
@@ -69,24 +69,17 @@ def build_report(path: str | os.PathLike | None, window: str = "auto", gap_thres
     `jobs` local processes (default: the cores), or as tasks on the Dask cluster at `dask`.
     Without a trace (`path` None, or a capture folder of an unprofiled run) the report holds the vLLM
     evidence alone: its facts, and the findings whose facts are known (the rest in `rules_skipped`)."""
-    several = [Path(p) for p in path] if isinstance(path, (list, tuple)) else None
-    if several is not None:
-        path = several[0] if len(several) == 1 else None
-    for p in several or ([path] if path is not None else []):
-        if not Path(p).exists():
+    paths = [Path(p) for p in path] if isinstance(path, (list, tuple)) else [] if path is None else [Path(path)]
+    for p in paths:
+        if not p.exists():
             raise TraceError(f"{p}: no such file or directory")
-    folder = Path(path) if path is not None and Path(path).is_dir() else None
+    folder = paths[0] if len(paths) == 1 and paths[0].is_dir() else None
     inputs = capture_folder_inputs(folder) if folder else {}
-    in_folder = traces_in_folder(folder) if folder else []
-    if len(in_folder) > 1:
-        several = in_folder
-    elif several is not None and len(several) == 1:
-        several = None
-    trace_path = (in_folder[0] if in_folder else None) if folder else path
+    traces = traces_in_folder(folder) if folder else paths
+    several = traces if len(traces) > 1 else None
+    trace_path = traces[0] if len(traces) == 1 else None
     host_file = host or inputs.get("host")
-    if several:
-        trace_path = None
-    elif trace_path is None and not (bench or vllm_log or metrics or vllm_args or host or inputs):
+    if not traces and not (bench or vllm_log or metrics or vllm_args or host or inputs):
         where = f"{folder}: folder holds no trace and no vLLM evidence" if folder else "nothing to report"
         raise ProfkitError(f"{where} (give a trace, a capture folder, or --bench/--vllm-log/--metrics/--vllm-args)")
     evidence = vllm_evidence(bench=bench or inputs.get("bench"), log=vllm_log or inputs.get("log"),
@@ -276,23 +269,11 @@ def _add_ranks(report: dict[str, Any], devices: dict[int, DeviceKernels], busy: 
             "gpu": {"name": gpus.get(device) or source.get("gpu"), "busy_ns": b.get("busy_ns"),
                     "idle_ns": b.get("idle_ns"), "utilization": b.get("utilization")},
             "kernels": {"count": dev.count, "total_ns": dev.total_ns},
-            "categories": dev.categories(),
+            "categories": dev.categories,
             "communication": dev.communication(),
         })
         report["_collectives"][rank] = (dev.comm_starts, dev.comm_names)
         report["_window_ns"][rank] = window_ns
-
-
-def rank_imbalance(ranks: list[dict[str, Any]], collectives: dict[Any, Any],
-                   window_ns: dict[Any, int]) -> dict[str, Any]:
-    """Busy time across ranks and the wait inside collectives (see analysis.communication)."""
-    busy = [r["gpu"]["busy_ns"] or 0 for r in ranks]
-    out: dict[str, Any] = {
-        "busy_ns": {"min": min(busy), "max": max(busy),
-                    "spread_share": (max(busy) - min(busy)) / max(busy) if max(busy) else None},
-        "collectives": collective_imbalance(collectives, window_ns),
-    }
-    return out
 
 
 def _gpu_side(main: Trace, win: Window) -> tuple:

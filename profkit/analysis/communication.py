@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from profkit.analysis.categories import OTHER, category_breakdown
 from profkit.analysis.seq import seq_bounds
 from profkit.analysis.stats import CHUNK_ROWS
 from profkit.analysis.window import Window
@@ -40,7 +41,7 @@ class DeviceKernels:
     comm_total_ns: int = 0
     comm_busy_ns: int = 0  # communication kernels merged into intervals (concurrent ones counted once)
     overlap_ns: int = 0  # of those intervals, the time a compute kernel runs too
-    category_ns: dict[str, int] = field(default_factory=dict)
+    categories: list[dict[str, Any]] = field(default_factory=list)  # as the report's `categories`
     comm_starts: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     comm_names: list[str] = field(default_factory=list)
 
@@ -50,10 +51,6 @@ class DeviceKernels:
                 "busy_ns": self.comm_busy_ns, "overlap_ns": self.overlap_ns,
                 "overlap_share": self.overlap_ns / self.comm_busy_ns if self.comm_busy_ns else None}
 
-    def categories(self) -> list[dict[str, Any]]:
-        rows = [{"category": c, "total_ns": ns, "share": ns / self.total_ns if self.total_ns else None}
-                for c, ns in self.category_ns.items()]
-        return sorted(rows, key=lambda r: -r["total_ns"])
 
 
 def per_device(trace: Trace, window: Window, kernels: list[dict[str, Any]],
@@ -68,7 +65,7 @@ def per_device(trace: Trace, window: Window, kernels: list[dict[str, Any]],
     comp_parts: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
     if span is None:
         return out
-    by_category: dict[int, dict[int, int]] = {}
+    by_name: dict[int, dict[int, list[int]]] = {}  # device -> name id -> [count, total ns]
     for lo in range(span[0], span[1] + 1, chunk_rows):
         hi = min(span[1], lo + chunk_rows - 1)
         cols = read_columns(trace, "kernels", {"d": "device", "s": "start", "e": "end", "n": "name_id"},
@@ -82,17 +79,18 @@ def per_device(trace: Trace, window: Window, kernels: list[dict[str, Any]],
             entry = out.setdefault(device, DeviceKernels(device))
             entry.count += int(on.sum())
             entry.total_ns += int(dur[on].sum())
-            ids, inverse = np.unique(n[on], return_inverse=True)
-            sums = by_category.setdefault(device, {})
-            for i, ns in zip(ids.tolist(), np.bincount(inverse, weights=dur[on]).tolist(), strict=True):
-                sums[i] = sums.get(i, 0) + int(ns)
+            ids, inverse, counts = np.unique(n[on], return_inverse=True, return_counts=True)
+            sums = np.bincount(inverse, weights=dur[on]).tolist()
+            for i, c, ns in zip(ids.tolist(), counts.tolist(), sums, strict=True):
+                name = by_name.setdefault(device, {}).setdefault(i, [0, 0])
+                name[0] += c
+                name[1] += int(ns)
             c, p = on & is_comm, on & ~is_comm
             comm_parts.setdefault(device, []).append((s[c], e[c], n[c]))
             comp_parts.setdefault(device, []).append(merge_intervals(s[p], e[p]))  # merged: few rows kept
     for device, entry in out.items():
-        for i, ns in by_category[device].items():
-            category = category_of.get(i, "other")
-            entry.category_ns[category] = entry.category_ns.get(category, 0) + ns
+        entry.categories = category_breakdown([{"category": category_of.get(i, OTHER), "count": c, "total": ns}
+                                               for i, (c, ns) in by_name[device].items()])
         cs = np.concatenate([part[0] for part in comm_parts[device]])
         ce = np.concatenate([part[1] for part in comm_parts[device]])
         cn = np.concatenate([part[2] for part in comm_parts[device]])
@@ -132,6 +130,15 @@ def overlap_ns(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray
     order = np.argsort(times, kind="stable")
     times, running = times[order], np.cumsum(steps[order])
     return int((np.diff(times)[running[:-1] == 3]).sum())
+
+
+def rank_imbalance(ranks: list[dict[str, Any]], collectives: dict[Any, tuple[np.ndarray, list[str]]],
+                   window_ns: dict[Any, int]) -> dict[str, Any]:
+    """The report's `imbalance`: busy time across the `ranks` entries, and the wait inside collectives."""
+    busy = [r["gpu"]["busy_ns"] or 0 for r in ranks]
+    return {"busy_ns": {"min": min(busy), "max": max(busy),
+                        "spread_share": (max(busy) - min(busy)) / max(busy) if max(busy) else None},
+            "collectives": collective_imbalance(collectives, window_ns)}
 
 
 def collective_imbalance(collectives: dict[Any, tuple[np.ndarray, list[str]]],
