@@ -73,7 +73,9 @@ def prepare(inputs: Path) -> dict[str, list[str]]:
         if f.name.endswith(".sqlite.xz"):
             traces["foreign_" + f.name[:-10]] = _unxz(f, inputs / f.name[:-3])
         elif f.name.endswith(".json.gz"):
-            traces["foreign_" + f.name[:-8]] = f
+            if not (inputs / f.name).exists():
+                shutil.copy(f, inputs / f.name)
+            traces["foreign_" + f.name[:-8]] = inputs / f.name
     tune = _untar(DATA / "h100_tune.tar.xz", inputs / "h100_tune")
     host = _untar(DATA / "h100_host.tar.xz", inputs / "h100_host")
     pair = _untar(DATA / "vllm_serve_pair.tar.xz", inputs / "serve_pair")
@@ -96,7 +98,9 @@ def prepare(inputs: Path) -> dict[str, list[str]]:
         for window in ("auto", "all"):
             for fmt in FORMATS:
                 cases[f"report-{name}-{window}.{fmt}"] = ["report", str(path), "--window", window, "--format", fmt]
-    kv = DATA / "vllm_serve_kv300mb"
+    kv = inputs / "vllm_serve_kv300mb"
+    if not kv.exists():
+        shutil.copytree(DATA / "vllm_serve_kv300mb", kv)
     evidence = ["--bench", str(kv / "bench.json"), "--vllm-log", str(kv / "server.log"), "--metrics",
                 str(kv / "metrics-before.txt"), "--metrics", str(kv / "metrics-after.txt"), "--vllm-args",
                 (kv / "vllm_args.txt").read_text().strip()]
