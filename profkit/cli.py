@@ -92,15 +92,18 @@ def report(traces: tuple[Path, ...], window: str, fmt: str, output: Path | None,
                            progress=steps.step, bench=bench, vllm_log=vllm_log, metrics=list(metrics) or None,
                            vllm_args=vllm_args, rules_dirs=list(rules_dirs), host=host_json, jobs=jobs,
                            dask=dask_address)
+    from profkit.capture.folder import PROTECTED
+
     inputs = [p for p in (*traces, bench, vllm_log, host_json, *metrics) if p is not None]
+    document = doc.document()
     if output:
-        refuse_overwrite(output, inputs)
+        refuse_overwrite(output, inputs, protected=PROTECTED)
     if save_db:
         from profkit.compare.history import save_run
 
-        run_id = save_run(save_db, doc, label=label, inputs=inputs)
+        run_id = save_run(save_db, document, label=label, inputs=inputs)
         click.echo(f"saved run {run_id} in {save_db}", err=True)
-    emit(_render(doc, fmt, top), output)
+    emit(_render(document, fmt, top), output)
 
 
 @cli.command("diff")
@@ -125,8 +128,10 @@ def diff_cmd(before: str, after: str, fmt: str, output: Path | None, noise: str,
     conditions = [parse_condition(c) for c in fail_on]  # bad conditions fail before any work
     threshold = _parse_share(noise, "--noise")
     if output:
+        from profkit.capture.folder import PROTECTED
+
         refuse_overwrite(output, [Path(before.rsplit(":", 1)[0]), Path(after.rsplit(":", 1)[0]), Path(before),
-                              Path(after)])
+                                  Path(after)], protected=PROTECTED)
     doc = diff(before, after, noise=threshold)
     failed = check(doc, conditions)
     doc["gate"] = {"conditions": [c.text for c in conditions], "failed": failed}
@@ -225,25 +230,17 @@ def capture(tool: str, out: Path | None, dry_run: bool, capture_range: bool, del
     profkit capture [options] -- vllm bench throughput|latency ARGS...
     profkit capture [options] serve --model M [--server-args "..."] [--bench-args "..."]
     """
-    import shlex
     import time
 
-    from profkit.capture.plan import CaptureOptions, plan_offline, plan_serve
+    from profkit.capture.plan import CaptureOptions, commands_from_cli
+    from profkit.capture.plan import plan as make_plan
     from profkit.capture.run import main_interrupt_safe, run_capture
 
     folder = out or Path(time.strftime("capture-%Y%m%d-%H%M%S"))
-    try:
-        server_words, bench_words = shlex.split(server_args), shlex.split(bench_args)
-    except ValueError as exc:
-        raise ProfkitError(f"--server-args/--bench-args: {exc} (quote as in a shell)") from None
-    opts = CaptureOptions(out=folder, tool=tool, nsys=nsys_exe, vllm=vllm_exe, capture_range=capture_range,
-                          delay_s=delay, duration_s=duration, cpu_switches=cpu_switches, timeout_s=timeout,
-                          bench_cmd=list(command), model=model, server_args=server_words, bench_args=bench_words,
-                          port=port, health_timeout_s=health_timeout)
-    try:
-        plan = plan_serve(opts) if list(command) == ["serve"] else plan_offline(opts)
-    except ValueError as exc:
-        raise ProfkitError(str(exc)) from None
+    user = commands_from_cli(list(command), model, server_args, bench_args, port, vllm=vllm_exe, verb="capture")
+    plan = make_plan(CaptureOptions(out=folder, user=user, tool=tool, nsys=nsys_exe, capture_range=capture_range,
+                                    delay_s=delay, duration_s=duration, cpu_switches=cpu_switches, timeout_s=timeout,
+                                    health_timeout_s=health_timeout))
     if dry_run:
         for line in plan.commands():
             click.echo(line)
@@ -284,14 +281,16 @@ def tune(budget: int, objective: str, slos: tuple[str, ...], profile: str, repli
     """
     import time
 
-    from profkit.tune.loop import TuneOptions, Tuner, dry_run_lines, parse_slo, user_from_cli
+    from profkit.capture.plan import commands_from_cli
+    from profkit.tune.loop import TuneOptions, Tuner, dry_run_lines, parse_slo
     from profkit.tune.render import render_tune
 
     folder = out or Path(time.strftime("tune-%Y%m%d-%H%M%S"))
-    opts = TuneOptions(out=folder, user=user_from_cli(list(command), model, server_args, bench_args, port),
+    user = commands_from_cli(list(command), model, server_args, bench_args, port, verb="tune")
+    opts = TuneOptions(out=folder, user=user,
                        budget=budget, objective=objective, slos=[parse_slo(s) for s in slos], profile=profile,
                        replicates=replicates, candidate_runs=candidate_runs, patience=patience, nsys=nsys_exe,
-                       port=port, timeout_s=timeout,
+                       timeout_s=timeout,
                        health_timeout_s=health_timeout, rules_dirs=list(rules_dirs))
     if dry_run:
         for line in dry_run_lines(opts):
@@ -344,11 +343,11 @@ def rules_explain(rule_id: str, rules_dirs: tuple[Path, ...]) -> None:
 
 @rules.command("facts")
 def rules_facts() -> None:
-    """The facts rule conditions may read."""
-    from profkit.diagnose.facts import FACT_DOCS
+    """The facts rule conditions may read: name, unit, what it is."""
+    from profkit.diagnose.facts import FACTS
 
-    for name in sorted(FACT_DOCS):
-        click.echo(f"{name:34} {FACT_DOCS[name]}")
+    for name in sorted(FACTS):
+        click.echo(f"{name:34} {FACTS[name].unit:7} {FACTS[name].doc}")
 
 
 # (document, format) -> (module, function, takes `top`). Imported on demand: the HTML renderers pull in

@@ -58,13 +58,9 @@ def read_text(path: Path, what: str) -> str:
     return data.decode("utf-8", errors="replace")
 
 
-# Files of a capture folder that an output must not replace when the folder itself is the input.
-CAPTURE_FILES = ("trace.sqlite", "manifest.json", "bench.json")
-
-
-def refuse_overwrite(output: Path, inputs: list[Path], what: str = "output") -> None:
-    """An output never lands on an input: the same path, the same file through a symlink or a hard link,
-    or a capture folder's own files."""
+def refuse_overwrite(output: Path, inputs: list[Path], what: str = "output", protected: tuple[str, ...] = ()) -> None:
+    """An output never lands on an input: the same path, the same file through a symlink or a hard link, or,
+    where an input is a folder, one of its `protected` files (a capture folder's own)."""
     output = Path(output)
     if output.is_dir():
         raise ProfkitError(f"{output}: is a directory, not a file; refusing to write the {what} there")
@@ -77,7 +73,7 @@ def refuse_overwrite(output: Path, inputs: list[Path], what: str = "output") -> 
                 same = os.path.samefile(output, inp)
             except OSError:
                 same = False
-        if not same and inp.is_dir() and output.name in CAPTURE_FILES:
+        if not same and inp.is_dir() and output.name in protected:
             same = Path(os.path.realpath(output)).is_relative_to(os.path.realpath(inp))
         if same:
             shown = "" if str(inp) == str(output) else f" ({inp})"

@@ -57,7 +57,7 @@ def report_all(sqlite_path):
 
     def get(name: str) -> dict:
         if name not in cache:
-            cache[name] = build_report(sqlite_path(name), window="all")
+            cache[name] = build_report(sqlite_path(name), window="all").document()
         return cache[name]
 
     return get

@@ -28,7 +28,7 @@ def _report(path, window: str, monkeypatch, adbc: bool) -> tuple[dict, int]:
 
     monkeypatch.setattr(columns, "_read_adbc", spy)
     monkeypatch.setattr(columns, "ADBC_MIN_ROWS", 0 if adbc else 1 << 62)
-    report = build_report(path, window=window)
+    report = build_report(path, window=window).document()
     report.pop("profkit_version")
     return report, len(reads)
 

@@ -15,18 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from profkit.diagnose.command import (
+from profkit.capture.folder import manifest_user_command, without_capture_args
+from profkit.diagnose.suggestion import suggest
+from profkit.diagnose.vllm_command import (
     UserCommand,
     VllmCommand,
-    apply_change,
-    drop_capture_args,
-    from_log,
-    from_manifest,
-    parse_command_text,
-    split_vllm,
-    suggest,
+    check_recorded,
+    from_non_default_args,
+    recorded_specs,
 )
-from profkit.diagnose.vllm_cli import check_recorded, recorded_specs
+from profkit.evidence.manifest import parse_manifest
 from profkit.report import build_report
 from tests.conftest import FIXTURES
 
@@ -75,7 +73,7 @@ def test_recorded_options_match_the_help_texts() -> None:
 
 
 def test_capture_folder_suggestion_is_the_users_command_minus_enforce_eager(eager_capture: Path) -> None:
-    doc = build_report(eager_capture)
+    doc = build_report(eager_capture).document()
     cmd = doc["command"]
     assert cmd["source"].startswith("capture manifest")
     assert cmd["original"] == [USER_EAGER]  # nsys and --output-json into the folder taken off
@@ -96,7 +94,7 @@ def test_every_format_shows_the_same_command(eager_capture: Path) -> None:
     from profkit.render.markdown import render_markdown
     from profkit.render.text import render_text
 
-    doc = build_report(eager_capture)
+    doc = build_report(eager_capture).document()
     after = doc["suggested_command"]
     assert f"  after:  {after}\n" in render_text(doc)
     md = render_markdown(doc)
@@ -125,7 +123,7 @@ def test_every_format_shows_the_same_command(eager_capture: Path) -> None:
 ])
 def test_apply_change(args: str, flag: str, to, expect: str, action: str) -> None:
     cmd = VllmCommand(["vllm"], ["bench", "throughput"], shlex.split(args))
-    new, did, _ = apply_change(cmd, flag, to)
+    new, did, _ = cmd.apply(flag, to)
     assert (shlex.join(new.args), did) == (expect, action)
     assert shlex.split(new.shell()) == new.argv()  # round trip through the shell
     assert check_recorded(new.argv()[1:]).ok
@@ -134,18 +132,18 @@ def test_apply_change(args: str, flag: str, to, expect: str, action: str) -> Non
 def test_quoting_survives_paths_and_json() -> None:
     text = ("vllm serve '/models/my model' --served-model-name 'a b' --compilation-config "
             """'{"level": 3, "cudagraph_capture_sizes": [1, 2, 4]}'""")
-    cmd = parse_command_text(text)
+    cmd = VllmCommand.parse(text)
     assert cmd.subcommand == ["serve"] and cmd.args[0] == "/models/my model"
     s = suggest(UserCommand([cmd], "--vllm-args"), [{"flag": "--max-num-seqs", "to": 64}])
     assert shlex.split(s.text()) == [*cmd.argv(), "--max-num-seqs", "64"]
-    assert s.checks[0]["ok"], s.checks
+    assert s.checks[0].ok, s.checks
 
 
 def test_vllm_args_forms(sqlite_path) -> None:
-    full = build_report(sqlite_path("eager_b1"), vllm_args=USER_EAGER)
+    full = build_report(sqlite_path("eager_b1"), vllm_args=USER_EAGER).document()
     assert full["command"]["source"] == "--vllm-args"
     assert full["suggested_command"] == USER_EAGER.removesuffix(" --enforce-eager")
-    flags = build_report(sqlite_path("eager_b1"), vllm_args="--max-num-seqs 64 --enforce-eager")
+    flags = build_report(sqlite_path("eager_b1"), vllm_args="--max-num-seqs 64 --enforce-eager").document()
     assert flags["suggested_command"] == "--max-num-seqs 64"  # a bare flag list stays a flag list
     assert flags["command"]["checks"][0]["ok"]
 
@@ -153,7 +151,7 @@ def test_vllm_args_forms(sqlite_path) -> None:
 def test_serve_suggestion_from_the_log_is_said_as_such(sqlite_path) -> None:
     """No manifest, no --vllm-args: rebuilt from the real serve log's non-default args, said as such."""
     doc = build_report(sqlite_path("hostgap_b16"), vllm_log=REAL_SERVE / "server.log",
-                       metrics=[REAL_SERVE / "metrics-before.txt", REAL_SERVE / "metrics-after.txt"])
+                       metrics=[REAL_SERVE / "metrics-before.txt", REAL_SERVE / "metrics-after.txt"]).document()
     cmd = doc["command"]
     assert cmd["source"].startswith("vLLM log's non-default args (the command you ran is not known")
     assert cmd["original"] == [
@@ -163,21 +161,22 @@ def test_serve_suggestion_from_the_log_is_said_as_such(sqlite_path) -> None:
 
 
 def test_manifest_lines_lose_profiler_and_folder_arguments() -> None:
-    serve = split_vllm(shlex.split(
+    serve = VllmCommand.find_in(shlex.split(
         "nsys profile -t cuda --force-overwrite=true -o /c/trace vllm serve /tmp/tiny --max-num-seqs 4 --port 8011 "
         """--profiler-config '{"profiler": "torch", "torch_profiler_dir": "/c/torch"}'"""))
-    assert drop_capture_args(serve).argv() == ["vllm", "serve", "/tmp/tiny", "--max-num-seqs", "4", "--port", "8011"]
-    client = split_vllm(shlex.split(
+    assert without_capture_args(serve).argv() == ["vllm", "serve", "/tmp/tiny", "--max-num-seqs", "4", "--port", "8011"]
+    client = VllmCommand.find_in(shlex.split(
         "vllm bench serve --backend vllm --model /tmp/tiny --port 8011 --num-prompts 200 --save-result "
         "--result-dir /c --result-filename bench.json --profile"))
-    assert drop_capture_args(client).args == ["--backend", "vllm", "--model", "/tmp/tiny", "--port", "8011",
+    assert without_capture_args(client).args == ["--backend", "vllm", "--model", "/tmp/tiny", "--port", "8011",
                                               "--num-prompts", "200"]
     # A user's own --output-json elsewhere is theirs, and stays.
-    own = split_vllm(["python3", "-m", "vllm.entrypoints.cli.main", "bench", "latency", "--output-json", "/r/x.json"])
+    own = VllmCommand.find_in(["python3", "-m", "vllm.entrypoints.cli.main", "bench", "latency", "--output-json",
+                               "/r/x.json"])
     assert own.program == ["python3", "-m", "vllm.entrypoints.cli.main"]
-    assert drop_capture_args(own).args == ["--output-json", "/r/x.json"]
-    manifest = json.loads((EAGER_CAPTURE / "manifest.json").read_text())
-    assert [c.shell() for c in from_manifest(manifest).commands] == [USER_EAGER]
+    assert without_capture_args(own).args == ["--output-json", "/r/x.json"]
+    manifest = parse_manifest(json.loads((EAGER_CAPTURE / "manifest.json").read_text()), "manifest.json")
+    assert [c.shell() for c in manifest_user_command(manifest).commands] == [USER_EAGER]
 
 
 def test_unknown_or_invalid_flags_fail_the_check() -> None:
@@ -192,5 +191,5 @@ def test_unknown_or_invalid_flags_fail_the_check() -> None:
 def test_from_log_keeps_only_what_the_user_set() -> None:
     log = {"tokenizer": "/tmp/tiny", "max_model_len": 2048, "enforce_eager": True, "enable_lora": None,
            "reasoning_parser_plugin": "", "enable_bf16x3_router_gemm": False, "model": "/tmp/tiny"}
-    user = from_log(log, {"requests_per_second": 118.9})
+    user = from_non_default_args(log, offline=True)
     assert user.commands[0].shell() == "vllm bench throughput --model /tmp/tiny --max-model-len 2048 --enforce-eager"

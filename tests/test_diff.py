@@ -39,7 +39,7 @@ def saved(sqlite_path, tmp_path_factory):
     def get(name: str) -> Path:
         if name not in cache:
             path = folder / f"{name}.json"
-            path.write_text(render_json(build_report(sqlite_path(name))))
+            path.write_text(render_json(build_report(sqlite_path(name)).document()))
             cache[name] = path
         return cache[name]
 
@@ -100,7 +100,7 @@ def test_torch_pair() -> None:
     # not inherit that handle (forked workers failed on it with ECHILD, "No child processes").
     from profkit.report import build_report
 
-    build_report(TORCH / "torch_eager_b1.json.gz")
+    build_report(TORCH / "torch_eager_b1.json.gz").document()
     doc = diff(str(TORCH / "torch_eager_b1.json.gz"), str(TORCH / "torch_graphs_b16.json.gz"))
     assert doc["before"]["kind"] == doc["after"]["kind"] == "torch-trace"
     assert "launch-overhead" in doc["findings"]["resolved"]
@@ -131,7 +131,7 @@ def test_evidence_only_sides(tmp_path: Path) -> None:
 def test_replicates_measure_the_noise(tmp_path: Path) -> None:
     """Two runs of one configuration per side: their spread is the threshold (here real figures of the
     recorded serve run, and the same run with its throughput moved within and beyond that spread)."""
-    base = build_report(None, bench=REAL_SERVE / "bench.json", vllm_log=REAL_SERVE / "server.log")
+    base = build_report(None, bench=REAL_SERVE / "bench.json", vllm_log=REAL_SERVE / "server.log").document()
     rt = base["vllm"]["bench"]["requests_per_second"]
 
     def with_rt(value: float) -> dict:
@@ -270,7 +270,7 @@ def _bench(folder: Path) -> float:
 def test_real_serve_pair_before_and_after_the_suggestion(real_pair: Path, tmp_path: Path) -> None:
     before_runs = sorted((real_pair / "before").iterdir())
     # the AFTER side is exactly the command profkit suggested for the first BEFORE run
-    suggested = build_report(before_runs[0])["command"]["suggested_argv"]
+    suggested = build_report(before_runs[0]).document()["command"]["suggested_argv"]
     after_manifest = json.loads((real_pair / "after" / "r1" / "manifest.json").read_text())
     assert suggested == after_manifest["user_commands"]
     doc = diff(str(real_pair / "before"), str(real_pair / "after"))

@@ -11,16 +11,19 @@ import os
 import shlex
 from pathlib import Path
 
+import msgspec
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from profkit.analysis.vllm import parse_args, parse_bench, parse_log, parse_metrics
 from profkit.compare.gate import parse_condition
-from profkit.diagnose.command import VllmCommand, apply_change, parse_command_text
 from profkit.diagnose.engine import RuleError, load_rule_file
 from profkit.diagnose.facts import known_fact_names
+from profkit.diagnose.vllm_command import VllmCommand
 from profkit.errors import ProfkitError
+from profkit.evidence.bench import parse_bench
+from profkit.evidence.metrics import parse_metrics
+from profkit.evidence.vllm_log import parse_log
 from profkit.inputs import one_line
 
 EXAMPLES = int(os.environ.get("PROFKIT_FUZZ_EXAMPLES", "150"))
@@ -59,7 +62,7 @@ def test_log_parser(lines: list[str], mutations: list[tuple[int, str]]) -> None:
             line = lines[i % len(lines)]
             cut = i % (len(line) + 1)
             lines[i % len(lines)] = line[:cut] + junk + line[cut:]
-    out = parse_log("\n".join(lines))
+    out = msgspec.to_builtins(parse_log("\n".join(lines)))
     assert finite_numbers(out) and out["stats_lines"] >= 0
 
 
@@ -67,7 +70,7 @@ def test_log_parser(lines: list[str], mutations: list[tuple[int, str]]) -> None:
 @given(json_values)
 def test_bench_parser(data: object) -> None:
     if isinstance(data, dict):
-        assert finite_numbers(parse_bench(data))
+        assert finite_numbers(msgspec.to_builtins(parse_bench(data)))
 
 
 @FUZZ
@@ -78,7 +81,7 @@ def test_metrics_parser(lines: list[str]) -> None:
     except ProfkitError as exc:
         assert printable(exc)
         return
-    assert all(math.isfinite(v) for v in out.values())
+    assert all(math.isfinite(v) for v in out.values.values())
 
 
 @FUZZ
@@ -95,7 +98,7 @@ def test_gate_conditions(text: str) -> None:
 @FUZZ
 @given(st.text(max_size=120))
 def test_flag_text(text: str) -> None:
-    for parse in (parse_args, parse_command_text):
+    for parse in (lambda t: VllmCommand.parse(t).flags(), VllmCommand.parse):
         try:
             parse(text)
         except (ProfkitError, ValueError) as exc:  # shlex: unbalanced quotes -> the caller says which option
@@ -108,7 +111,7 @@ def test_flag_text(text: str) -> None:
        st.sampled_from(["--max-num-seqs", "--enforce-eager", "--kv-cache-memory-bytes", "--kv-cache-dtype"]),
        st.none() | st.booleans() | st.integers(0, 10 ** 6) | st.sampled_from(["fp8", "auto"]))
 def test_apply_change_round_trips(args: list[str], flag: str, to: object) -> None:
-    new, action, _ = apply_change(VllmCommand(["vllm"], ["serve"], args), flag, to)
+    new, action, _ = VllmCommand(["vllm"], ["serve"], args).apply(flag, to)
     assert action in ("edit", "add", "remove", "none")
     assert shlex.split(new.shell()) == new.argv()
 
@@ -206,7 +209,7 @@ def _check_mutated(base: Path, folder: Path, mutations: list[tuple]) -> None:
     conn.close()
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     try:
-        report = build_report(path, window="all")
+        report = build_report(path, window="all").document()
     except ProfkitError as exc:
         assert printable(exc)
     else:
@@ -255,7 +258,7 @@ def test_row_order_and_duplicates_change_nothing(sqlite_path, tmp_path_factory, 
     path = tmp_path_factory.mktemp("order") / "t.sqlite"
     shutil.copyfile(sqlite_path("prefill_long"), path)
     path.chmod(0o644)
-    good = build_report(path, window=window)
+    good = build_report(path, window=window).document()
     with sqlite3.connect(path) as conn:
         for table, order, every in changes:  # rows in another order; every `every`-th row twice (0: none)
             if not conn.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (table,)).fetchone():
@@ -265,7 +268,7 @@ def test_row_order_and_duplicates_change_nothing(sqlite_path, tmp_path_factory, 
             conn.execute(f"CREATE TABLE {table} AS SELECT * FROM (SELECT * FROM old_rows{twice}) ORDER BY {order}")
             conn.execute("DROP TABLE old_rows")
     conn.close()
-    doc = build_report(path, window=window)
+    doc = build_report(path, window=window).document()
     same = ("kernels", "api", "gpu", "gaps", "gap_classes", "timeline", "window", "launch", "steps", "memops",
             "memory_kinds")
     assert {k: doc[k] for k in same} == {k: good[k] for k in same}
@@ -427,7 +430,7 @@ def test_capture_manifests(tmp_path_factory, manifest: object) -> None:
         shutil.copyfile(Path(__file__).parent / "data" / "vllm_serve_kv300mb" / name, folder / name)
     (folder / "manifest.json").write_text(json.dumps(manifest))
     try:
-        report = build_report(folder)
+        report = build_report(folder).document()
     except ProfkitError as exc:
         assert printable(exc) and "manifest.json" in str(exc)
     else:

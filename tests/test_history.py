@@ -28,7 +28,7 @@ def evidence_report() -> dict:
     from profkit.report import build_report
 
     return build_report(None, bench=SERVE / "bench.json", vllm_log=SERVE / "server.log",
-                        metrics=[SERVE / "metrics-before.txt", SERVE / "metrics-after.txt"])
+                        metrics=[SERVE / "metrics-before.txt", SERVE / "metrics-after.txt"]).document()
 
 
 @pytest.fixture

@@ -14,9 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from profkit.analysis.host import read_host
+from profkit.analysis.host import host_section
 from profkit.errors import ProfkitError
+from profkit.evidence.host import read_host as read_samples
 from tests.test_capture import FAKES, free_port
+
+
+def host_section_of(path: Path, bench_seconds: float | None = None) -> dict:
+    return host_section(read_samples(path), bench_seconds)
+
 
 WORKLOAD = "--dataset-name random --random-input-len 1024 --random-output-len 256 --num-prompts 800"
 
@@ -88,12 +94,12 @@ def test_bad_host_json_is_one_line(tmp_path: Path) -> None:
         p = tmp_path / "host.json"
         p.write_text(text)
         with pytest.raises(ProfkitError, match=needle):
-            read_host(p)
+            host_section_of(p)
     # partly readable: the good sample is used, the rest counted as skipped (no failure, no NaN in the facts)
     p.write_text(json.dumps({"schema": "profkit.host/1", "cores": "many", "processes": [
         {"role": "api_server", "cpu": [[0.1, float("nan")], [0.2, -1], [0.3, 0.95], "junk", [1, 2, 3]]},
         "not a process", {"role": 7}], "gpus": [{"util": [[0, 1e300], [1, 0.5]]}]}))
-    host = read_host(p)
+    host = host_section_of(p)
     assert host["roles"]["api_server"]["cpu_mean"] == 0.95 and host["skipped_samples"] == 6
     assert host["cores"] is None and host["gpu_util_mean"] == 0.5
 
@@ -109,7 +115,7 @@ def test_several_api_servers_count_without_their_manager(tmp_path: Path) -> None
     def read(procs: list[dict]) -> dict:
         path = tmp_path / "host.json"
         path.write_text(json.dumps({"schema": "profkit.host/1", "interval_s": 0.1, "cores": 16, "processes": procs}))
-        return read_host(path)
+        return host_section_of(path)
 
     host = read([proc(10, "vllm serve /tmp/tiny --api-server-count 4", "api_server", 0.02),
                  *(proc(11 + i, f"VLLM::APIServer_{i}", "api_server", 0.6 + 0.1 * i) for i in range(4)),
@@ -146,9 +152,9 @@ def test_real_defaults_run_is_frontend_bound_over_the_benchmark_window(h100_tune
     from profkit.report import build_report
 
     run = h100_tune / "s1" / "runs" / "03-kv-preemption"
-    whole = read_host(run / "host.json")
+    whole = host_section_of(run / "host.json")
     assert whole["roles"]["api_server"]["saturated_share"] < 0.5  # the dilution this guards against
-    rep = build_report(run)
+    rep = build_report(run).document()
     f = rep["facts"]
     api_cpu, api_sat = _window_mean(run / "host.json", run / "bench.json", "api_server")
     assert f["host.api_server_cpu"] == pytest.approx(api_cpu)
@@ -169,7 +175,7 @@ def test_real_kv_capped_run_is_engine_bound_and_frontend_quiet(h100_tune: Path) 
     from profkit.report import build_report
 
     run = h100_tune / "s1" / "runs" / "01-baseline"
-    rep = build_report(run)
+    rep = build_report(run).document()
     f = rep["facts"]
     core_cpu, core_sat = _window_mean(run / "host.json", run / "bench.json", "engine_core")
     assert f["host.engine_core_saturated_share"] == pytest.approx(core_sat) and core_sat > 0.9
@@ -232,7 +238,7 @@ def test_real_by_hand_ab_beats_the_defaults_and_diff_says_so(h100_host: Path, tm
     from profkit.report import build_report
 
     for i in (1, 2, 3):
-        rep = build_report(h100_host / f"hand_def{i}")
+        rep = build_report(h100_host / f"hand_def{i}").document()
         finding = next(x for x in rep["findings"] if x["rule"] == "frontend-bound")
         assert finding["changes"][0]["flag"] == "--api-server-count" and finding["changes"][0]["to"] >= 3
 
@@ -242,7 +248,7 @@ def test_real_gpu_bound_control_keeps_the_host_rules_quiet(h100_host: Path) -> N
     at a full core in 4 % of the samples. Every host rule was evaluated and none fired."""
     from profkit.report import build_report
 
-    rep = build_report(h100_host / "ctl")
+    rep = build_report(h100_host / "ctl").document()
     f = rep["facts"]
     assert f["gpu.busy"] > 0.9 and f["host.api_server_saturated_share"] < 0.1
     assert HOST_RULES.isdisjoint(x["rule"] for x in rep["findings"])
@@ -258,7 +264,7 @@ def test_real_more_api_servers_still_saturated_suggests_the_next_step(h100_host:
 
     run = next((h100_host / "t17" / "runs").glob("04-*"))
     assert "Running:" not in (run / "server.log").read_text()
-    rep = build_report(run)
+    rep = build_report(run).document()
     assert rep["facts"]["vllm.running_max"] == 2000
     finding = next(x for x in rep["findings"] if x["rule"] == "frontend-bound")
     assert [(c["flag"], c["to"], c["action"]) for c in finding["changes"]] == [("--api-server-count", 4, "edit")]
@@ -274,7 +280,7 @@ def test_trace_context_switches_give_each_process_cpu(sqlite_path, h100_host: Pa
     from profkit.report import build_report
 
     path = sqlite_path("serve_frontend")
-    rep = build_report(path, window="all")
+    rep = build_report(path, window="all").document()
     sc = rep["sched"]
     a = rep["window"]["start_ns"]
     b = a + rep["window"]["duration_ns"]
@@ -299,7 +305,7 @@ def test_trace_context_switches_give_each_process_cpu(sqlite_path, h100_host: Pa
     api = next(p for p in sc["processes"] if roles.get(p["pid"]) == "api_server")
     core = next(p for p in sc["processes"] if roles.get(p["pid"]) == "engine_core")
     assert api["name"] == "vllm" and api["busiest_tid"] == api["pid"]  # the main (event-loop) thread
-    sampled = build_report(h100_host / "nsys_def2")["facts"]["host.api_server_cpu"]
+    sampled = build_report(h100_host / "nsys_def2").document()["facts"]["host.api_server_cpu"]
     assert api["busiest_thread_cores"] > 0.9 and abs(api["busiest_thread_cores"] - sampled) < 0.1
     assert core["busiest_thread_cores"] > 0.8
 
@@ -317,7 +323,7 @@ def test_real_frontend_bound_capture_reports_cpu_steps_and_the_change(sqlite_pat
     folder = tmp_path / "capture"
     shutil.copytree(h100_host / "nsys_def2", folder)
     shutil.copy(sqlite_path("serve_frontend"), folder / "trace.sqlite")
-    rep = build_report(folder)
+    rep = build_report(folder).document()
     assert rep["source"]["kind"] == "nsys-sqlite" and rep["steps"]["count"] == 23 and rep["sched"]["processes"]
     first = rep["findings"][0]
     assert first["rule"] == "frontend-bound" and first["changes"][0]["flag"] == "--api-server-count"

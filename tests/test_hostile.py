@@ -248,7 +248,7 @@ def test_duplicated_and_unordered_rows_are_counted_once_and_said(tmp_path: Path,
     trace = tmp_path / "t.sqlite"
     shutil.copyfile(sqlite_path("thr_graphs"), trace)
     trace.chmod(0o644)
-    good = build_report(trace, window=window)
+    good = build_report(trace, window=window).document()
     k, r = "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME"
     with sqlite3.connect(trace) as conn:
         kernels = conn.execute(f"SELECT count(*) FROM {k}").fetchone()[0]
@@ -258,7 +258,7 @@ def test_duplicated_and_unordered_rows_are_counted_once_and_said(tmp_path: Path,
         == 2 * kernels
     _rewrite_rows(trace, r, "SELECT * FROM {t} UNION ALL SELECT * FROM {t} WHERE rowid % 3 = 0")
     memsets = _rewrite_rows(trace, "CUPTI_ACTIVITY_KIND_MEMSET", "SELECT * FROM {t} UNION ALL SELECT * FROM {t}") // 2
-    doc = build_report(trace, window=window)
+    doc = build_report(trace, window=window).document()
     assert {key: doc[key] for key in SAME} == {key: good[key] for key in SAME}
     said = doc["source"]["inconsistent"]
     assert f"{kernels} duplicated kernel rows (same device, stream, start, end, correlation) counted once" in said
@@ -294,7 +294,7 @@ def test_disorder_and_duplicates_beside_a_row_left_out_are_found(tmp_path: Path,
         truth = conn.execute(f"SELECT count(*) FROM {k} WHERE start BETWEEN ? AND ? AND end >= start "
                              f"AND deviceId >= 0 AND rowid != 502", (s100 - 1000, s100 + 2_000_000)).fetchone()[0]
     window = f"{s100 - 1000}:{s100 + 2_000_000}"
-    report = build_report(trace, window=window)
+    report = build_report(trace, window=window).document()
     assert report["facts"]["kernels.count"] == truth
     assert "1 duplicated kernel rows" in report["source"]["inconsistent"]
 
@@ -311,13 +311,13 @@ def test_duplicated_torch_events_are_counted_once_and_said(tmp_path: Path) -> No
     from tests.conftest import FIXTURES
 
     source = FIXTURES / "h100_toy" / "torch_graphs_b16.json.gz"
-    good = build_report(source, window="all")
+    good = build_report(source, window="all").document()
     doc = json.loads(gzip.decompress(source.read_bytes()))
     twice = doc["traceEvents"][::3]
     doc["traceEvents"] += twice
     trace = tmp_path / "t.pt.trace.json"
     trace.write_text(json.dumps(doc))
-    report = build_report(trace, window="all")
+    report = build_report(trace, window="all").document()
     same = [key for key in SAME if key != "steps"] + ["cpu_ops", "nvtx", "sync"]
     assert {key: report[key] for key in same} == {key: good[key] for key in same}
     said = report["source"]["inconsistent"]
@@ -438,17 +438,21 @@ def test_metadata_after_the_events_of_the_wrong_shape(tmp_path: Path, trailer) -
 def test_benchmark_durations_that_make_no_window(tmp_path: Path) -> None:
     """The host samples' window comes from bench.json's duration: a negative, zero, NaN-like or huge one
     gives every sample (or a window clipped at 0), never an error or an empty report."""
-    from profkit.analysis.host import bench_window, read_host
+    from profkit.analysis.host import bench_window, host_section
+    from profkit.evidence.host import parse_host, read_host
 
     procs = [{"pid": 1, "name": "vllm bench serve", "role": "bench_client", "tree": "client",
               "cpu": [[0.1 * i, 0.5] for i in range(1, 101)]}]
     for seconds in (-5.0, 0.0, float("nan"), float("inf"), "30", None):
-        assert bench_window(procs, seconds) is None
-    assert bench_window(procs, 1e300) == (0.0, 10.0)
-    assert bench_window([{"role": "bench_client", "cpu": "x"}], 3.0) is None
+        assert bench_window(parse_host({"schema": "profkit.host/1", "processes": procs}, "h").processes,
+                            seconds) is None
+    assert bench_window(parse_host({"schema": "profkit.host/1", "processes": procs}, "h").processes,
+                        1e300) == (0.0, 10.0)
+    assert bench_window(parse_host({"schema": "profkit.host/1", "processes": [{"role": "bench_client", "cpu": "x"}]},
+                                   "h").processes, 3.0) is None
     path = tmp_path / "host.json"
     path.write_text(json.dumps({"schema": "profkit.host/1", "cores": 2, "processes": procs}))
-    assert read_host(path, 1e300)["roles"]["bench_client"]["cpu_mean"] == 0.5
+    assert host_section(read_host(path), 1e300)["roles"]["bench_client"]["cpu_mean"] == 0.5
 
 
 def test_context_switches_and_step_kernels_of_the_wrong_shape(tmp_path: Path, sqlite_path) -> None:

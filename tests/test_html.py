@@ -60,7 +60,7 @@ def write(tmp: Path, report: dict) -> Path:
 
 @pytest.mark.parametrize("name", TOY + ["thr_graphs"])
 def test_every_nsys_fixture_renders_within_budget(name: str, sqlite_path, tmp_path: Path) -> None:
-    html = render_html(build_report(sqlite_path(name)))
+    html = render_html(build_report(sqlite_path(name)).document())
     assert len(html.encode()) < BUDGET
     assert "<script" not in html.lower()  # no JavaScript at all: reads with scripts off
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//|url\(\s*["']?https?:""", html)  # no network
@@ -69,13 +69,14 @@ def test_every_nsys_fixture_renders_within_budget(name: str, sqlite_path, tmp_pa
 
 @pytest.mark.parametrize("name", list(TORCH))
 def test_every_torch_fixture_renders_within_budget(name: str, tmp_path: Path) -> None:
-    html = render_html(build_report(TORCH[name]))
+    html = render_html(build_report(TORCH[name]).document())
     assert len(html.encode()) < BUDGET and html.count("<svg") >= 3
 
 
 def test_chromium_renders_the_vllm_report(sqlite_path, tmp_path: Path) -> None:
     vllm = FIXTURES / "h100_vllm"
-    report = build_report(sqlite_path("thr_graphs"), bench=vllm / "thr_graphs.json", vllm_log=vllm / "thr_graphs.log")
+    report = build_report(sqlite_path("thr_graphs"), bench=vllm / "thr_graphs.json",
+                          vllm_log=vllm / "thr_graphs.log").document()
     dom, log, shot = browse(write(tmp_path, report), tmp_path)
     assert "CONSOLE" not in log and "Uncaught" not in log
     assert "Findings (3)" in dom and "GPU waits on the host between steps" in dom
@@ -93,7 +94,7 @@ def test_hostile_kernel_name_renders_as_text(sqlite_path, tmp_path: Path) -> Non
             "SELECT demangledName, shortName FROM CUPTI_ACTIVITY_KIND_KERNEL GROUP BY demangledName "
             "ORDER BY sum(end - start) DESC LIMIT 1").fetchone()
         conn.execute("UPDATE StringIds SET value = ? WHERE id IN (?, ?)", (HOSTILE, demangled, short))
-    report = build_report(trace)
+    report = build_report(trace).document()
     assert report["kernels"][0]["name"] == HOSTILE
     html = render_html(report)
     assert HOSTILE not in html
@@ -115,7 +116,7 @@ def test_capture_folder_html(sqlite_path, tmp_path: Path) -> None:
     shutil.copyfile(sqlite_path("hostgap_b16"), folder / "trace.sqlite")
     for name in ("bench.json", "server.log", "metrics-before.txt", "metrics-after.txt"):
         shutil.copyfile(REAL_SERVE / name, folder / name)
-    html = render_html(build_report(folder))
+    html = render_html(build_report(folder).document())
     assert "Requests preempted for lack of KV cache" in html
     # No manifest: the command is rebuilt from the log's non-default args, and says so; the cap is struck out.
     assert "from the vLLM log&#39;s non-default args" in html
@@ -128,7 +129,7 @@ def test_markdown_for_a_ticket(sqlite_path) -> None:
     from tests.test_rules import REAL_SERVE
 
     report = build_report(sqlite_path("hostgap_b16"), vllm_log=REAL_SERVE / "server.log",
-                          metrics=[REAL_SERVE / "metrics-before.txt", REAL_SERVE / "metrics-after.txt"])
+                          metrics=[REAL_SERVE / "metrics-before.txt", REAL_SERVE / "metrics-after.txt"]).document()
     md = render_markdown(report)
     assert "**[critical] Requests preempted for lack of KV cache** (kv-preemption)" in md
     assert "| `--kv-cache-memory-bytes` | 300000000 (vLLM log) | **(remove the flag)** | remove |" in md

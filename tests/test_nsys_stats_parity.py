@@ -135,7 +135,7 @@ def test_long_gaps_equal_gpu_gaps_rule(name: str, sqlite_path) -> None:
     from profkit.report import build_report
 
     theirs = {(int(r["Start (ns)"]), int(r["Duration (ns)"])) for r in nsys_csv(name, "gpu_gaps")}
-    report = build_report(sqlite_path(name), window="all", gap_threshold_ns=500_000_000)
+    report = build_report(sqlite_path(name), window="all", gap_threshold_ns=500_000_000).document()
     ours = {(g["start_ns"], g["duration_ns"]) for g in report["gaps"]}
     assert len(ours) == min(50, len(theirs))  # the report lists the 50 longest
     assert ours <= theirs

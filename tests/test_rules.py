@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import msgspec
 import pytest
 
-from profkit.analysis.vllm import parse_args, parse_log, parse_metrics
 from profkit.diagnose.engine import RuleError, evaluate, load_rule_file, load_rules
 from profkit.diagnose.facts import known_fact_names
+from profkit.diagnose.vllm_command import VllmCommand
+from profkit.evidence.metrics import parse_metrics
+from profkit.evidence.vllm_log import parse_log
 from profkit.report import build_report
 from tests.conftest import FIXTURES
 from tests.test_cli_and_bad_input import assert_one_line_error, profkit
@@ -28,7 +31,7 @@ def auto(sqlite_path):
     def get(name: str, **kw) -> dict:
         key = name + json.dumps({k: str(v) for k, v in kw.items()}, sort_keys=True)
         if key not in cache:
-            cache[key] = build_report(sqlite_path(name), **kw)
+            cache[key] = build_report(sqlite_path(name), **kw).document()
         return cache[key]
 
     return get
@@ -79,7 +82,7 @@ def test_kv_preemption_from_the_log_stats_line(auto, tmp_path: Path) -> None:
     log = tmp_path / "server.log"
     log.write_text("\n".join([STATS.format(pre="", kv="41.0"), STATS.format(pre="Preemptions: 12, ", kv="99.2"),
                               STATS.format(pre="Preemptions: 19, ", kv="100.0")]))
-    info = parse_log(log.read_text())
+    info = msgspec.to_builtins(parse_log(log.read_text()))
     assert info["preemptions_total"] == 31 and info["kv_cache_usage_max"] == 100.0 and info["waiting_max"] == 148
     r = auto("thr_graphs", vllm_log=log, vllm_args="--kv-cache-memory-bytes 300000000 --max-num-seqs 256")
     f = next(f for f in r["findings"] if f["rule"] == "kv-preemption")
@@ -119,7 +122,7 @@ def test_metrics_counter_delta_drives_preemptions(auto, tmp_path: Path) -> None:
     label = '{engine="0",model_name="/tmp/tiny"}'
     before.write_text(f"{head}vllm:num_preemptions_total{label} 4.0\n{gauge}vllm:kv_cache_usage_perc{label} 0.0\n")
     after.write_text(f"{head}vllm:num_preemptions_total{label} 35.0\n{gauge}vllm:kv_cache_usage_perc{label} 0.97\n")
-    assert parse_metrics(after.read_text())["vllm:num_preemptions_total"] == 35.0
+    assert parse_metrics(after.read_text()).values["vllm:num_preemptions_total"] == 35.0
     r = auto("thr_graphs", metrics=[before, after])
     assert r["facts"]["vllm.preemptions"] == 31
     assert "kv-preemption" in fired(r)
@@ -134,9 +137,9 @@ def test_bench_json_and_flags_become_facts(auto) -> None:
     assert r["facts"]["vllm.kv_cache_tokens"] == 2278784
 
 
-def test_parse_args() -> None:
-    flags = parse_args("--max-num-seqs 64 --enforce-eager --gpu-memory-utilization=0.85 --no-enable-prefix-caching "
-                       "--kv-cache-dtype fp8")
+def test_flags_of_a_flag_list() -> None:
+    flags = VllmCommand.parse("--max-num-seqs 64 --enforce-eager --gpu-memory-utilization=0.85 "
+                              "--no-enable-prefix-caching --kv-cache-dtype fp8").flags()
     assert flags == {"max_num_seqs": 64, "enforce_eager": True, "gpu_memory_utilization": 0.85,
                      "enable_prefix_caching": False, "kv_cache_dtype": "fp8"}
 
@@ -167,7 +170,7 @@ def test_graph_coverage_and_communication_rules(auto) -> None:
     assert evaluate(rule, facts)[0] == []
     facts.update({"category.communication.share": 0.3, "config.tensor_parallel_size": 4})
     found = evaluate(rule, facts)[0]
-    assert found and found[0]["changes"][0]["to"] == 2
+    assert found and found[0].changes[0].to == 2
 
 
 def write_rule(folder: Path, name: str, text: str) -> Path:
@@ -243,12 +246,12 @@ REAL_SERVE = Path(__file__).parent / "data" / "vllm_serve_kv300mb"
 
 
 def test_real_vllm_serve_log_metrics_and_bench() -> None:
-    log = parse_log((REAL_SERVE / "server.log").read_text())
+    log = msgspec.to_builtins(parse_log((REAL_SERVE / "server.log").read_text()))
     assert log["kv_cache_tokens"] == 9152 and log["kv_cache_usage_max"] == 95.6 and log["waiting_max"] == 125
     assert log["non_default_args"]["kv_cache_memory_bytes"] == 300000000
     assert "preemptions_total" not in log  # vLLM 0.26 does not log preemptions
     after = parse_metrics((REAL_SERVE / "metrics-after.txt").read_text())
-    assert after["vllm:num_preemptions_total"] == 29.0
+    assert after.values["vllm:num_preemptions_total"] == 29.0
     bench = json.loads((REAL_SERVE / "bench.json").read_text())
     assert bench["completed"] == 200
 

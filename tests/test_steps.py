@@ -8,6 +8,7 @@ import re
 
 import pytest
 
+from profkit.capture.folder import CaptureFolder
 from profkit.report import build_report
 from profkit.traces import open_trace
 from tests.conftest import FIXTURES, REPO
@@ -19,7 +20,7 @@ STEP = re.compile(r"execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)")
 
 def brute_force(path) -> list[tuple[int, int, bool]]:
     """(cycle, GPU busy, prefill) per step from the raw events: a plain Python union per step."""
-    with open_trace(path) as trace:
+    with open_trace(CaptureFolder(path).traces()[0]) as trace:
         marks = [(s, e, n) for s, e, n in trace.query("SELECT start, end, name FROM nvtx WHERE style = 'CPU' "
                                                       "ORDER BY start") if STEP.search(n)]
         ops = sorted(trace.query("SELECT start, end FROM kernels UNION ALL SELECT start, end FROM memops"))
@@ -43,7 +44,7 @@ def brute_force(path) -> list[tuple[int, int, bool]]:
 
 @pytest.mark.parametrize("name", sorted(TRACES))
 def test_steps_equal_a_brute_force_union(name: str) -> None:
-    doc = build_report(TRACES[name], window="all")
+    doc = build_report(TRACES[name], window="all").document()
     steps = doc["steps"]
     expected = brute_force(TRACES[name])
     assert steps["count"] == len(expected) > 30
@@ -56,7 +57,7 @@ def test_steps_equal_a_brute_force_union(name: str) -> None:
 
 
 def test_no_annotations_no_steps(sqlite_path) -> None:
-    doc = build_report(sqlite_path("graphs_b1"))
+    doc = build_report(sqlite_path("graphs_b1")).document()
     assert doc["steps"] is None and doc["facts"]["steps.count"] is None
 
 
@@ -101,7 +102,7 @@ def test_nsys_steps_from_vllms_own_kernels(sqlite_path) -> None:
     come from vLLM's per-step kernels, each with the host's scheduling gap before it, checked against a
     brute-force pass over the raw events. The offline throughput trace gives its prefill steps too."""
     for name, count, prefills in (("serve_frontend", 23, 23), ("thr_graphs", 139, 11)):
-        doc = build_report(sqlite_path(name), window="all")
+        doc = build_report(sqlite_path(name), window="all").document()
         steps = doc["steps"]
         expected = brute_force_kernel_steps(sqlite_path(name))
         assert steps["source"].startswith("vLLM's per-step input kernels")
@@ -111,5 +112,5 @@ def test_nsys_steps_from_vllms_own_kernels(sqlite_path) -> None:
             [(c, b, p) for c, b, _, p in expected]
         assert steps["wait_share"] == pytest.approx(sum(w for _, _, w, _ in expected) / sum(c for c, *_ in expected))
     # the frontend-bound server: each step starts after a ~2.5 ms GPU wait while the host schedules it
-    doc = build_report(sqlite_path("serve_frontend"), window="all")
+    doc = build_report(sqlite_path("serve_frontend"), window="all").document()
     assert 2_000_000 < doc["steps"]["wait_p50_ns"] < 3_000_000 and doc["facts"]["steps.wait_share"] > 0.1

@@ -37,7 +37,7 @@ def reports() -> dict:
 
     def get(name: str) -> dict:
         if name not in cache:
-            cache[name] = build_report(TORCH[name], window="all")
+            cache[name] = build_report(TORCH[name], window="all").document()
         return cache[name]
 
     return get
@@ -113,7 +113,7 @@ def test_idle_time_equals_hta(name: str, reports, tmp_path: Path) -> None:
     per event: up to 1 us at each end)."""
     ref = hta_temporal(TORCH[name])
     copy = hta_rounded_copy(TORCH[name], tmp_path / "rounded.json.gz")
-    rounded = build_report(copy, window="all")
+    rounded = build_report(copy, window="all").document()
     # the same whole-microsecond events for both (HTA's own rounding is a no-op on them)
     same = hta_temporal(copy)
     assert rounded["gpu"]["idle_ns"] == same["idle_us"] * 1000
@@ -141,7 +141,7 @@ def test_rules_on_torch_traces(reports) -> None:
 
 def test_temp_database_is_removed() -> None:
     before = set(Path(tempfile.gettempdir()).glob("profkit-*.sqlite"))
-    build_report(TORCH["toy_hostgap_b16"])
+    build_report(TORCH["toy_hostgap_b16"]).document()
     assert set(Path(tempfile.gettempdir()).glob("profkit-*.sqlite")) == before
 
 
@@ -184,7 +184,7 @@ def test_generic_json_layout_goes_through_ijson(tmp_path: Path, reports, monkeyp
     monkeypatch.setattr(kineto, "_load_ijson", lambda *a: calls.append(1) or real(*a))
     p = tmp_path / "compact.json"
     p.write_text(json.dumps(load(TORCH["toy_hostgap_b16"]), separators=(",", ":")))
-    compact = build_report(p, window="all")
+    compact = build_report(p, window="all").document()
     assert calls == [1]
     ref = reports("toy_hostgap_b16")
     assert compact["kernels"] == ref["kernels"] and compact["gpu"] == ref["gpu"]

@@ -188,8 +188,9 @@ def test_dry_run_shows_the_allow_list(env, tmp_path: Path) -> None:
 def test_an_error_mid_run_stops_the_loop_and_keeps_what_was_measured(env, tmp_path: Path) -> None:
     """A rule file broken while the tune runs (as happened on the GPU box): the loop stops with the error in
     tune.json and on stderr, exit 1, and the runs done so far are kept."""
+    from profkit.capture.plan import commands_from_cli
     from profkit.errors import ProfkitError
-    from profkit.tune.loop import Run, TuneOptions, Tuner, user_from_cli
+    from profkit.tune.loop import Run, TuneOptions, Tuner
 
     calls = []
 
@@ -201,7 +202,7 @@ def test_an_error_mid_run_stops_the_loop_and_keeps_what_was_measured(env, tmp_pa
         report = {"vllm": {"bench": {"requests_per_second": 10.0}}, "facts": {}, "findings": []}
         return Run(plan.out, "ok", False, report=report)
 
-    opts = TuneOptions(out=tmp_path / "t", user=user_from_cli(["serve"], "/tmp/tiny", "", "", 8000),
+    opts = TuneOptions(out=tmp_path / "t", user=commands_from_cli(["serve"], "/tmp/tiny", "", "", 8000, verb="tune"),
                        profile="never")
     doc = Tuner(opts, executor=executor).run()
     assert doc["stopped"] == "error: rules/x.yaml:1: when: unknown fact 'gpu.busy'"
@@ -214,7 +215,8 @@ def test_an_error_mid_run_stops_the_loop_and_keeps_what_was_measured(env, tmp_pa
 def test_candidate_runs_measure_each_candidate_like_the_baseline(tmp_path: Path) -> None:
     """--candidate-runs 3 with --replicates 3: an A/B with three runs a side inside the budget of six; the
     candidate's objective is the mean of its three runs and is judged against the baseline's spread."""
-    from profkit.tune.loop import Run, TuneOptions, Tuner, user_from_cli
+    from profkit.capture.plan import commands_from_cli
+    from profkit.tune.loop import Run, TuneOptions, Tuner
 
     rps = iter([30.0, 33.0, 31.0, 55.0, 70.0, 60.0])
     labels = []
@@ -228,8 +230,8 @@ def test_candidate_runs_measure_each_candidate_like_the_baseline(tmp_path: Path)
         report = {"vllm": {"bench": {"requests_per_second": value}}, "facts": {}, "findings": findings}
         return Run(plan.out, "ok", False, report=report)
 
-    opts = TuneOptions(out=tmp_path / "t", user=user_from_cli(["serve"], "/tmp/tiny", "--max-model-len 2048", "",
-                                                               8000),
+    opts = TuneOptions(out=tmp_path / "t", user=commands_from_cli(["serve"], "/tmp/tiny", "--max-model-len 2048", "",
+                                                                   8000, verb="tune"),
                        profile="never", budget=6, replicates=3, candidate_runs=3)
     doc = Tuner(opts, executor=executor).run()
     assert labels == ["01-baseline", "02-baseline-replicate-1", "03-baseline-replicate-2", "04-frontend-bound",

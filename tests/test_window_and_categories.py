@@ -15,7 +15,7 @@ from tests.conftest import FIXTURES, GROUND_TRUTH
 
 @pytest.fixture(scope="module")
 def vllm_auto(sqlite_path) -> dict:
-    return build_report(sqlite_path("thr_graphs"), window="auto")
+    return build_report(sqlite_path("thr_graphs"), window="auto").document()
 
 
 def test_auto_window_finds_the_benchmark_phase(vllm_auto: dict, report_all) -> None:
@@ -34,7 +34,7 @@ def test_auto_window_finds_the_benchmark_phase(vllm_auto: dict, report_all) -> N
 
 
 def test_auto_window_on_a_capture_range_trace_is_the_whole_gpu_span(report_all, sqlite_path) -> None:
-    auto = build_report(sqlite_path("hostgap_b16"), window="auto")
+    auto = build_report(sqlite_path("hostgap_b16"), window="auto").document()
     assert auto["window"]["start_ns"] == report_all("hostgap_b16")["window"]["start_ns"]
     assert auto["window"]["duration_ns"] == report_all("hostgap_b16")["window"]["duration_ns"]
 

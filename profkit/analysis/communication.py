@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from profkit.analysis.categories import OTHER, category_breakdown
+from profkit.analysis.sections import RankPart
 from profkit.analysis.seq import seq_bounds
 from profkit.analysis.stats import CHUNK_ROWS
 from profkit.analysis.window import Window
@@ -132,10 +133,11 @@ def overlap_ns(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray
     return int((np.diff(times)[running[:-1] == 3]).sum())
 
 
-def rank_imbalance(ranks: list[dict[str, Any]], collectives: dict[Any, tuple[np.ndarray, list[str]]],
-                   window_ns: dict[Any, int]) -> dict[str, Any]:
-    """The report's `imbalance`: busy time across the `ranks` entries, and the wait inside collectives."""
-    busy = [r["gpu"]["busy_ns"] or 0 for r in ranks]
+def rank_imbalance(parts: list[RankPart]) -> dict[str, Any]:
+    """The report's `imbalance`: busy time across the ranks, and the wait inside collectives."""
+    busy = [p.entry.gpu["busy_ns"] or 0 for p in parts]
+    collectives = {p.entry.rank: (p.comm_starts, p.comm_names) for p in parts}
+    window_ns = {p.entry.rank: p.window_ns for p in parts}
     return {"busy_ns": {"min": min(busy), "max": max(busy),
                         "spread_share": (max(busy) - min(busy)) / max(busy) if max(busy) else None},
             "collectives": collective_imbalance(collectives, window_ns)}

@@ -153,22 +153,3 @@ def _kernel_steps(trace: Trace, lo: int, hi: int, gaps: DeviceGaps) -> list[tupl
             gap = int(gaps.start[i]) if i >= 0 and gaps.end[i] >= mark else None
         steps.append((gap if gap is not None else mark, mark, flag, 0, 0))
     return steps
-
-
-STEP_FACT_DOCS = {
-    "steps.count": "engine steps in the window (vLLM's step annotations, else its per-step kernels)",
-    "steps.gpu_share": "GPU busy time inside the steps / their total cycle time",
-    "steps.wait_share": "share of step time the GPU waited at a step's start for the host to submit work",
-    "steps.cycle_p50_ns": "median step cycle (one step's start to the next one's)",
-    "steps.decode_cycle_p50_ns": "median cycle of decode-only steps",
-    "steps.prefill_share": "share of steps that carry prefill (context) tokens",
-}
-
-
-def step_facts(steps: dict[str, Any] | None) -> dict[str, Any]:
-    if not steps:
-        return {k: None for k in STEP_FACT_DOCS}
-    return {"steps.count": steps["count"], "steps.gpu_share": steps["gpu_share"],
-            "steps.wait_share": steps["wait_share"], "steps.cycle_p50_ns": steps["all"]["cycle_p50_ns"],
-            "steps.decode_cycle_p50_ns": steps["decode"]["cycle_p50_ns"],
-            "steps.prefill_share": steps["prefill"]["count"] / steps["count"]}

@@ -7,8 +7,6 @@ profiler annotations read `execute_context_N(T)_generation_M(M)`. The other evid
 
 from __future__ import annotations
 
-from typing import Any
-
 from profkit.traces.model import Trace
 
 # LIKE patterns over the trace's names (kernel, API and op names share the strings table; NVTX has its own
@@ -26,22 +24,3 @@ def trace_mentions_vllm(trace: Trace) -> bool:
         where = " OR ".join(["name LIKE ?"] * len(VLLM_NAME_PATTERNS))
         return bool(trace.query(f"SELECT 1 FROM nvtx WHERE {where} LIMIT 1", VLLM_NAME_PATTERNS))
     return False
-
-
-def vllm_run_evidence(evidence: dict[str, Any], has_command: bool, trace_names: bool) -> list[str]:
-    """What shows the run is vLLM's, in words (empty: nothing does)."""
-    found = []
-    if has_command:
-        found.append("the run's vLLM command")
-    for key, words in (("bench", "a vLLM benchmark result"), ("log", "a vLLM log"),
-                       ("metrics", "vLLM /metrics"), ("flags", "vLLM flags")):
-        if evidence.get(key):
-            found.append(words)
-    if trace_names:
-        found.append("vLLM kernel or annotation names in the trace")
-    return found
-
-
-NOT_VLLM_NOTE = ("no evidence this is a vLLM run (no vLLM command, log, benchmark, metrics or flags, and no "
-                 "vLLM kernel or annotation names in the trace): the findings say what the trace shows; no "
-                 "vLLM flags are suggested. Give --vllm-log or --vllm-args (or capture with profkit) for them.")

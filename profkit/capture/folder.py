@@ -1,18 +1,198 @@
-"""The capture folder's `manifest.json`: what ran, when, how it ended, on which GPU and software."""
+"""The capture folder: the ONE place that knows its files, in the manner of sqlite-utils' `Database`.
+
+    folder = CaptureFolder(path)
+    folder.manifest(), folder.bench(), folder.log(), folder.metrics(), folder.host()   # typed records
+    folder.traces(), folder.user_command()
+
+A folder holds `manifest.json` (what ran, when, how it ended, GPU and software), the traces (`trace.nsys-rep`
+and its export `trace.sqlite`, torch.profiler's `torch/*.pt.trace.json.gz`), the benchmark's `bench.json`, the
+logs (`server.log`, `bench.log`), the /metrics scrapes (`metrics-before.txt`, `metrics-after.txt`), the host
+samples (`host.json`) and, after `profkit tune`, the run's `report.json`. Reading goes through the evidence
+readers; writing (the manifest as a capture goes, the samples, the scrapes, the report) through the methods here.
+A failed or interrupted capture still leaves a folder that says what happened and keeps every file written.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import platform
+import shlex
 import subprocess
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from profkit import __version__
-from profkit.capture.plan import Plan, Step
+from profkit.diagnose.vllm_command import UserCommand, VllmCommand
+from profkit.evidence.bench import BenchResult, read_bench
+from profkit.evidence.host import HostSamples, read_host
+from profkit.evidence.manifest import CaptureManifest, read_manifest
+from profkit.evidence.metrics import MetricsScrape, read_metrics
+from profkit.evidence.vllm_log import VllmLog, read_log
 
+MANIFEST = "manifest.json"
+TRACE_BASE = "trace"  # nsys -o trace: trace.nsys-rep, exported to trace.sqlite
+NSYS_REPORT = "trace.nsys-rep"
+TRACE = "trace.sqlite"
+TORCH_DIR = "torch"
+BENCH = "bench.json"
+BENCH_TORCH = "bench-torch.json"  # --tool both: the torch.profiler run's own result
+SERVER_LOG = "server.log"
+BENCH_LOG = "bench.log"
+BENCH_TORCH_LOG = "bench-torch.log"
+EXPORT_LOG = "export.log"
+METRICS_BEFORE = "metrics-before.txt"
+METRICS_AFTER = "metrics-after.txt"
+HOST = "host.json"
+REPORT = "report.json"
+# The files an output must never replace when the folder itself is the input.
+PROTECTED = (TRACE, MANIFEST, BENCH)
+# What `profkit capture` adds to the user's commands for the profiler and the folder, taken off again when a
+# report quotes the command back (older manifests recorded only the command lines as run).
+PROFILER_ONLY_WITH_VALUE = ("--profiler-config",)
+PROFILER_ONLY_FLAGS = ("--profile",)
+RESULT_FILES = (BENCH, BENCH_TORCH)
+
+
+class CaptureFolder:
+    """A capture folder (or a folder of rank traces), read lazily: each record is parsed once."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+
+    def __repr__(self) -> str:
+        return f"CaptureFolder({str(self.path)!r})"
+
+    def file(self, name: str) -> Path:
+        return self.path / name
+
+    @staticmethod
+    def recognise(path: str | os.PathLike) -> bool:
+        """A capture folder: it has a manifest, a benchmark result or a trace export."""
+        p = Path(path)
+        return p.is_dir() and any((p / name).is_file() for name in (MANIFEST, BENCH, TRACE))
+
+    # reading --------------------------------------------------------------------------------------------------
+    def _existing(self, name: str) -> Path | None:
+        p = self.path / name
+        return p if p.is_file() else None
+
+    @property
+    def bench_path(self) -> Path | None:
+        return self._existing(BENCH)
+
+    @property
+    def log_path(self) -> Path | None:
+        """The vLLM log: the server's (serve), else the benchmark's (offline: the engine logs there)."""
+        return self._existing(SERVER_LOG) or self._existing(BENCH_LOG)
+
+    @property
+    def metrics_paths(self) -> list[Path]:
+        return [p for p in (self._existing(METRICS_BEFORE), self._existing(METRICS_AFTER)) if p]
+
+    @property
+    def host_path(self) -> Path | None:
+        return self._existing(HOST)
+
+    def manifest(self) -> CaptureManifest | None:
+        return self._manifest
+
+    @cached_property
+    def _manifest(self) -> CaptureManifest | None:
+        p = self._existing(MANIFEST)
+        return read_manifest(p) if p else None
+
+    def bench(self) -> BenchResult | None:
+        return read_bench(self.bench_path) if self.bench_path else None
+
+    def log(self) -> VllmLog | None:
+        return read_log(self.log_path) if self.log_path else None
+
+    def metrics(self) -> list[MetricsScrape]:
+        return [read_metrics(p) for p in self.metrics_paths]
+
+    def host(self) -> HostSamples | None:
+        return read_host(self.host_path) if self.host_path else None
+
+    def has_evidence(self) -> bool:
+        return bool(self.bench_path or self.log_path or self.metrics_paths or self.host_path
+                    or self._existing(MANIFEST))
+
+    def traces(self) -> list[Path]:
+        """The traces: trace.sqlite alone when it is there, else every nsys export, else every torch trace
+        (torch.profiler writes one per rank: a folder of rank traces reads the same way)."""
+        preferred = self.path / TRACE
+        if preferred.is_file():
+            return [preferred]
+        return (sorted(self.path.glob("*.sqlite")) or sorted(self.path.glob("*.pt.trace.json*"))
+                or sorted(self.path.glob(f"{TORCH_DIR}/*.pt.trace.json*")) or sorted(self.path.glob("*rank*.json*")))
+
+    def user_command(self) -> UserCommand | None:
+        m = self.manifest()
+        return manifest_user_command(m) if m else None
+
+    # writing --------------------------------------------------------------------------------------------------
+    def exists(self) -> bool:
+        return (self.path / MANIFEST).exists()
+
+    def start(self, plan: Any) -> Manifest:
+        """Create the folder and its manifest for `plan` (a capture.plan.Plan): status "running"."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        return Manifest.start(self.path / MANIFEST, plan)
+
+    def write_host(self, data: dict[str, Any]) -> None:
+        _write_atomic(self.path / HOST, json.dumps(data) + "\n")
+
+    def write_metrics(self, which: str, text: str) -> None:
+        """`which`: before | after."""
+        (self.path / {"before": METRICS_BEFORE, "after": METRICS_AFTER}[which]).write_text(text, encoding="utf-8")
+
+    def write_report(self, text: str) -> Path:
+        path = self.path / REPORT
+        path.write_text(text, encoding="utf-8")
+        return path
+
+
+def manifest_user_command(m: CaptureManifest) -> UserCommand | None:
+    """The user's commands: `user_commands` when the manifest has them, else its recorded command lines with
+    what capture added for the profiler and the folder taken off."""
+    if m.user_commands:
+        cmds = [VllmCommand.find_in(c) for c in m.user_commands]
+        if all(cmds):
+            return UserCommand([c for c in cmds if c], "capture manifest")
+    found = []
+    for line in m.commands or []:
+        try:
+            cmd = VllmCommand.find_in(shlex.split(line, comments=True))
+        except ValueError:
+            continue
+        if cmd:
+            found.append(without_capture_args(cmd))
+    return UserCommand(found, "capture manifest (recorded command lines, profiler arguments removed)") \
+        if found else None
+
+
+def without_capture_args(cmd: VllmCommand) -> VllmCommand:
+    """Take off what `profkit capture` added for the profiler and the folder (--profile, --output-json X, ...)."""
+    drop = [*PROFILER_ONLY_FLAGS, *PROFILER_ONLY_WITH_VALUE]
+    output = cmd.given("--output-json")
+    if output is not None and os.path.basename(output) in RESULT_FILES:
+        drop.append("--output-json")
+    if cmd.given("--result-filename") in RESULT_FILES:
+        drop += ["--result-dir", "--result-filename", "--save-result"]
+    return cmd.without(*drop)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
+# --- the manifest, as a capture goes ------------------------------------------------------------------------------
 
 def _version(argv: list[str], timeout: float = 60.0) -> str | None:
     """First line a tool prints about its version, or None (best effort: never fails a capture)."""
@@ -24,7 +204,7 @@ def _version(argv: list[str], timeout: float = 60.0) -> str | None:
     return lines[-1] if out.returncode == 0 and lines else None
 
 
-def environment(plan: Plan) -> dict[str, Any]:
+def environment(plan: Any) -> dict[str, Any]:
     gpu = _version(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"], timeout=20)
     return {
         "host": platform.node(),
@@ -39,20 +219,22 @@ def environment(plan: Plan) -> dict[str, Any]:
 
 @dataclass
 class Manifest:
+    """`manifest.json` while a capture runs: saved whole (a temporary file renamed) after every change."""
+
     path: Path
     data: dict[str, Any] = field(default_factory=dict)
     started: float = 0.0
 
     @classmethod
-    def start(cls, plan: Plan) -> Manifest:
+    def start(cls, path: Path, plan: Any) -> Manifest:
         now = time.time()
-        m = cls(path=plan.out / "manifest.json", started=now, data={
+        m = cls(path=path, started=now, data={
             "profkit_version": __version__,
             "kind": plan.kind,
             "status": "running",
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(now)),
             "commands": plan.commands(),
-            "user_commands": plan.user_commands,
+            "user_commands": [c.argv() for c in plan.user.commands],
             "vllm_args": plan.vllm_args,
             "environment": environment(plan),
             "steps": [],
@@ -62,11 +244,9 @@ class Manifest:
         return m
 
     def save(self) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.data, indent=2) + "\n", encoding="utf-8")
-        tmp.replace(self.path)
+        _write_atomic(self.path, json.dumps(self.data, indent=2) + "\n")
 
-    def step(self, step: Step, started: float, exit_code: int | None, note: str | None = None) -> None:
+    def step(self, step: Any, started: float, exit_code: int | None, note: str | None = None) -> None:
         entry = {"name": step.name, "command": step.shell(), "log": step.log, "exit_code": exit_code,
                  "seconds": round(time.time() - started, 3)}
         if note:
@@ -74,7 +254,7 @@ class Manifest:
         self.data["steps"].append(entry)
         self.save()
 
-    def server_started(self, step: Step, pid: int) -> None:
+    def server_started(self, step: Any, pid: int) -> None:
         self.data["server"] = {"command": step.shell(), "log": step.log, "pid": pid}
         self.save()
 
@@ -93,5 +273,5 @@ class Manifest:
         self.data["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         self.data["seconds"] = round(time.time() - self.started, 3)
         self.data["files"] = sorted(str(p.relative_to(self.path.parent)) for p in self.path.parent.rglob("*")
-                                    if p.is_file() and p.name != "manifest.json")
+                                    if p.is_file() and p.name != MANIFEST)
         self.save()

@@ -19,11 +19,9 @@ per second (1.0 = one core busy).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 SCHEMA = "profkit.host/1"
@@ -31,7 +29,7 @@ SCHEMA = "profkit.host/1"
 
 def role_of(name: str, tree: str, is_root: bool) -> str:
     """vLLM's process titles say what each process is. The server's root is taken for the API server (it is
-    one when there is one); `analysis.host.read_host` relabels it when VLLM::APIServer_N children exist."""
+    one when there is one); `analysis.host.host_section` relabels it when VLLM::APIServer_N children exist."""
     low = name.lower()
     if "nsys" in low or "nsight" in low:
         return "profiler"
@@ -138,9 +136,3 @@ class HostSampler:
             "processes": [p for p in self.procs.values() if p["cpu"]],
             "gpus": [{k: v for k, v in g.items() if k != "_handle"} for g in self.gpus],
         }
-
-
-def write_host_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data) + "\n", encoding="utf-8")
-    tmp.replace(path)

@@ -1,9 +1,11 @@
-"""What a capture runs, as data: options in, exact command lines out (no side effects; `--dry-run`).
+"""What a capture runs, as data: the user's commands and the profiler options in, exact command lines out (no
+side effects; `--dry-run`).
 
-The profiler flags are the part people get wrong, so they live here, in one place:
-nsys traces CUDA, NVTX and OS runtime calls without CPU sampling or context switches (small, fast
-files), follows vLLM's worker processes across fork+exec, and records each kernel of a CUDA graph
-replay (`--cuda-graph-trace=node`) so graph-replayed kernels are visible by name.
+The profiler flags are the part people get wrong, so they live here, in one place: nsys traces CUDA, NVTX and
+OS runtime calls without CPU sampling or context switches (small, fast files), follows vLLM's worker processes
+across fork+exec, and records each kernel of a CUDA graph replay (`--cuda-graph-trace=node`) so
+graph-replayed kernels are visible by name. The user's commands are the ones the run's report quotes back: the
+profiler and the folder's output arguments are added here, never kept in them.
 """
 
 from __future__ import annotations
@@ -13,10 +15,16 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from profkit.capture import folder as files
+from profkit.capture.folder import CaptureFolder
+from profkit.diagnose.vllm_command import UserCommand, VllmCommand
+from profkit.errors import ProfkitError
+
 NSYS_TRACE_FLAGS = ["-t", "cuda,nvtx,osrt", "--sample=none", "--cpuctxsw=none", "--trace-fork-before-exec=true",
                     "--cuda-graph-trace=node"]
 OFFLINE_BENCHES = ("throughput", "latency")
 NSYS_FLUSH_MS = 500  # serve under nsys: CUDA buffers saved this often (nsys --cuda-flush-interval)
+DEFAULT_PORT = 8000
 
 
 @dataclass
@@ -37,9 +45,9 @@ class Step:
 @dataclass
 class CaptureOptions:
     out: Path
+    user: UserCommand  # what runs: `vllm bench throughput|latency ...`, or `vllm serve` and `vllm bench serve`
     tool: str = "nsys"  # nsys | torch | both | none (no profiler: the benchmark's own figures and logs)
     nsys: str = "nsys"
-    vllm: str = "vllm"
     capture_range: bool = False  # nsys records only between vLLM's cudaProfilerStart/Stop (--profile)
     delay_s: float | None = None
     duration_s: float | None = None
@@ -47,13 +55,6 @@ class CaptureOptions:
     # exact, in the trace (SCHED_EVENTS); off by default as vLLM's threads switch often
     cpu_switches: bool = False
     timeout_s: float = 3600.0
-    # offline: the `vllm bench throughput|latency ...` command after `--`
-    bench_cmd: list[str] = field(default_factory=list)
-    # serve
-    model: str | None = None
-    server_args: list[str] = field(default_factory=list)
-    bench_args: list[str] = field(default_factory=list)
-    port: int = 8000
     health_timeout_s: float = 600.0
 
 
@@ -61,6 +62,7 @@ class CaptureOptions:
 class Plan:
     kind: str  # "offline" | "serve"
     out: Path
+    user: UserCommand  # the user's own commands, as the report quotes them back
     runs: list[list[Step]]  # offline: one list of steps per profiler run
     server: Step | None = None  # serve: the long-running server (under nsys when asked)
     bench: Step | None = None
@@ -70,9 +72,10 @@ class Plan:
     health_timeout_s: float = 600.0
     vllm_exe: str = "vllm"
     nsys_exe: str | None = None  # set when nsys records
-    # The user's own commands, without the profiler or the folder's output arguments: what a report
-    # quotes back with flag changes applied (offline: the bench; serve: the server, then its benchmark).
-    user_commands: list[list[str]] = field(default_factory=list)
+
+    @property
+    def folder(self) -> CaptureFolder:
+        return CaptureFolder(self.out)
 
     def commands(self) -> list[str]:
         """Every command line, in order, exactly as it will run."""
@@ -83,6 +86,32 @@ class Plan:
             lines.append(self.bench.shell())
         lines += [s.shell() for s in self.exports]
         return lines
+
+
+def commands_from_cli(command: list[str], model: str | None, server_args: str, bench_args: str, port: int,
+                      vllm: str = "vllm", verb: str = "capture") -> UserCommand:
+    """The run's commands from profkit's command line: `-- vllm bench throughput|latency ...`, or `serve` with
+    --model, --server-args, --bench-args and --port (the server and its benchmark client)."""
+    if command[:1] == ["serve"]:
+        if not model:
+            raise ProfkitError(f"{verb} serve needs --model")
+        try:
+            server_words, bench_words = shlex.split(server_args), shlex.split(bench_args)
+        except ValueError as exc:
+            raise ProfkitError(f"--server-args/--bench-args: {exc} (quote as in a shell)") from None
+        server = VllmCommand([vllm], ["serve"], [model, *server_words, "--port", str(port)])
+        client = VllmCommand([vllm], ["bench", "serve"],
+                             ["--backend", "vllm", "--model", model, "--port", str(port), *bench_words])
+        return UserCommand([server, client], f"{verb} command line")
+    words = command[1:] if command[:1] == ["vllm"] else command
+    if len(words) < 2 or words[0] != "bench" or words[1] not in OFFLINE_BENCHES:
+        raise ProfkitError(f"expected `-- vllm bench throughput|latency ARGS...` (use `profkit {verb} serve` to serve)")
+    return UserCommand([VllmCommand([vllm], words[:2], words[2:])], f"{verb} command line")
+
+
+def plan(opts: CaptureOptions) -> Plan:
+    """The plan for the user's commands: offline (one benchmark) or serve (a server and its benchmark)."""
+    return plan_serve(opts) if opts.user.role("server") else plan_offline(opts)
 
 
 def _nsys_profile(opts: CaptureOptions, output: Path, flush_ms: int | None = None) -> list[str]:
@@ -99,80 +128,72 @@ def _nsys_profile(opts: CaptureOptions, output: Path, flush_ms: int | None = Non
     return argv
 
 
-def _export(opts: CaptureOptions, rep: Path) -> Step:
-    sqlite = rep.with_suffix(".sqlite")
+def _export(opts: CaptureOptions, folder: CaptureFolder) -> Step:
     return Step("nsys export", [opts.nsys, "export", "--type", "sqlite", "--force-overwrite=true", "--output",
-                                str(sqlite), str(rep)], log="export.log", timeout_s=opts.timeout_s)
+                                str(folder.file(files.TRACE)), str(folder.file(files.NSYS_REPORT))],
+                log=files.EXPORT_LOG, timeout_s=opts.timeout_s)
 
 
-def _torch_profile_flags(out: Path) -> list[str]:
-    config = {"profiler": "torch", "torch_profiler_dir": str((out / "torch").resolve())}
+def _torch_profile_flags(folder: CaptureFolder) -> list[str]:
+    config = {"profiler": "torch", "torch_profiler_dir": str(folder.file(files.TORCH_DIR).resolve())}
     return ["--profile", "--profiler-config", json.dumps(config)]
 
 
 def plan_offline(opts: CaptureOptions) -> Plan:
     """`vllm bench throughput|latency` under nsys and/or torch.profiler."""
-    cmd = list(opts.bench_cmd)
-    if cmd[:1] == ["vllm"]:
-        cmd = cmd[1:]
-    if len(cmd) < 2 or cmd[0] != "bench" or cmd[1] not in OFFLINE_BENCHES:
-        raise ValueError("expected `-- vllm bench throughput|latency ARGS...` (use `profkit capture serve` to serve)")
-    out = opts.out
-    bench_args = cmd[2:]
-    base = [opts.vllm, "bench", cmd[1], *bench_args]
+    bench = opts.user.role("offline")
+    if bench is None or bench.subcommand[1:] not in ([b] for b in OFFLINE_BENCHES):
+        raise ProfkitError("expected `-- vllm bench throughput|latency ARGS...` (use `profkit capture serve` to serve)")
+    folder = CaptureFolder(opts.out)
+    base = bench.argv()
     runs: list[list[Step]] = []
     exports: list[Step] = []
+    result = ["--output-json", str(folder.file(files.BENCH))]
     if opts.tool == "none":  # an unprofiled run: only the benchmark's result, logs and flags
-        runs.append([Step("vllm bench", [*base, "--output-json", str(out / "bench.json")], log="bench.log",
-                          timeout_s=opts.timeout_s)])
+        runs.append([Step("vllm bench", [*base, *result], log=files.BENCH_LOG, timeout_s=opts.timeout_s)])
     if opts.tool in ("nsys", "both"):
-        rep = out / "trace.nsys-rep"
         extra = ["--profile", "--profiler-config", json.dumps({"profiler": "cuda"})] if opts.capture_range else []
-        json_out = ["--output-json", str(out / "bench.json")]
-        runs.append([Step("vllm bench under nsys", [*_nsys_profile(opts, out / "trace"), *base, *extra, *json_out],
-                          log="bench.log", timeout_s=opts.timeout_s)])
-        exports.append(_export(opts, rep))
+        runs.append([Step("vllm bench under nsys", [*_nsys_profile(opts, folder.file(files.TRACE_BASE)), *base,
+                                                    *extra, *result],
+                          log=files.BENCH_LOG, timeout_s=opts.timeout_s)])
+        exports.append(_export(opts, folder))
     if opts.tool in ("torch", "both"):
-        name = "bench-torch.json" if opts.tool == "both" else "bench.json"
-        runs.append([Step("vllm bench with torch.profiler",
-                          [*base, *_torch_profile_flags(out), "--output-json", str(out / name)],
-                          log="bench-torch.log" if opts.tool == "both" else "bench.log", timeout_s=opts.timeout_s)])
-    plan = Plan(kind="offline", out=out, runs=runs, exports=exports, vllm_args=bench_args, vllm_exe=opts.vllm,
-                nsys_exe=opts.nsys if exports else None, user_commands=[base])
-    # nsys export runs right after its profile run, before a torch run.
-    if exports:
-        plan.runs[0].append(exports[0])
-        plan.exports = []
-    return plan
+        both = opts.tool == "both"
+        out = ["--output-json", str(folder.file(files.BENCH_TORCH if both else files.BENCH))]
+        runs.append([Step("vllm bench with torch.profiler", [*base, *_torch_profile_flags(folder), *out],
+                          log=files.BENCH_TORCH_LOG if both else files.BENCH_LOG, timeout_s=opts.timeout_s)])
+    if exports:  # nsys export runs right after its profile run, before a torch run
+        runs[0].append(exports.pop())
+    return Plan(kind="offline", out=opts.out, user=opts.user, runs=runs, exports=exports, vllm_args=bench.args,
+                vllm_exe=bench.program[0] if bench.program else "vllm",
+                nsys_exe=opts.nsys if opts.tool in ("nsys", "both") else None)
 
 
 def plan_serve(opts: CaptureOptions) -> Plan:
     """`vllm serve` (under nsys when asked), `vllm bench serve` against it, /metrics before and after."""
-    if not opts.model:
-        raise ValueError("capture serve needs --model")
-    out = opts.out
-    server = [opts.vllm, "serve", opts.model, *opts.server_args, "--port", str(opts.port)]
+    server, client = opts.user.role("server"), opts.user.role("client")
+    if server is None or client is None:
+        raise ProfkitError("a served capture needs the server's and the benchmark's commands")
+    if opts.tool == "both":
+        raise ProfkitError("capture serve records one profiler at a time: --tool nsys or --tool torch")
+    folder = CaptureFolder(opts.out)
+    argv = server.argv()
     if opts.tool == "torch":
-        server += _torch_profile_flags(out)[1:]  # the server takes the config; `bench serve --profile` starts it
-    elif opts.tool == "both":
-        raise ValueError("capture serve records one profiler at a time: --tool nsys or --tool torch")
+        argv += _torch_profile_flags(folder)[1:]  # the server takes the config; `bench serve --profile` starts it
     exports = []
     if opts.tool == "nsys":
         # A served vLLM is stopped, not left to exit: CUDA records still buffered then are lost (on the H100 a
         # 10 s benchmark kept only its first 0.2 s). Buffers saved every NSYS_FLUSH_MS, and a wait of three
         # such intervals after the benchmark (run.py), keep the whole run.
-        server = [*_nsys_profile(opts, out / "trace", flush_ms=NSYS_FLUSH_MS), *server]
-        exports.append(_export(opts, out / "trace.nsys-rep"))
-    bench = [opts.vllm, "bench", "serve", "--backend", "vllm", "--model", opts.model, "--port", str(opts.port),
-             *opts.bench_args, "--save-result", "--result-dir", str(out), "--result-filename", "bench.json"]
+        argv = [*_nsys_profile(opts, folder.file(files.TRACE_BASE), flush_ms=NSYS_FLUSH_MS), *argv]
+        exports.append(_export(opts, folder))
+    bench = [*client.argv(), "--save-result", "--result-dir", str(opts.out), "--result-filename", files.BENCH]
     if opts.tool == "torch":
         bench.append("--profile")  # asks the server to start/stop its torch profiler around the run
-    user_server = [opts.vllm, "serve", opts.model, *opts.server_args, "--port", str(opts.port)]
-    user_bench = [opts.vllm, "bench", "serve", "--backend", "vllm", "--model", opts.model, "--port", str(opts.port),
-                  *opts.bench_args]
-    return Plan(kind="serve", out=out, runs=[],
-                server=Step("vllm serve", server, log="server.log", timeout_s=None),
-                bench=Step("vllm bench serve", bench, log="bench.log", timeout_s=opts.timeout_s),
-                exports=exports, vllm_args=[*opts.server_args, "--port", str(opts.port)], port=opts.port,
-                health_timeout_s=opts.health_timeout_s, vllm_exe=opts.vllm,
-                nsys_exe=opts.nsys if opts.tool == "nsys" else None, user_commands=[user_server, user_bench])
+    port = server.value("--port", DEFAULT_PORT)
+    return Plan(kind="serve", out=opts.out, user=opts.user, runs=[],
+                server=Step("vllm serve", argv, log=files.SERVER_LOG, timeout_s=None),
+                bench=Step("vllm bench serve", bench, log=files.BENCH_LOG, timeout_s=opts.timeout_s),
+                exports=exports, vllm_args=server.args[1:], port=port if isinstance(port, int) else DEFAULT_PORT,
+                health_timeout_s=opts.health_timeout_s, vllm_exe=server.program[0] if server.program else "vllm",
+                nsys_exe=opts.nsys if opts.tool == "nsys" else None)

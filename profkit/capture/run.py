@@ -20,8 +20,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from profkit.capture.folder import Manifest
-from profkit.capture.host import HostSampler, write_host_json
+from profkit.capture import folder as files
+from profkit.capture.folder import CaptureFolder, Manifest
+from profkit.capture.host import HostSampler
 from profkit.capture.plan import NSYS_FLUSH_MS, Plan, Step
 from profkit.errors import ProfkitError
 
@@ -31,7 +32,12 @@ GROUP_GRACE_S = 60.0  # for the server's children to exit after the server itsel
 
 
 class CaptureError(ProfkitError):
-    """A capture that could not start or did not finish; the message says which step and why."""
+    """A capture that could not start or did not finish; the message says which step and why, and
+    `interrupted` whether it was stopped (Ctrl-C, SIGTERM) rather than failed."""
+
+    def __init__(self, message: str, interrupted: bool = False) -> None:
+        super().__init__(message)
+        self.interrupted = interrupted
 
 
 def preflight(plan: Plan) -> None:
@@ -48,30 +54,30 @@ def preflight(plan: Plan) -> None:
                 s.bind(("127.0.0.1", plan.port))
             except OSError:
                 raise CaptureError(f"port {plan.port} is already in use: pick another with --port") from None
-    if (plan.out / "manifest.json").exists():
+    if plan.folder.exists():
         raise CaptureError(f"{plan.out} already holds a capture: choose another --out")
 
 
 def run_capture(plan: Plan, say: Callable[[str], None] = lambda _m: None) -> Path:
     """Execute the plan; returns the capture folder. Raises CaptureError after recording the failure."""
     preflight(plan)
-    plan.out.mkdir(parents=True, exist_ok=True)
-    manifest = Manifest.start(plan)
+    folder = plan.folder
+    manifest = folder.start(plan)
     server: subprocess.Popen | None = None
     try:
         if plan.kind == "offline":
             for run in plan.runs:
                 for step in run:
                     bench = step.name.startswith("vllm bench")
-                    sampler = _sampler(manifest) if bench and not (plan.out / "host.json").exists() else None
+                    sampler = _sampler(manifest) if bench and folder.host_path is None else None
                     try:
                         _run_step(step, plan.out, manifest, say,
                                   on_start=(lambda p, s=sampler: s.watch("offline", p.pid)) if sampler else None)
                     finally:
-                        _write_host(sampler, plan.out)
+                        _write_host(sampler, folder)
         else:
             server = _start_server(plan, manifest, say)
-            _scrape(plan, "metrics-before.txt", manifest)
+            _scrape(plan, "before", manifest)
             sampler = _sampler(manifest)
             if sampler:
                 sampler.watch("server", server.pid)
@@ -79,8 +85,8 @@ def run_capture(plan: Plan, say: Callable[[str], None] = lambda _m: None) -> Pat
                 _run_step(plan.bench, plan.out, manifest, say,
                           on_start=(lambda p: sampler.watch("client", p.pid)) if sampler else None)
             finally:
-                _write_host(sampler, plan.out)
-            _scrape(plan, "metrics-after.txt", manifest)
+                _write_host(sampler, folder)
+            _scrape(plan, "after", manifest)
             if plan.nsys_exe:  # let nsys save the CUDA records of the benchmark's last moments before the stop
                 time.sleep(3 * NSYS_FLUSH_MS / 1000)
             _stop(server, manifest, say)
@@ -97,7 +103,7 @@ def run_capture(plan: Plan, say: Callable[[str], None] = lambda _m: None) -> Pat
                 with contextlib.suppress(CaptureError, KeyboardInterrupt):
                     _run_step(step, plan.out, manifest, say)
         manifest.finish("interrupted", where="Ctrl-C")
-        raise CaptureError(f"interrupted; partial capture kept in {plan.out}") from None
+        raise CaptureError(f"interrupted; partial capture kept in {plan.out}", interrupted=True) from None
     except CaptureError as exc:
         if server is not None:
             _stop(server, manifest, say)
@@ -111,13 +117,13 @@ def _sampler(manifest: Manifest) -> HostSampler | None:
     try:
         return HostSampler().start()
     except ImportError:
-        manifest.note("host.json not written: psutil is not installed")
+        manifest.note(f"{files.HOST} not written: psutil is not installed")
         return None
 
 
-def _write_host(sampler: HostSampler | None, out: Path) -> None:
+def _write_host(sampler: HostSampler | None, folder: CaptureFolder) -> None:
     if sampler is not None:
-        write_host_json(out / "host.json", sampler.stop())
+        folder.write_host(sampler.stop())
 
 
 def _run_step(step: Step, out: Path, manifest: Manifest, say: Callable[[str], None],
@@ -170,12 +176,13 @@ def _start_server(plan: Plan, manifest: Manifest, say: Callable[[str], None]) ->
     raise CaptureError(f"vllm serve was not healthy within {plan.health_timeout_s:g} s")
 
 
-def _scrape(plan: Plan, name: str, manifest: Manifest) -> None:
+def _scrape(plan: Plan, which: str, manifest: Manifest) -> None:
+    """/metrics `before` or `after` the benchmark."""
     text = _get(f"http://127.0.0.1:{plan.port}/metrics", timeout=10.0)
     if text is None:
-        manifest.note(f"could not scrape /metrics for {name}")
+        manifest.note(f"could not scrape /metrics {which} the benchmark")
         return
-    (plan.out / name).write_text(text, encoding="utf-8")
+    plan.folder.write_metrics(which, text)
 
 
 def _get(url: str, timeout: float) -> str | None:

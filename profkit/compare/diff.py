@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from profkit.capture.folder import CaptureFolder
 from profkit.compare import metrics as m
+from profkit.diagnose.vllm_command import VllmCommand, normalize_flag
 from profkit.errors import ProfkitError
 from profkit.inputs import one_line, read_text, require_file
 from profkit.resources import process_context
@@ -49,10 +51,6 @@ class Side:
 
 
 # --- loading sides --------------------------------------------------------------------------------
-
-def _is_capture_folder(p: Path) -> bool:
-    return (p / "manifest.json").is_file() or (p / "bench.json").is_file() or (p / "trace.sqlite").is_file()
-
 
 def _report_json(path: Path) -> dict[str, Any] | None:
     """A saved report document, or None when the file is not JSON (then it may be a torch trace)."""
@@ -90,9 +88,9 @@ def plan_side(spec: str) -> tuple[list[dict[str, Any]], list[Path]]:
     if not path.exists():
         raise ProfkitError(f"{spec}: no such file, folder or history run")
     if path.is_dir():
-        if _is_capture_folder(path):
+        if CaptureFolder.recognise(path):
             return [], [path]
-        runs = sorted(p for p in path.iterdir() if p.is_dir() and _is_capture_folder(p))
+        runs = sorted(p for p in path.iterdir() if CaptureFolder.recognise(p))
         if not runs:
             raise ProfkitError(f"{path}: neither a capture folder nor a folder of capture folders")
         return [], runs
@@ -103,7 +101,7 @@ def plan_side(spec: str) -> tuple[list[dict[str, Any]], list[Path]]:
 def _build(path: Path) -> dict[str, Any]:
     from profkit.report import build_report
 
-    return build_report(path)
+    return build_report(path).document()
 
 
 def load_sides(before: str, after: str, parallel: bool = True) -> tuple[Side, Side]:
@@ -271,14 +269,19 @@ def compare_gpu(before: dict[str, Any], after: dict[str, Any], top: int = 50) ->
     }
 
 
+def _commands(report: dict[str, Any]) -> list[VllmCommand]:
+    return [c for argv in (report.get("command") or {}).get("original_argv") or []
+            if (c := VllmCommand.find_in([str(w) for w in argv])) is not None]
+
+
 def _workload(report: dict[str, Any]) -> dict[str, str]:
-    cmd = report.get("command") or {}
+    """The benchmark arguments that define the workload, as written."""
     out: dict[str, str] = {}
-    for argv in cmd.get("original_argv") or []:
-        for i, word in enumerate(argv):
-            name = word.split("=", 1)[0].replace("_", "-")
+    for cmd in _commands(report):
+        for arg in cmd.parsed[0]:
+            name = normalize_flag(arg.name)
             if name in WORKLOAD_FLAGS:
-                out[name] = word.split("=", 1)[1] if "=" in word else (argv[i + 1] if i + 1 < len(argv) else "")
+                out[name] = " ".join(arg.values)
     return out
 
 
@@ -286,12 +289,8 @@ def _model(report: dict[str, Any]) -> str | None:
     flags = m.effective_flags(report)
     if flags.get("--model"):
         return str(flags["--model"])
-    for argv in (report.get("command") or {}).get("original_argv") or []:
-        if "serve" in argv[:3] and "bench" not in argv[:3]:  # `vllm serve MODEL`
-            i = argv.index("serve")
-            if i + 1 < len(argv) and not argv[i + 1].startswith("-"):
-                return argv[i + 1]
-    return None
+    server = next((c for c in _commands(report) if c.role == "server"), None)
+    return server.model if server else None
 
 
 def run_identity(report: dict[str, Any]) -> dict[str, Any]:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from profkit.diagnose.vllm_command import flag_for
+
 # name -> (where in the report's `vllm.bench` section, which direction is better)
 # Higher is better for throughput; lower for latencies. The bench JSON of `vllm bench throughput` has
 # only request and token throughput.
@@ -76,7 +78,7 @@ def effective_flags(report: dict[str, Any]) -> dict[str, Any]:
     logged = ((vllm.get("log") or {}).get("non_default_args") or {})
     merged = {k: v for k, v in logged.items() if k not in ("model_tag", "tokenizer")}
     merged.update(vllm.get("flags") or {})
-    return {"--" + k.replace("_", "-"): v for k, v in merged.items()}
+    return {flag_for(k): v for k, v in merged.items()}
 
 
 # A share that moves less than this (absolute) is never called better or worse, whatever its relative change:

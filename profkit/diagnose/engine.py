@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import jinja2.sandbox
+import msgspec
 import simpleeval
 import yaml
 
-from profkit.diagnose.command import typed
+from profkit.diagnose.vllm_command import coerce, dest_of
 from profkit.errors import ProfkitError
 from profkit.inputs import one_line, read_text
 from profkit.render import units
@@ -295,9 +296,34 @@ def _holds(expr: str, tree: dict[str, Any]) -> bool:
         return False
 
 
-def evaluate(rules: list[Rule], facts: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(findings, skipped): a finding per rule whose condition holds; skipped lists rules that
-    needed facts this trace cannot tell."""
+class ProposedChange(msgspec.Struct, kw_only=True):
+    """A finding's flag change. `from` is the run's value when known, else vLLM's default (`from_source` says
+    which); both values typed; `to` None removes the flag. `action` (edit | add | remove | none) says what the
+    suggested command does with it, and `note` why it differs from `to`."""
+
+    flag: str
+    from_: Any = msgspec.field(name="from")
+    from_source: str | None
+    to: Any
+    why: str
+    action: str | msgspec.UnsetType = msgspec.UNSET
+    note: str | msgspec.UnsetType = msgspec.UNSET
+
+
+class Finding(msgspec.Struct, kw_only=True):
+    rule: str
+    severity: str
+    title: str
+    summary: str
+    evidence: list[dict[str, Any]]
+    changes: list[ProposedChange]
+
+
+def evaluate(rules: list[Rule], facts: dict[str, Any],
+             propose_changes: bool = True) -> tuple[list[Finding], list[dict[str, Any]]]:
+    """(findings, skipped): a finding per rule whose condition holds, most severe first; skipped lists rules
+    that needed facts the inputs cannot tell. `propose_changes` False: findings without flag changes (a run
+    not shown to be vLLM's gets no vLLM flag)."""
     tree = _fact_tree(facts)
     env = _template_env()
     findings, skipped = [], []
@@ -307,42 +333,40 @@ def evaluate(rules: list[Rule], facts: dict[str, Any]) -> tuple[list[dict[str, A
             skipped.append({"rule": rule.id, "missing": missing})
             continue
         try:
-            finding = _finding(rule, facts, tree, env)
+            finding = _finding(rule, facts, tree, env, propose_changes)
         except Exception as exc:  # noqa: BLE001 - one rule's failure is that rule's error, not the report's
             skipped.append({"rule": rule.id, "missing": [],
                             "error": f"{rule.path}: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"})
             continue
         if finding:
             findings.append(finding)
-    findings.sort(key=lambda f: SEVERITY_ORDER[f["severity"]])
+    findings.sort(key=lambda f: SEVERITY_ORDER[f.severity])
     return findings, skipped
 
 
 def _finding(rule: Rule, facts: dict[str, Any], tree: dict[str, Any],
-             env: jinja2.sandbox.SandboxedEnvironment) -> dict[str, Any] | None:
+             env: jinja2.sandbox.SandboxedEnvironment, propose_changes: bool) -> Finding | None:
     if not _evaluate(rule.when, tree):
         return None
     changes = [_change(c, facts, env) for c in rule.changes if not c.when or _holds(c.when, tree)]
-    return {
-        "rule": rule.id,
-        "severity": rule.severity,
-        "title": rule.title,
-        "summary": render_template(env, rule.summary, facts),
-        "evidence": [{"fact": e["fact"], "value": facts.get(e["fact"]), "threshold": e.get("threshold"),
-                      "source": e.get("source")} for e in rule.evidence],
-        "changes": changes,
-    }
+    return Finding(
+        rule=rule.id,
+        severity=rule.severity,
+        title=rule.title,
+        summary=render_template(env, rule.summary, facts),
+        evidence=[{"fact": e["fact"], "value": facts.get(e["fact"]), "threshold": e.get("threshold"),
+                   "source": e.get("source")} for e in rule.evidence],
+        changes=changes if propose_changes else [],
+    )
 
 
-def _change(c: Change, facts: dict[str, Any], env: jinja2.sandbox.SandboxedEnvironment) -> dict[str, Any]:
-    key = c.flag.lstrip("-").replace("-", "_")
-    # `from` is the run's real value when known, else vLLM's default; `from_source` says which.
-    # Both values are typed (true/false, numbers); `to: null` in a rule means "remove the flag".
+def _change(c: Change, facts: dict[str, Any], env: jinja2.sandbox.SandboxedEnvironment) -> ProposedChange:
+    key = dest_of(c.flag)
     current = facts.get(f"config.{key}")
     source = facts.get(f"config_source.{key}") or ("unknown" if current is None else None)
-    to = typed(render_template(env, c.to, facts)) if isinstance(c.to, str) else c.to
-    return {"flag": c.flag, "from": current, "from_source": source, "to": to,
-            "why": render_template(env, c.why, facts)}
+    to = coerce(render_template(env, c.to, facts)) if isinstance(c.to, str) else c.to
+    return ProposedChange(flag=c.flag, from_=current, from_source=source, to=to,
+                          why=render_template(env, c.why, facts))
 
 
 def explain(rule: Rule) -> str:

@@ -1,65 +1,35 @@
-"""Flatten the analyses into the fact namespace rules read (`gpu.utilization`, `launch.api_share`, ...).
+"""The facts rules read (`gpu.utilization`, `launch.api_share`, ...): each declared ONCE here, with its doc and
+unit, and derived here from the report's sections and vLLM's evidence.
 
-Every fact is a plain number (or None when the trace cannot tell), derived only from the report's
-sections: a rule never recomputes a metric, and this module never reads the trace.
+Every fact is a plain number (or None when the inputs cannot tell), derived only from sections and records: a
+rule never recomputes a metric, and this module never reads a trace or a file. `profkit rules facts` lists
+`FACTS`; rule files are validated against it.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from profkit.analysis.api import GRAPH_LAUNCH_APIS, LAUNCH_APIS, SYNC_APIS
 from profkit.analysis.categories import categories
-from profkit.analysis.host import HOST_FACT_DOCS, host_facts
-from profkit.analysis.steps import STEP_FACT_DOCS, step_facts
-from profkit.analysis.vllm import VLLM_DEFAULTS, vllm_facts
+from profkit.analysis.sections import Rank, TraceSections
+from profkit.diagnose.vllm_command import VLLM_DEFAULTS
 
-# What each fact means, for `profkit rules explain` and for validating rule files.
-FACT_DOCS: dict[str, str] = {
-    "window.duration_ns": "length of the analysed window",
-    "gpu.utilization": "share of the window some kernel or memory operation ran (union over streams; "
-                       "mean over devices)",
-    "gpu.idle_share": "1 - gpu.utilization",
-    "gpu.busy_ns": "GPU busy time in the window (summed over devices)",
-    "gpu.idle_ns": "GPU idle time in the window (summed over devices)",
-    "gpu.devices": "number of GPUs with activity",
-    "kernels.count": "kernels that started in the window",
-    "kernels.total_ns": "summed kernel durations",
-    "kernels.distinct": "distinct kernel names",
-    "kernels.avg_ns": "mean kernel duration",
-    "kernels.short_share": "share of kernels shorter than 10 us",
-    "kernels.graph_share": "share of kernels replayed from CUDA graphs",
-    "launch.calls": "kernel launch API calls (cudaLaunchKernel, cuLaunchKernelEx, ...)",
-    "launch.api_ns": "host time inside kernel launch API calls",
-    "launch.api_share": "launch API host time as a share of the window",
-    "launch.graph_launches": "cudaGraphLaunch calls",
-    "launch.latency_median_ns": "median launch call start -> kernel start (eager kernels)",
-    "launch.latency_p90_ns": "90th percentile launch call start -> kernel start",
-    "gaps.launch_idle_share": "GPU idle in gaps < 20 us (launch spacing) as a share of the window",
-    "gaps.sub_ms_idle_share": "GPU idle in gaps < 1 ms (between back-to-back launches) as a share of the window",
-    "gaps.mid_idle_share": "GPU idle in gaps of 20 us - 1 ms as a share of the window",
-    "gaps.host_idle_share": "GPU idle in gaps >= 1 ms as a share of the window",
-    "gaps.long_idle_share": "GPU idle in gaps >= 100 ms as a share of the window",
-    "gaps.count_ge_1ms": "number of GPU gaps of 1 ms or more",
-    "gaps.max_ns": "longest GPU gap in the window",
-    "gaps.listed_host_api_share": "for the listed gaps, the mean share of the gap covered by CUDA API calls",
-    "sync.calls": "synchronizing API calls (cudaDeviceSynchronize, cudaStreamSynchronize, ...)",
-    "sync.api_ns": "host time inside synchronizing API calls",
-    "sync.api_share": "synchronizing API host time as a share of the window",
-    "sync.records": "CUPTI synchronization records",
-    "memops.count": "memory operations (copies and memsets)",
-    "memops.total_ns": "summed memory operation durations",
-    "memops.share": "memory operation time as a share of the window",
-    "memops.htod_bytes": "bytes copied host to device",
-    "memops.dtoh_bytes": "bytes copied device to host",
-    "memops.pageable_count": "copies from or to pageable (unpinned) host memory",
-    "memops.pageable_bytes": "bytes copied from or to pageable host memory",
-    "memops.pageable_ns": "GPU time of copies from or to pageable host memory",
-    "memops.pageable_share": "pageable copy time as a share of the window",
-    "memops.pageable_copy_share": "pageable copy time as a share of all copy time",
-    "nvtx.ranges": "NVTX ranges in the window",
+# Units: what a value counts. `share` is 0..1 of what the doc says; `value` a flag's value as vLLM reads it.
+UNITS = {
+    "ns": "nanoseconds", "ms": "milliseconds", "share": "0..1", "count": "count", "bytes": "bytes",
+    "cores": "CPU cores (1.0 = one core busy)", "req/s": "requests per second", "tok/s": "tokens per second",
+    "tokens": "tokens", "rank": "a rank's label", "value": "the flag's value", "text": "text",
 }
+
+
+@dataclass(frozen=True)
+class Fact:
+    name: str
+    unit: str
+    doc: str
 
 
 def category_key(category: str) -> str:
@@ -67,106 +37,200 @@ def category_key(category: str) -> str:
     return re.sub(r"\W", "_", category)
 
 
-for _c in categories():
-    FACT_DOCS[f"category.{category_key(_c)}.share"] = f"share of kernel time in {_c} kernels"
+def _declare() -> dict[str, Fact]:
+    rows: list[tuple[str, str, str]] = [
+        ("window.duration_ns", "ns", "length of the analysed window"),
+        ("gpu.utilization", "share", "share of the window some kernel or memory operation ran (union over streams; "
+                                     "mean over devices)"),
+        ("gpu.idle_share", "share", "1 - gpu.utilization"),
+        ("gpu.busy_ns", "ns", "GPU busy time in the window (summed over devices)"),
+        ("gpu.idle_ns", "ns", "GPU idle time in the window (summed over devices)"),
+        ("gpu.devices", "count", "number of GPUs with activity"),
+        ("kernels.count", "count", "kernels that started in the window"),
+        ("kernels.total_ns", "ns", "summed kernel durations"),
+        ("kernels.distinct", "count", "distinct kernel names"),
+        ("kernels.avg_ns", "ns", "mean kernel duration"),
+        ("kernels.short_share", "share", "share of kernels shorter than 10 us"),
+        ("kernels.graph_share", "share", "share of kernels replayed from CUDA graphs"),
+        ("launch.calls", "count", "kernel launch API calls (cudaLaunchKernel, cuLaunchKernelEx, ...)"),
+        ("launch.api_ns", "ns", "host time inside kernel launch API calls"),
+        ("launch.api_share", "share", "launch API host time as a share of the window"),
+        ("launch.graph_launches", "count", "cudaGraphLaunch calls"),
+        ("launch.latency_median_ns", "ns", "median launch call start -> kernel start (eager kernels)"),
+        ("launch.latency_p90_ns", "ns", "90th percentile launch call start -> kernel start"),
+        ("gaps.launch_idle_share", "share", "GPU idle in gaps < 20 us (launch spacing) as a share of the window"),
+        ("gaps.sub_ms_idle_share", "share", "GPU idle in gaps < 1 ms (between back-to-back launches) as a share of "
+                                            "the window"),
+        ("gaps.mid_idle_share", "share", "GPU idle in gaps of 20 us - 1 ms as a share of the window"),
+        ("gaps.host_idle_share", "share", "GPU idle in gaps >= 1 ms as a share of the window"),
+        ("gaps.long_idle_share", "share", "GPU idle in gaps >= 100 ms as a share of the window"),
+        ("gaps.count_ge_1ms", "count", "number of GPU gaps of 1 ms or more"),
+        ("gaps.max_ns", "ns", "longest GPU gap in the window"),
+        ("gaps.listed_host_api_share", "share", "for the listed gaps, the mean share of the gap covered by CUDA API "
+                                                "calls"),
+        ("sync.calls", "count", "synchronizing API calls (cudaDeviceSynchronize, cudaStreamSynchronize, ...)"),
+        ("sync.api_ns", "ns", "host time inside synchronizing API calls"),
+        ("sync.api_share", "share", "synchronizing API host time as a share of the window"),
+        ("sync.records", "count", "CUPTI synchronization records"),
+        ("memops.count", "count", "memory operations (copies and memsets)"),
+        ("memops.total_ns", "ns", "summed memory operation durations"),
+        ("memops.share", "share", "memory operation time as a share of the window"),
+        ("memops.htod_bytes", "bytes", "bytes copied host to device"),
+        ("memops.dtoh_bytes", "bytes", "bytes copied device to host"),
+        ("memops.pageable_count", "count", "copies from or to pageable (unpinned) host memory"),
+        ("memops.pageable_bytes", "bytes", "bytes copied from or to pageable host memory"),
+        ("memops.pageable_ns", "ns", "GPU time of copies from or to pageable host memory"),
+        ("memops.pageable_share", "share", "pageable copy time as a share of the window"),
+        ("memops.pageable_copy_share", "share", "pageable copy time as a share of all copy time"),
+        ("nvtx.ranges", "count", "NVTX ranges in the window"),
+    ]
+    rows += [(f"category.{category_key(c)}.share", "share", f"share of kernel time in {c} kernels")
+             for c in dict.fromkeys(categories())]
+    rows += [
+        ("vllm.requests_per_second", "req/s", "benchmark request throughput (--bench)"),
+        ("vllm.output_throughput", "tok/s", "benchmark output tokens/s (--bench)"),
+        ("vllm.ttft_mean_ms", "ms", "mean time to first token (--bench, serve)"),
+        ("vllm.ttft_p99_ms", "ms", "p99 time to first token (--bench, serve)"),
+        ("vllm.tpot_mean_ms", "ms", "mean time per output token (--bench, serve)"),
+        ("vllm.tpot_p99_ms", "ms", "p99 time per output token (--bench, serve)"),
+        ("vllm.itl_mean_ms", "ms", "mean inter-token latency (--bench, serve)"),
+        ("vllm.itl_p99_ms", "ms", "p99 inter-token latency (--bench, serve)"),
+        ("vllm.preemptions", "count", "requests preempted for lack of KV cache (metrics counter delta, else the log)"),
+        ("vllm.kv_cache_usage_max", "share", "peak GPU KV cache usage, 0..1 (log or metrics)"),
+        ("vllm.waiting_max", "count", "peak requests waiting (log or metrics)"),
+        ("vllm.running_max", "count", "peak requests running (log; else the benchmark client's peak in flight; else "
+                                      "metrics)"),
+        ("vllm.running_mean", "count", "mean requests running over the log's stats lines"),
+        ("vllm.prefix_cache_hit_rate", "share", "prefix cache hits / queries, 0..1"),
+        ("vllm.prompt_token_share", "share", "prompt tokens / all tokens processed (log throughput lines, else "
+                                             "token counters)"),
+        ("vllm.kv_cache_tokens", "tokens", "KV cache capacity in tokens (log)"),
+        ("vllm.gpu_free_memory_bytes", "bytes", "free GPU memory when the engine started (log, runs with "
+                                                "--kv-cache-memory-bytes)"),
+        ("vllm.kv_cache_memory_bytes", "bytes", "GPU memory the KV cache got (log: reserved or available KV cache "
+                                                "memory)"),
+        ("vllm.model_memory_bytes", "bytes", "GPU memory the model weights took (log)"),
+        ("vllm.default_max_num_seqs", "count", "vLLM 0.26's --max-num-seqs for this GPU when not given (1024 on "
+                                               "H100/H200, else 256)"),
+        ("ranks.count", "count", "GPUs (ranks) reported apart: the devices of a multi-GPU trace, or one per rank "
+                                 "trace"),
+        ("communication.share_max", "share", "the largest share of a GPU's kernel time in communication kernels, "
+                                             "over ranks"),
+        ("communication.overlap_share_min", "share", "the smallest share of a GPU's communication time overlapped by "
+                                                     "compute (HTA's comm/comp overlap), over ranks with "
+                                                     "communication"),
+        ("imbalance.busy_spread", "share", "(max - min) / max of the ranks' GPU busy time"),
+        ("imbalance.wait_share_max", "share", "the largest share of a rank's window spent waiting in collectives for "
+                                              "the last rank to arrive (start spread of matched communication "
+                                              "kernels)"),
+        ("imbalance.straggler_last_share", "share", "share of collectives the straggler (the rank most often last) "
+                                                    "arrived last"),
+        ("imbalance.collectives", "count", "collectives matched across ranks"),
+        ("imbalance.straggler", "rank", "the rank that arrived last in most collectives (None when no rank does)"),
+        ("host.api_server_cpu", "cores", "mean CPU of the busiest API-server process, in cores (1.0 = one core) "
+                                         "(host.json)"),
+        ("host.api_server_saturated_share", "share", "share of samples the busiest API server used >= 90 % of a "
+                                                     "core"),
+        ("host.api_server_count", "count", "API-server processes seen (the vllm serve process itself when there is "
+                                           "one)"),
+        ("host.engine_core_cpu", "cores", "mean CPU of the engine-core process, in cores"),
+        ("host.engine_core_saturated_share", "share", "share of samples the engine core used >= 90 % of a core"),
+        ("host.client_cpu", "cores", "mean CPU of the benchmark client (vllm bench serve), in cores"),
+        ("host.client_saturated_share", "share", "share of samples the benchmark client used >= 90 % of a core"),
+        ("host.frontend_cpu", "cores", "mean CPU of an offline benchmark's front-end process, in cores"),
+        ("host.frontend_saturated_share", "share", "share of samples the offline front end used >= 90 % of a core"),
+        ("host.cores", "count", "CPU cores of the machine"),
+        ("host.gpu_util_mean", "share", "mean NVML GPU utilization over the benchmark, 0..1 (host.json)"),
+        ("steps.count", "count", "engine steps in the window (vLLM's step annotations, else its per-step kernels)"),
+        ("steps.gpu_share", "share", "GPU busy time inside the steps / their total cycle time"),
+        ("steps.wait_share", "share", "share of step time the GPU waited at a step's start for the host to submit "
+                                      "work"),
+        ("steps.cycle_p50_ns", "ns", "median step cycle (one step's start to the next one's)"),
+        ("steps.decode_cycle_p50_ns", "ns", "median cycle of decode-only steps"),
+        ("steps.prefill_share", "share", "share of steps that carry prefill (context) tokens"),
+        ("gpu.busy", "share", "share of the run the GPU was busy: NVML samples (host.json) if taken, else "
+                              "gpu.utilization"),
+    ]
+    for key in VLLM_DEFAULTS:
+        rows.append((f"config.{key}", "value", f"the run's --{key.replace('_', '-')} (given, logged, or the vLLM "
+                                               "default)"))
+        rows.append((f"config_source.{key}", "text", f"where config.{key} came from: given, vLLM log, vLLM 0.26 "
+                                                     "default, unknown"))
+    out = {}
+    for name, unit, doc in rows:
+        assert unit in UNITS and name not in out, name
+        out[name] = Fact(name, unit, doc)
+    return out
 
-VLLM_FACT_DOCS = {
-    "vllm.requests_per_second": "benchmark request throughput (--bench)",
-    "vllm.output_throughput": "benchmark output tokens/s (--bench)",
-    "vllm.ttft_mean_ms": "mean time to first token (--bench, serve)",
-    "vllm.ttft_p99_ms": "p99 time to first token (--bench, serve)",
-    "vllm.tpot_mean_ms": "mean time per output token (--bench, serve)",
-    "vllm.tpot_p99_ms": "p99 time per output token (--bench, serve)",
-    "vllm.itl_mean_ms": "mean inter-token latency (--bench, serve)",
-    "vllm.itl_p99_ms": "p99 inter-token latency (--bench, serve)",
-    "vllm.preemptions": "requests preempted for lack of KV cache (metrics counter delta, else the log)",
-    "vllm.kv_cache_usage_max": "peak GPU KV cache usage, 0..1 (log or metrics)",
-    "vllm.waiting_max": "peak requests waiting (log or metrics)",
-    "vllm.running_max": "peak requests running (log; else the benchmark client's peak in flight; else metrics)",
-    "vllm.running_mean": "mean requests running over the log's stats lines",
-    "vllm.prefix_cache_hit_rate": "prefix cache hits / queries, 0..1",
-    "vllm.prompt_token_share": "prompt tokens / all tokens processed (log throughput lines, else token counters)",
-    "vllm.kv_cache_tokens": "KV cache capacity in tokens (log)",
-    "vllm.gpu_free_memory_bytes": "free GPU memory when the engine started (log, runs with --kv-cache-memory-bytes)",
-    "vllm.kv_cache_memory_bytes": "GPU memory the KV cache got (log: reserved or available KV cache memory)",
-    "vllm.model_memory_bytes": "GPU memory the model weights took (log)",
-    "vllm.default_max_num_seqs": "vLLM 0.26's --max-num-seqs for this GPU when not given (1024 on H100/H200, else 256)",
-}
-RANK_FACT_DOCS = {
-    "ranks.count": "GPUs (ranks) reported apart: the devices of a multi-GPU trace, or one per rank trace",
-    "communication.share_max": "the largest share of a GPU's kernel time in communication kernels, over ranks",
-    "communication.overlap_share_min": "the smallest share of a GPU's communication time overlapped by compute "
-                                       "(HTA's comm/comp overlap), over ranks with communication",
-    "imbalance.busy_spread": "(max - min) / max of the ranks' GPU busy time",
-    "imbalance.wait_share_max": "the largest share of a rank's window spent waiting in collectives for the "
-                                "last rank to arrive (start spread of matched communication kernels)",
-    "imbalance.straggler_last_share": "share of collectives the straggler (the rank most often last) arrived last",
-    "imbalance.collectives": "collectives matched across ranks",
-    "imbalance.straggler": "the rank that arrived last in most collectives (None when no rank does)",
-}
-FACT_DOCS.update(VLLM_FACT_DOCS)
-FACT_DOCS.update(RANK_FACT_DOCS)
-FACT_DOCS.update(HOST_FACT_DOCS)
-FACT_DOCS.update(STEP_FACT_DOCS)
-FACT_DOCS["gpu.busy"] = "share of the run the GPU was busy: NVML samples (host.json) if taken, else gpu.utilization"
-for _k in VLLM_DEFAULTS:
-    FACT_DOCS[f"config.{_k}"] = f"the run's --{_k.replace('_', '-')} (given, logged, or the vLLM default)"
-    FACT_DOCS[f"config_source.{_k}"] = f"where config.{_k} came from: given, vLLM log, vLLM 0.26 default, unknown"
+
+FACTS: dict[str, Fact] = _declare()
+FACT_DOCS: dict[str, str] = {name: f.doc for name, f in FACTS.items()}
 
 
 def known_fact_names() -> set[str]:
-    return set(FACT_DOCS)
+    return set(FACTS)
 
 
-def compute_facts(report: dict[str, Any]) -> dict[str, float | int | None]:
-    if report.get("gpu") is None:  # no trace: only vLLM's evidence (and the host samples) are known
-        facts: dict[str, Any] = {k: None for k in FACT_DOCS
-                                 if not k.startswith(("vllm.", "config", "host.", "steps."))}
-        facts.update(vllm_facts(report.get("vllm") or {}))
-        for key, entry in (report.get("vllm") or {}).get("config", {}).items():
-            facts[f"config_source.{key}"] = entry["source"]
-        return _with_host(facts, report)
-    win = report["window"]["duration_ns"] or 1
-    gpu = report["gpu"]
+def _only_declared(facts: dict[str, Any]) -> dict[str, Any]:
+    unknown = set(facts) - FACTS.keys()
+    assert not unknown, f"facts not declared in FACTS: {sorted(unknown)}"
+    return facts
+
+
+# --- derived from the sections ------------------------------------------------------------------------------------
+
+def compute_facts(trace: TraceSections | None, vllm: Any, host: dict[str, Any] | None, ranks: list[Rank] | None,
+                  imbalance: dict[str, Any] | None) -> dict[str, Any]:
+    """Every declared fact: from one trace's sections (None: the run has no trace), the `vllm` section (a
+    `profkit.diagnose.vllm_run.VllmSection`), the host section and the ranks. Unknown ones are None."""
+    if trace is None:  # no trace: only vLLM's evidence (and the host samples) are known
+        facts: dict[str, Any] = {k: None for k in FACTS if not k.startswith(("vllm.", "config", "host.", "steps."))}
+        facts.update(vllm_facts(vllm))
+        facts.update(_config_sources(vllm))
+        return _with_host(facts, None, host)
+    win = trace.window["duration_ns"] or 1
+    gpu = trace.gpu
     facts = {
-        "window.duration_ns": report["window"]["duration_ns"],
+        "window.duration_ns": trace.window["duration_ns"],
         "gpu.utilization": gpu["utilization"],
         "gpu.idle_share": 1.0 - gpu["utilization"],
         "gpu.busy_ns": gpu["busy_ns"],
         "gpu.idle_ns": gpu["idle_ns"],
         "gpu.devices": len(gpu["devices"]),
     }
-    facts.update(_kernel_facts(report))
-    facts.update(_launch_facts(report, win))
-    facts.update(_gap_facts(report, win))
-    facts.update(_memop_facts(report, win))
-    facts["nvtx.ranges"] = sum(r["count"] for r in report["nvtx"])
-    facts.update(_rank_facts(report))
-    facts.update(vllm_facts(report.get("vllm") or {}))
-    for key, entry in (report.get("vllm") or {}).get("config", {}).items():
-        facts[f"config_source.{key}"] = entry["source"]
-    return _with_host(facts, report)
+    facts.update(_kernel_facts(trace))
+    facts.update(_launch_facts(trace, win))
+    facts.update(_gap_facts(trace, win))
+    facts.update(_memop_facts(trace, win))
+    facts["nvtx.ranges"] = sum(r["count"] for r in trace.nvtx)
+    facts.update(_rank_facts(trace, ranks, imbalance))
+    facts.update(vllm_facts(vllm))
+    facts.update(_config_sources(vllm))
+    return _with_host(facts, trace.steps, host)
 
 
-def _with_host(facts: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
-    facts.update(step_facts(report.get("steps")))
-    facts.update(host_facts(report.get("host")))
+def _config_sources(vllm: Any) -> dict[str, Any]:
+    return {f"config_source.{key}": entry["source"] for key, entry in (vllm.config if vllm else {}).items()}
+
+
+def _with_host(facts: dict[str, Any], steps: dict[str, Any] | None, host: dict[str, Any] | None) -> dict[str, Any]:
+    facts.update(step_facts(steps))
+    facts.update(host_facts(host))
     # How busy the GPU was: NVML's samples over the benchmark when the capture took them, else the trace.
     nvml = facts.get("host.gpu_util_mean")
     facts["gpu.busy"] = nvml if nvml is not None else facts.get("gpu.utilization")
-    for name in FACT_DOCS:  # every fact a rule may name exists; unknown ones are None (a run not shown to be
+    for name in FACTS:  # every fact a rule may name exists; unknown ones are None (a run not shown to be
         facts.setdefault(name, None)  # vLLM's has no config.* at all)
-    return facts
+    return _only_declared(facts)
 
 
-def _rank_facts(report: dict[str, Any]) -> dict[str, Any]:
-    ranks = report.get("ranks") or []
+def _rank_facts(trace: TraceSections, ranks: list[Rank] | None, imbalance: dict[str, Any] | None) -> dict[str, Any]:
     if not ranks:
-        return {"ranks.count": len(report["gpu"]["devices"])}
-    comm = [r["communication"] for r in ranks]
+        return {"ranks.count": len(trace.gpu["devices"])}
+    comm = [r.communication for r in ranks]
     shares = [c["share"] for c in comm if c["share"] is not None]
     overlaps = [c["overlap_share"] for c in comm if c["overlap_share"] is not None]
-    imbalance = report.get("imbalance") or {}
+    imbalance = imbalance or {}
     coll = imbalance.get("collectives") or {}
     waits = [r["wait_share"] for r in coll.get("ranks", []) if r["wait_share"] is not None]
     return {
@@ -181,8 +245,8 @@ def _rank_facts(report: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _kernel_facts(report: dict[str, Any]) -> dict[str, Any]:
-    ks = report["kernels"]
+def _kernel_facts(trace: TraceSections) -> dict[str, Any]:
+    ks = trace.kernels
     count = sum(k["count"] for k in ks)
     total = sum(k["total_ns"] for k in ks)
     out: dict[str, Any] = {
@@ -193,24 +257,24 @@ def _kernel_facts(report: dict[str, Any]) -> dict[str, Any]:
         "kernels.short_share": sum(k["short_count"] for k in ks) / count if count else None,
         "kernels.graph_share": sum(k["graph_count"] for k in ks) / count if count else None,
     }
-    shares = {c["category"]: c["share"] for c in report["categories"]}
+    shares = {c["category"]: c["share"] for c in trace.categories}
     for c in categories():
         out[f"category.{category_key(c)}.share"] = shares.get(c, 0.0)
     return out
 
 
-def _api_total(report: dict[str, Any], names: tuple[str, ...]) -> tuple[int, int]:
+def _api_total(trace: TraceSections, names: tuple[str, ...]) -> tuple[int, int]:
     # nsys keeps 7-character version suffixes (`cudaLaunchKernelExC_v11060`): match on the base name.
-    rows = [a for a in report["api"] if re.sub(r"_v\d+$", "", a["name"]) in names]
+    rows = [a for a in trace.api if re.sub(r"_v\d+$", "", a["name"]) in names]
     return sum(a["count"] for a in rows), sum(a["total_ns"] for a in rows)
 
 
-def _launch_facts(report: dict[str, Any], win: int) -> dict[str, Any]:
-    calls, ns = _api_total(report, LAUNCH_APIS)
-    graph_calls, _ = _api_total(report, GRAPH_LAUNCH_APIS)
-    sync_calls, sync_ns = _api_total(report, SYNC_APIS)
-    has_api = bool(report["api"])
-    launch = report["launch"]
+def _launch_facts(trace: TraceSections, win: int) -> dict[str, Any]:
+    calls, ns = _api_total(trace, LAUNCH_APIS)
+    graph_calls, _ = _api_total(trace, GRAPH_LAUNCH_APIS)
+    sync_calls, sync_ns = _api_total(trace, SYNC_APIS)
+    has_api = bool(trace.api)
+    launch = trace.launch
     return {
         "launch.calls": calls if has_api else None,
         "launch.api_ns": ns if has_api else None,
@@ -221,18 +285,18 @@ def _launch_facts(report: dict[str, Any], win: int) -> dict[str, Any]:
         "sync.calls": sync_calls if has_api else None,
         "sync.api_ns": sync_ns if has_api else None,
         "sync.api_share": sync_ns / win if has_api else None,
-        "sync.records": sum(s["count"] for s in report["sync"]),
+        "sync.records": sum(s["count"] for s in trace.sync),
     }
 
 
-def _gap_facts(report: dict[str, Any], win: int) -> dict[str, Any]:
-    classes = report["gap_classes"]
-    devices = max(1, len(report["gpu"]["devices"]))
+def _gap_facts(trace: TraceSections, win: int) -> dict[str, Any]:
+    classes = trace.gap_classes
+    devices = max(1, len(trace.gpu["devices"]))
 
     def share(*labels: str) -> float:
         return sum(classes[label]["idle_ns"] for label in labels) / (win * devices)
 
-    listed = report["gaps"]
+    listed = trace.gaps
     return {
         "gaps.launch_idle_share": share("lt_20us"),
         "gaps.sub_ms_idle_share": share("lt_20us", "20us_1ms"),
@@ -245,9 +309,9 @@ def _gap_facts(report: dict[str, Any], win: int) -> dict[str, Any]:
     }
 
 
-def _memop_facts(report: dict[str, Any], win: int) -> dict[str, Any]:
-    ops = report["memops"]
-    kinds = report["memory_kinds"]
+def _memop_facts(trace: TraceSections, win: int) -> dict[str, Any]:
+    ops = trace.memops
+    kinds = trace.memory_kinds
     pageable = [k for k in kinds if "Pageable" in (k["src_kind"], k["dst_kind"])]
     copy_ns = sum(k["total_ns"] for k in kinds)
     pageable_ns = sum(k["total_ns"] for k in pageable)
@@ -267,3 +331,74 @@ def _memop_facts(report: dict[str, Any], win: int) -> dict[str, Any]:
         "memops.pageable_share": pageable_ns / win,
         "memops.pageable_copy_share": pageable_ns / copy_ns if copy_ns else 0.0,
     }
+
+
+def vllm_facts(vllm: Any) -> dict[str, Any]:
+    """`vllm.*` and `config.*` from the `vllm` section (None: no vLLM evidence)."""
+    facts: dict[str, Any] = {}
+    bench = vllm.bench if vllm is not None else None
+    for key in ("requests_per_second", "output_throughput", "ttft_mean_ms", "ttft_p99_ms", "tpot_mean_ms",
+                "tpot_p99_ms", "itl_mean_ms", "itl_p99_ms"):
+        facts[f"vllm.{key}"] = getattr(bench, key) if bench is not None else None
+    log = vllm.log if vllm is not None else None
+    metrics = (vllm.metrics_delta or vllm.metrics or {}) if vllm is not None else {}
+    gauges = (vllm.metrics or {}) if vllm is not None else {}
+
+    def logged(key: str) -> Any:
+        return getattr(log, key) if log is not None else None
+
+    preempt = metrics.get("vllm:num_preemptions_total")
+    facts["vllm.preemptions"] = int(preempt) if preempt is not None else logged("preemptions_total")
+    usage = gauges.get("vllm:kv_cache_usage_perc", gauges.get("vllm:gpu_cache_usage_perc"))
+    log_usage = logged("kv_cache_usage_max")
+    facts["vllm.kv_cache_usage_max"] = (log_usage / 100 if log_usage is not None else usage)
+    waiting = logged("waiting_max")
+    facts["vllm.waiting_max"] = waiting if waiting is not None else gauges.get("vllm:num_requests_waiting")
+    # With --api-server-count > 1 vLLM logs no stats lines, and /metrics after the run reads 0 running: the
+    # client's peak of requests in flight says the server was loaded.
+    running = logged("running_max")
+    if running is None and bench is not None:
+        running = bench.peak_concurrent_requests
+    facts["vllm.running_max"] = running if running is not None else gauges.get("vllm:num_requests_running")
+    facts["vllm.running_mean"] = logged("running_mean")
+    hits, queries = metrics.get("vllm:prefix_cache_hits_total"), metrics.get("vllm:prefix_cache_queries_total")
+    if hits is not None and queries:
+        facts["vllm.prefix_cache_hit_rate"] = hits / queries
+    else:
+        rate = logged("prefix_cache_hit_rate_mean")
+        facts["vllm.prefix_cache_hit_rate"] = rate / 100 if rate is not None else None
+    prompt, gen = logged("prompt_throughput_mean"), logged("generation_throughput_mean")
+    if prompt is None or not gen:  # no stats lines: the token counters' change over the run
+        prompt, gen = metrics.get("vllm:prompt_tokens_total"), metrics.get("vllm:generation_tokens_total")
+    facts["vllm.prompt_token_share"] = prompt / (prompt + gen) if prompt is not None and gen and prompt + gen else None
+    facts["vllm.kv_cache_tokens"] = logged("kv_cache_tokens")
+    for key in ("gpu_free_memory_bytes", "kv_cache_memory_bytes", "model_memory_bytes"):
+        facts[f"vllm.{key}"] = logged(key)
+    for key, entry in (vllm.config if vllm is not None else {}).items():
+        facts[f"config.{key}"] = entry["value"]
+    facts["vllm.default_max_num_seqs"] = (vllm.defaults or {}).get("max_num_seqs") if vllm is not None else None
+    return facts
+
+
+def host_facts(host: dict[str, Any] | None) -> dict[str, Any]:
+    """`host.*` facts (None where the run has no host.json or the role did not appear)."""
+    roles = (host or {}).get("roles") or {}
+    facts: dict[str, Any] = {}
+    for role, prefix in (("api_server", "host.api_server"), ("engine_core", "host.engine_core"),
+                         ("bench_client", "host.client"), ("frontend", "host.frontend")):
+        r = roles.get(role)
+        facts[f"{prefix}_cpu"] = r["cpu_mean"] if r else None
+        facts[f"{prefix}_saturated_share"] = r["saturated_share"] if r else None
+    facts["host.api_server_count"] = roles["api_server"]["count"] if "api_server" in roles else None
+    facts["host.cores"] = (host or {}).get("cores")
+    facts["host.gpu_util_mean"] = (host or {}).get("gpu_util_mean")
+    return facts
+
+
+def step_facts(steps: dict[str, Any] | None) -> dict[str, Any]:
+    if not steps:
+        return {k: None for k in FACTS if k.startswith("steps.")}
+    return {"steps.count": steps["count"], "steps.gpu_share": steps["gpu_share"],
+            "steps.wait_share": steps["wait_share"], "steps.cycle_p50_ns": steps["all"]["cycle_p50_ns"],
+            "steps.decode_cycle_p50_ns": steps["decode"]["cycle_p50_ns"],
+            "steps.prefill_share": steps["prefill"]["count"] / steps["count"]}

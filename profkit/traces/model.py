@@ -66,13 +66,10 @@ class Trace:
     primary: bool = True  # False for a `reopen`ed connection: the first one closes what the cache holds
 
     def reopen(self) -> Trace:
-        """Another connection to the same normalized trace (for analyses running in parallel)."""
+        """Another connection to the same normalized trace (for analyses running in parallel). A reader whose
+        relations are views over the user's file (nsys) reopens them its own way (`NsysTrace`)."""
         if self.db_file is None:
-            from profkit.traces.nsys import open_nsys
-
-            other = open_nsys(self.path, snapshot=self.snapshot, checked=self)
-            other.cache, other.primary = self.cache, False
-            return other
+            raise NotImplementedError(f"{self.kind}: no database file to reopen")
         conn = sqlite3.connect(f"file:{self.db_file}?mode=ro", uri=True, check_same_thread=False)
         return Trace(conn=conn, path=self.path, kind=self.kind, meta=self.meta, present=self.present,
                      db_file=self.db_file, owns_db=False, cache=self.cache, primary=False)

@@ -48,6 +48,15 @@ PID_OF = "(({col} >> 24) & 16777215)"
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
+class NsysTrace(Trace):
+    """An nsys export: views over the user's (read-only) file, reopened with the same checks reused."""
+
+    def reopen(self) -> Trace:
+        other = open_nsys(self.path, snapshot=self.snapshot, checked=self)
+        other.cache, other.primary = self.cache, False
+        return other
+
+
 def open_nsys(path: Path, snapshot: Path | None = None, checked: Trace | None = None) -> Trace:
     """Open an nsys SQLite export read-only and expose the normalized relations.
 
@@ -76,8 +85,8 @@ def open_nsys(path: Path, snapshot: Path | None = None, checked: Trace | None = 
         if checked:
             for relation in checked.repaired:
                 _repair(conn, relation)
-            return Trace(conn=conn, path=path, kind="nsys-sqlite", meta=meta, present=frozenset(present),
-                         snapshot=snapshot, repaired=checked.repaired)
+            return NsysTrace(conn=conn, path=path, kind="nsys-sqlite", meta=meta, present=frozenset(present),
+                             snapshot=snapshot, repaired=checked.repaired)
         if conn.execute(f"SELECT 1 FROM main.{KERNEL} LIMIT 1").fetchone() is None:
             raise TraceError(f"{path}: the trace has no CUDA kernels (was it recorded with `-t cuda`?)")
         said = _left_out(conn)
@@ -96,8 +105,8 @@ def open_nsys(path: Path, snapshot: Path | None = None, checked: Trace | None = 
     except TraceError:
         conn.close()
         raise
-    return Trace(conn=conn, path=path, kind="nsys-sqlite", meta=meta, present=frozenset(present), snapshot=snapshot,
-                 repaired=tuple(repaired))
+    return NsysTrace(conn=conn, path=path, kind="nsys-sqlite", meta=meta, present=frozenset(present),
+                     snapshot=snapshot, repaired=tuple(repaired))
 
 
 def _left_out(conn: sqlite3.Connection) -> list[str]:
@@ -182,7 +191,7 @@ def _open_with_wal(path: Path, wal: Path) -> Trace:
 
     folder = Path(tempfile.mkdtemp(prefix="profkit-wal-"))
     try:
-        copy = folder / "trace.sqlite"
+        copy = folder / "export.sqlite"
         shutil.copyfile(path, copy)
         shutil.copyfile(wal, f"{copy}-wal")
         conn = sqlite3.connect(copy)

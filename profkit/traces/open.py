@@ -35,12 +35,12 @@ def looks_like_json_text(head: bytes) -> bool:
 
 
 def open_trace(path: str | os.PathLike) -> Trace:
-    """Open an nsys SQLite export, a torch.profiler trace, or a capture folder as a normalized `Trace`."""
+    """Open an nsys SQLite export or a torch.profiler trace as a normalized `Trace`."""
     p = Path(path)
     if not p.exists():
         raise TraceError(f"{p}: no such file or directory")
-    if p.is_dir():
-        return open_trace(find_trace_in_folder(p))
+    if p.is_dir():  # a capture folder's traces are found by profkit.capture.folder.CaptureFolder.traces()
+        raise TraceError(f"{p}: a folder, not a trace file")
     try:
         require_file(p, "trace")
     except ProfkitError as exc:
@@ -58,30 +58,3 @@ def open_trace(path: str | os.PathLike) -> Trace:
     if p.suffix == ".nsys-rep" or head.startswith(b"\x00\x00"):
         raise TraceError(f"{p}: an .nsys-rep report; export it first: nsys export --type sqlite {p}")
     raise TraceError(f"{p}: not a trace (expected an nsys SQLite export or a torch.profiler JSON)")
-
-
-def find_trace_in_folder(folder: Path) -> Path:
-    """The trace inside a capture folder: trace.sqlite first, then a single *.sqlite or torch trace."""
-    found = trace_in_folder(folder)
-    if found is None:
-        raise TraceError(f"{folder}: folder holds no trace (*.sqlite, *.pt.trace.json[.gz])")
-    return found
-
-
-def trace_in_folder(folder: Path) -> Path | None:
-    """Like `find_trace_in_folder`, but None for a folder without a trace (an unprofiled capture)."""
-    found = traces_in_folder(folder)
-    if len(found) <= 1:
-        return found[0] if found else None
-    names = ", ".join(f.name for f in found)
-    raise TraceError(f"{folder}: folder holds several traces ({names}); name one")
-
-
-def traces_in_folder(folder: Path) -> list[Path]:
-    """The traces of a capture folder or a folder of per-rank traces: trace.sqlite alone when it is there,
-    else every nsys export, else every torch trace (torch.profiler writes one per rank)."""
-    preferred = folder / "trace.sqlite"
-    if preferred.is_file():
-        return [preferred]
-    return (sorted(folder.glob("*.sqlite")) or sorted(folder.glob("*.pt.trace.json*"))
-            or sorted(folder.glob("torch/*.pt.trace.json*")) or sorted(folder.glob("*rank*.json*")))

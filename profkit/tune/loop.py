@@ -21,17 +21,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from profkit.capture.plan import CaptureOptions, Plan, plan_offline, plan_serve
+from profkit.capture.plan import CaptureOptions, Plan, plan
 from profkit.compare import metrics as m
 from profkit.compare.diff import Side, diff_reports
 from profkit.compare.gate import Condition, parse_condition
-from profkit.diagnose.command import UserCommand, VllmCommand, normalize_flag, suggest
+from profkit.diagnose.suggestion import suggest
+from profkit.diagnose.vllm_command import UserCommand, normalize_flag, spec_for
 from profkit.errors import ProfkitError
 
 SCHEMA = "profkit.tune/1"
 PROFILE_MODES = ("never", "first", "always")
-# flags `profkit capture serve` sets on the benchmark client itself
-CLIENT_FIXED = ("--backend", "--model", "--port")
 
 Say = Callable[[str], None]
 
@@ -48,7 +47,6 @@ class TuneOptions:
     candidate_runs: int = 1  # runs of each candidate (1: a second only when the first lands near the threshold)
     patience: int = 2  # stop after this many candidates in a row that did not help
     nsys: str = "nsys"
-    port: int = 8000
     timeout_s: float = 3600.0
     health_timeout_s: float = 600.0
     rules_dirs: list[Path] = field(default_factory=list)
@@ -87,7 +85,6 @@ def allowed_flags(rules_dirs: list[Path] | None = None) -> list[str]:
     """Every server flag a rule can change: the only flags tune may ever apply. Benchmark-client flags
     (--max-concurrency, --request-rate) are left out: changing them changes the workload, not the server."""
     from profkit.diagnose.engine import load_rules
-    from profkit.diagnose.vllm_cli import spec_for
 
     server = spec_for(["serve"])
     flags = {normalize_flag(c.flag) for r in load_rules(rules_dirs) for c in r.changes}
@@ -96,39 +93,10 @@ def allowed_flags(rules_dirs: list[Path] | None = None) -> list[str]:
 
 # --- one run ------------------------------------------------------------------------------------------
 
-def capture_options(user: UserCommand, out: Path, tool: str, opts: TuneOptions) -> tuple[CaptureOptions, str]:
-    """The capture that runs `user`'s commands (offline: the bench command; serve: server and client)."""
-    base = CaptureOptions(out=out, tool=tool, nsys=opts.nsys, timeout_s=opts.timeout_s, port=opts.port,
-                          health_timeout_s=opts.health_timeout_s)
-    server = next((c for c in user.commands if c.role == "server"), None)
-    if server is None:
-        offline = next(c for c in user.commands if c.role == "offline")
-        base.vllm = offline.program[0] if len(offline.program) == 1 else "vllm"
-        base.bench_cmd = ["vllm", *offline.subcommand, *offline.args]
-        return base, "offline"
-    client = next((c for c in user.commands if c.role == "client"), None)
-    base.vllm = server.program[0] if server.program else "vllm"
-    base.model = server.args[0]
-    base.server_args = _without(server.args[1:], ("--port",))
-    base.bench_args = _without(client.args, CLIENT_FIXED) if client else []
-    return base, "serve"
-
-
-def _without(args: list[str], flags: tuple[str, ...]) -> list[str]:
-    out, i = [], 0
-    while i < len(args):
-        name = normalize_flag(args[i].split("=", 1)[0])
-        if name in flags:
-            i += 1 if "=" in args[i] else 2
-            continue
-        out.append(args[i])
-        i += 1
-    return out
-
-
 def plan_for(user: UserCommand, out: Path, tool: str, opts: TuneOptions) -> Plan:
-    copts, kind = capture_options(user, out, tool, opts)
-    return plan_serve(copts) if kind == "serve" else plan_offline(copts)
+    """The capture that runs `user`'s commands (offline: the bench command; serve: server and client)."""
+    return plan(CaptureOptions(out=out, user=user, tool=tool, nsys=opts.nsys, timeout_s=opts.timeout_s,
+                               health_timeout_s=opts.health_timeout_s))
 
 
 def execute(plan: Plan, rules_dirs: list[Path], say: Say) -> Run:
@@ -141,12 +109,11 @@ def execute(plan: Plan, rules_dirs: list[Path], say: Say) -> Run:
     try:
         run_capture(plan, say=say)
     except CaptureError as exc:
-        manifest = plan.out / "manifest.json"
-        if manifest.is_file() and json.loads(manifest.read_text()).get("status") == "interrupted":
+        if exc.interrupted:
             raise KeyboardInterrupt from None
         return Run(plan.out, "failed", profiled, error=str(exc))
-    report = build_report(plan.out, rules_dirs=rules_dirs)
-    (plan.out / "report.json").write_text(render_json(report), encoding="utf-8")
+    report = build_report(plan.out, rules_dirs=rules_dirs).document()
+    plan.folder.write_report(render_json(report))
     return Run(plan.out, "ok", profiled, report=report)
 
 
@@ -335,7 +302,7 @@ class Tuner:
             applied = [a for a in sug.applied if a.action != "none"]
             if not applied or not sug.commands:
                 continue
-            if sug.checks and not all(c["ok"] for c in sug.checks):
+            if sug.checks and not all(c.ok for c in sug.checks):
                 continue  # never run a command vLLM's parser rejects
             user = UserCommand(sug.commands, self.best.user.source)
             if tuple(tuple(c.argv()) for c in user.commands) in self.tried:
@@ -429,24 +396,3 @@ def dry_run_lines(opts: TuneOptions) -> list[str]:
     lines += ["  " + line for line in plan.commands()]
     lines.append("flags tune may change (named by the rules): " + " ".join(allowed_flags(opts.rules_dirs)))
     return lines
-
-
-def user_from_cli(command: list[str], model: str | None, server_args: str, bench_args: str,
-                  port: int) -> UserCommand:
-    """The baseline from tune's command line: `-- vllm bench throughput|latency ...` or serve's options."""
-    import shlex
-
-    if command[:1] == ["serve"]:
-        if not model:
-            raise ProfkitError("tune serve needs --model")
-        try:
-            server = VllmCommand(["vllm"], ["serve"], [model, *shlex.split(server_args), "--port", str(port)])
-            client = VllmCommand(["vllm"], ["bench", "serve"], ["--backend", "vllm", "--model", model, "--port",
-                                                                  str(port), *shlex.split(bench_args)])
-        except ValueError as exc:
-            raise ProfkitError(f"--server-args/--bench-args: {exc}") from None
-        return UserCommand([server, client], "tune command line")
-    words = command[1:] if command[:1] == ["vllm"] else command
-    if len(words) < 2 or words[0] != "bench" or words[1] not in ("throughput", "latency"):
-        raise ProfkitError("expected `-- vllm bench throughput|latency ARGS...` (or `profkit tune serve ...`)")
-    return UserCommand([VllmCommand(["vllm"], words[:2], words[2:])], "tune command line")

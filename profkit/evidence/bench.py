@@ -1,0 +1,78 @@
+"""`vllm bench throughput --output-json` / `vllm bench serve --save-result` JSON -> `BenchResult`."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from profkit.errors import ProfkitError
+from profkit.inputs import one_line, read_text
+
+
+class BenchResult(msgspec.Struct, omit_defaults=True):
+    """The benchmark's own figures, under one name whichever benchmark wrote them; a field the file does
+    not hold (as a finite number) is None and left out of the report's JSON."""
+
+    requests_per_second: float | None = None
+    output_throughput: float | None = None
+    tokens_per_second: float | None = None
+    elapsed_s: float | None = None
+    num_requests: float | None = None
+    ttft_mean_ms: float | None = None
+    ttft_median_ms: float | None = None
+    ttft_p99_ms: float | None = None
+    tpot_mean_ms: float | None = None
+    tpot_p99_ms: float | None = None
+    itl_mean_ms: float | None = None
+    itl_p99_ms: float | None = None
+    max_concurrency: float | None = None
+    request_rate: float | None = None
+    peak_concurrent_requests: float | None = None  # requests in flight, client side
+
+
+# field -> the keys `vllm bench throughput` and `vllm bench serve` write it under, first found wins
+KEYS: dict[str, tuple[str, ...]] = {
+    "requests_per_second": ("requests_per_second", "request_throughput"),
+    "output_throughput": ("output_throughput",),
+    "tokens_per_second": ("tokens_per_second", "total_token_throughput"),
+    "elapsed_s": ("elapsed_time", "duration"),
+    "num_requests": ("num_requests", "num_prompts", "completed"),
+    "ttft_mean_ms": ("mean_ttft_ms",), "ttft_median_ms": ("median_ttft_ms",), "ttft_p99_ms": ("p99_ttft_ms",),
+    "tpot_mean_ms": ("mean_tpot_ms",), "tpot_p99_ms": ("p99_tpot_ms",),
+    "itl_mean_ms": ("mean_itl_ms",), "itl_p99_ms": ("p99_itl_ms",),
+    "max_concurrency": ("max_concurrency",), "request_rate": ("request_rate",),
+    "peak_concurrent_requests": ("max_concurrent_requests",),
+}
+
+
+def parse_bench(data: dict[str, Any]) -> BenchResult:
+    """The benchmark JSON's figures (finite numbers only; booleans and text are not figures)."""
+    out = {}
+    for name, candidates in KEYS.items():
+        for c in candidates:
+            value = data.get(c)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and _finite(value):
+                out[name] = float(value)
+                break
+    return BenchResult(**out)
+
+
+def _finite(value: float) -> bool:
+    try:
+        return math.isfinite(float(value)) and abs(float(value)) < 1e15
+    except OverflowError:  # an int too large for a float
+        return False
+
+
+def read_bench(path: Path) -> BenchResult:
+    try:
+        data = json.loads(read_text(Path(path), "benchmark JSON"))
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise ProfkitError(f"{path}: not a benchmark JSON ({one_line(exc, 120)})") from None
+    if not isinstance(data, dict):
+        raise ProfkitError(f"{path}: not a benchmark JSON (expected an object, got a {type(data).__name__})")
+    return parse_bench(data)

@@ -1,0 +1,70 @@
+"""`host.json` (written by `profkit capture`, schema `profkit.host/1`) -> `HostSamples`.
+
+Every sample is checked here: a process without a text role, a sample that is not [seconds, value] of two
+finite numbers, a negative CPU value or a GPU utilization outside 0..1 is left out and counted."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from profkit.errors import ProfkitError
+from profkit.inputs import one_line, read_text
+
+SCHEMA = "profkit.host/1"
+
+
+class ProcessSamples(msgspec.Struct):
+    pid: Any
+    role: str
+    name: str
+    cpu: list[tuple[float, float]]  # (seconds, cores used)
+
+
+class HostSamples(msgspec.Struct):
+    path: str
+    cores: int | None  # the machine's CPU cores, when plausible
+    duration_s: Any  # as written
+    interval_s: Any
+    processes: list[ProcessSamples]
+    gpu_util: list[tuple[float, float]]  # (seconds, 0..1), every GPU's samples together
+    skipped_samples: int
+
+
+def number_pair(pair: Any) -> bool:
+    """A sample: [seconds, value], both finite numbers."""
+    return (isinstance(pair, list) and len(pair) == 2
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in pair))
+
+
+def parse_host(data: Any, path: str) -> HostSamples:
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        raise ProfkitError(f"{path}: not a {SCHEMA} document")
+    listed = data.get("processes") if isinstance(data.get("processes"), list) else []
+    processes, skipped = [], 0
+    for p in listed:
+        if not isinstance(p, dict) or not isinstance(p.get("role"), str):
+            skipped += 1
+            continue
+        raw = p.get("cpu") if isinstance(p.get("cpu"), list) else []
+        valid = [(pair[0], pair[1]) for pair in raw if number_pair(pair) and pair[1] >= 0]
+        skipped += len(raw) - len(valid)
+        processes.append(ProcessSamples(p.get("pid"), p["role"], str(p.get("name", ""))[:200], valid))
+    gpus = data.get("gpus") if isinstance(data.get("gpus"), list) else []
+    util = [(pair[0], pair[1]) for g in gpus if isinstance(g, dict) and isinstance(g.get("util"), list)
+            for pair in g["util"] if number_pair(pair) and 0 <= pair[1] <= 1]
+    cores = data.get("cores")
+    return HostSamples(path, cores if isinstance(cores, int) and not isinstance(cores, bool) and 0 < cores < 1 << 20
+                       else None, data.get("duration_s"), data.get("interval_s"), processes, util, skipped)
+
+
+def read_host(path: Path) -> HostSamples:
+    try:
+        data = json.loads(read_text(Path(path), "host samples"))
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise ProfkitError(f"{path}: not JSON ({one_line(exc, 120)})") from None
+    return parse_host(data, str(path))

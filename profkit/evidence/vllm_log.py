@@ -1,0 +1,137 @@
+"""A vLLM server or engine log -> `VllmLog`: the periodic stats lines (max and mean over the run) and the
+start-up facts (KV cache size, memory, the "non-default args" the run set).
+
+Line by line, each pattern anchored on a literal and bounded: any line costs linear time; a line longer than
+vLLM's longest (the engine config line, a few KB) is not vLLM's and is skipped."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from profkit.inputs import read_text
+
+# One periodic stats line of vLLM V1's LoggingStatLogger, e.g.
+# "Engine 000: Avg prompt throughput: 5325.0 tokens/s, Avg generation throughput: 1218.6 tokens/s,
+#  Running: 7 reqs, Waiting: 148 reqs, Preemptions: 3, GPU KV cache usage: 85.8%, Prefix cache hit rate: 0.0%"
+STAT_FIELDS = {
+    "prompt_throughput": r"Avg prompt throughput: ?(\d{1,12}(?:\.\d{1,6})?)\b",
+    "generation_throughput": r"Avg generation throughput: ?(\d{1,12}(?:\.\d{1,6})?)\b",
+    "running": r"Running: ?(\d{1,9}) reqs",
+    "waiting": r"Waiting: ?(\d{1,9}) reqs",
+    "preemptions": r"Preemptions: ?(\d{1,12})\b",
+    "kv_cache_usage": r"GPU KV cache usage: ?(\d{1,3}(?:\.\d{1,6})?)%",
+    "prefix_cache_hit_rate": r"Prefix cache hit rate: ?(\d{1,3}(?:\.\d{1,6})?)%",
+}
+_KV_TOKENS = re.compile(r"GPU KV cache size:\s*([\d,]+) tokens")
+_MAX_CONCURRENCY = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request:\s*([\d.]+)x")
+_BATCHED_TOKENS = re.compile(r"max_num_batched_tokens=(\d+)")
+_GPU_MEM_UTIL = re.compile(r"Desired GPU memory utilization is \(([\d.]+)")
+# Memory at start-up (vLLM 0.26 gpu_worker.py): with --kv-cache-memory-bytes it logs "Initial free memory
+# 78.66 GiB, reserved 0.28 GiB memory for KV Cache as specified by kv_cache_memory_bytes config"; without,
+# "Available KV cache memory: 69.54 GiB". model_runner.py: "Model loading took 2.06 GiB".
+_FREE_MEMORY = re.compile(r"Initial free memory ([\d.]+) GiB")
+_KV_RESERVED = re.compile(r"reserved ([\d.]+) GiB memory for KV Cache|Available KV cache memory: ([\d.]+) GiB")
+_MODEL_MEMORY = re.compile(r"Model loading took ([\d.]+) GiB")
+GIB = 1 << 30
+# "non-default args: {'tokenizer': '/tmp/tiny', 'max_model_len': 2048, ...}": the flags the run set.
+_NON_DEFAULT = re.compile(r"non-default args: (\{.*\})")
+_STARTUP_KEYS = ("GPU KV cache size", "Maximum concurrency", "max_num_batched_tokens=", "Desired GPU memory",
+                 "Initial free memory", "Available KV cache memory", "Model loading took", "non-default args")
+_LITERAL_ARG = re.compile(r"'(\w+)': ('[^']*'|-?[\d.]+(?:e-?\d+)?|True|False|None)(?=[,}])")
+MAX_LINE = 16384
+
+
+class VllmLog(msgspec.Struct, omit_defaults=True):
+    """What a vLLM log says; a field the log does not tell is None (left out of the report's JSON)."""
+
+    stats_lines: int
+    skipped_lines: int
+    prompt_throughput_max: float | None = None
+    prompt_throughput_mean: float | None = None
+    generation_throughput_max: float | None = None
+    generation_throughput_mean: float | None = None
+    running_max: float | None = None
+    running_mean: float | None = None
+    waiting_max: float | None = None
+    waiting_mean: float | None = None
+    preemptions_max: float | None = None
+    preemptions_mean: float | None = None
+    kv_cache_usage_max: float | None = None  # percent, as the log prints it
+    kv_cache_usage_mean: float | None = None
+    prefix_cache_hit_rate_max: float | None = None
+    prefix_cache_hit_rate_mean: float | None = None
+    # Some vLLM versions log the preemptions of each logging interval; their sum is the run's total. vLLM 0.26
+    # never prints the field (a real run with 29 preemptions in /metrics logged none), so its absence says
+    # nothing: only the metrics counter is authoritative.
+    preemptions_total: int | None = None
+    kv_cache_tokens: int | None = None
+    max_concurrency: float | None = None
+    logged_max_num_batched_tokens: int | None = None
+    logged_gpu_memory_utilization: float | None = None
+    gpu_free_memory_bytes: int | None = None
+    kv_cache_memory_bytes: int | None = None
+    model_memory_bytes: int | None = None
+    non_default_args: dict[str, Any] | None = None  # literal values only, never evaluated
+
+
+def parse_log(text: str) -> VllmLog:
+    stats: dict[str, list[float]] = {k: [] for k in STAT_FIELDS}
+    lines = skipped = 0
+    startup: list[str] = []
+    for line in text.splitlines():
+        if len(line) > MAX_LINE:
+            skipped += 1
+            continue
+        if "Avg prompt throughput" not in line:
+            if len(startup) < 2000 and any(k in line for k in _STARTUP_KEYS):
+                startup.append(line)
+            continue
+        lines += 1
+        for key, pattern in STAT_FIELDS.items():
+            m = re.search(pattern, line)
+            if m:
+                stats[key].append(float(m.group(1)))
+    text = "\n".join(startup)
+    out: dict[str, Any] = {"stats_lines": lines, "skipped_lines": skipped}
+    for key, values in stats.items():
+        if values:
+            out[f"{key}_max"] = max(values)
+            out[f"{key}_mean"] = sum(values) / len(values)
+    if stats["preemptions"]:
+        out["preemptions_total"] = int(sum(stats["preemptions"]))
+    if m := _KV_TOKENS.search(text):
+        out["kv_cache_tokens"] = int(m.group(1).replace(",", ""))
+    if m := _MAX_CONCURRENCY.search(text):
+        out["max_concurrency"] = float(m.group(2))
+    if m := _BATCHED_TOKENS.search(text):
+        out["logged_max_num_batched_tokens"] = int(m.group(1))
+    if m := _GPU_MEM_UTIL.search(text):
+        out["logged_gpu_memory_utilization"] = float(m.group(1))
+    if m := _FREE_MEMORY.search(text):
+        out["gpu_free_memory_bytes"] = int(float(m.group(1)) * GIB)
+    if m := _KV_RESERVED.search(text):
+        out["kv_cache_memory_bytes"] = int(float(m.group(1) or m.group(2)) * GIB)
+    if m := _MODEL_MEMORY.search(text):
+        out["model_memory_bytes"] = int(float(m.group(1)) * GIB)
+    if m := _NON_DEFAULT.search(text):
+        # Only literal values (objects such as ProfilerConfig(...) are skipped).
+        out["non_default_args"] = {k: _literal(v) for k, v in _LITERAL_ARG.findall(m.group(1))}
+    return VllmLog(**out)
+
+
+def _literal(text: str) -> Any:
+    """One value of the logged dict, as Python wrote it: a quoted string, a number, True/False/None.
+    (The pattern above admits nothing else, and a malformed number such as '1.2.3' stays text.)"""
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def read_log(path: Path) -> VllmLog:
+    return parse_log(read_text(Path(path), "vLLM log"))

@@ -1,0 +1,148 @@
+"""One trace's sections: open -> window -> analyses (`TraceSections`), before vLLM's evidence, facts and rules."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from profkit.analysis import api as api_analysis
+from profkit.analysis import timeline
+from profkit.analysis.categories import category_breakdown
+from profkit.analysis.communication import DeviceKernels, per_device
+from profkit.analysis.cpu import cpu_op_summary
+from profkit.analysis.kernels import kernel_summary
+from profkit.analysis.launch import launch_latency
+from profkit.analysis.nvtx import nvtx_summary
+from profkit.analysis.sched import process_cpu
+from profkit.analysis.sections import Rank, RankPart, TraceSections
+from profkit.analysis.steps import engine_steps
+from profkit.analysis.transfers import memop_summary, memory_kinds
+from profkit.analysis.window import Window, choose_window, with_seq_ranges
+from profkit.analysis.workload import trace_mentions_vllm
+from profkit.errors import TraceError
+from profkit.traces import Trace, open_trace
+
+Progress = Callable[[str], None]
+STAT_RENAMES = {"total": "total_ns", "avg": "avg_ns", "median": "median_ns", "min": "min_ns",
+                "max": "max_ns", "stddev": "stddev_ns"}
+KERNEL_FIELDS = ["name", "short_name", "category", "count", "total_ns", "share", "avg_ns", "median_ns", "min_ns",
+                 "max_ns", "stddev_ns", "graph_count", "short_count"]
+
+
+def trace_sections(path: str | os.PathLike, window: str, gap_threshold_ns: int, buckets: int,
+                   step: Progress | None = None, ranks: bool = False) -> TraceSections:
+    """The trace's sections. `ranks`: give the per-device part even for a single GPU (the trace is one rank of
+    several)."""
+    try:
+        return _build(path, window, gap_threshold_ns, buckets, step or (lambda _name: None), ranks)
+    except sqlite3.DatabaseError as exc:
+        # A truncated or corrupt export can open fine and fail deep inside a query.
+        raise TraceError(f"{path}: damaged or unreadable trace database ({exc})") from None
+
+
+def _build(path: str | os.PathLike, window: str, gap_threshold_ns: int, buckets: int,
+           step: Progress, ranks: bool = False) -> TraceSections:
+    step("open trace")
+    with open_trace(path) as trace:
+        step("GPU timeline")
+        auto = window.strip() == "auto"
+        phases: list[dict[str, Any]] = []
+        if auto:  # the automatic window needs the gap table first; other windows are known now
+            timeline.build_gap_table(trace)
+            phases = timeline.phases(trace)
+        win = with_seq_ranges(trace, choose_window(trace, window, phases))
+        # The per-table summaries are independent scans: run them on their own connections while
+        # this one builds the timeline (sqlite3 releases the GIL while a query runs).
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            gpu_side = pool.submit(_gpu_side, trace, win)
+            host_side = pool.submit(_host_side, trace, win)
+            if not auto:
+                timeline.build_gap_table(trace)
+            tl = timeline.gpu_timeline(trace, win, gap_threshold_ns=gap_threshold_ns, n_buckets=buckets)
+            steps = engine_steps(trace, win)  # the gap table lives on this connection
+            sched = process_cpu(trace, win)
+            step("kernels")
+            kernels, memops, kinds, nvtx, launch = gpu_side.result()
+            step("CUDA API")
+            api, sync, cpu_ops = host_side.result()
+        devices = per_device(trace, win, kernels) if ranks or len(tl.devices) > 1 else None
+        source = {"path": str(Path(path)), "kind": trace.kind, **trace.meta,
+                  "vllm_names": trace_mentions_vllm(trace)}
+    return TraceSections(
+        source=source,
+        window={**win.as_json(), "phases": phases},
+        gpu={"busy_ns": tl.busy_ns, "idle_ns": tl.idle_ns, "utilization": tl.utilization, "devices": tl.devices},
+        timeline=tl.buckets,
+        kernels=_kernel_records(kernels),
+        categories=category_breakdown(kernels),
+        memops=[_stat_record(m, first="operation") for m in memops],
+        memory_kinds=kinds,
+        api=[_stat_record(a, first="name") for a in api],
+        sync=sync,
+        nvtx=[_stat_record({"range": n.pop("name"), **n}, first="range") for n in nvtx],
+        cpu_ops=[_stat_record(c, first="name") for c in cpu_ops],
+        gaps=tl.gaps,
+        gap_classes=tl.gap_classes,
+        steps=steps,
+        sched=sched,
+        launch=launch,
+        ranks=_rank_parts(source, devices, tl.devices, win.duration_ns) if devices is not None else None,
+    )
+
+
+def _rank_parts(source: dict[str, Any], devices: dict[int, DeviceKernels], busy: list[dict[str, Any]],
+                window_ns: int) -> list[RankPart]:
+    """One part per device (a rank): its public entry, with the collectives it ran kept beside for the join."""
+    gpus = {g.get("id"): g.get("name") for g in source.get("gpus") or [] if isinstance(g, dict)}
+    by_device = {d["device"]: d for d in busy}
+    single = len(devices) == 1 and source.get("rank") is not None
+    parts = []
+    for device, dev in sorted(devices.items()):
+        b = by_device.get(device, {})
+        entry = Rank(rank=source["rank"] if single else device, source=source["path"], device=device,
+                     gpu={"name": gpus.get(device) or source.get("gpu"), "busy_ns": b.get("busy_ns"),
+                          "idle_ns": b.get("idle_ns"), "utilization": b.get("utilization")},
+                     kernels={"count": dev.count, "total_ns": dev.total_ns}, categories=dev.categories,
+                     communication=dev.communication())
+        parts.append(RankPart(entry, dev.comm_starts, dev.comm_names, window_ns))
+    return parts
+
+
+def _gpu_side(main: Trace, win: Window) -> tuple:
+    with main.reopen() as trace:
+        kernels = kernel_summary(trace, win)
+        memops = memop_summary(trace, win)
+        kinds = memory_kinds(trace, win)
+        nvtx = nvtx_summary(trace, win)
+        eager = sum(k["count"] - k["graph"] for k in kernels)
+        launch = launch_latency(trace, win, eager)
+    return kernels, memops, kinds, nvtx, launch
+
+
+def _host_side(main: Trace, win: Window) -> tuple:
+    with main.reopen() as trace:
+        return (api_analysis.api_summary(trace, win), api_analysis.sync_summary(trace, win),
+                cpu_op_summary(trace, win))
+
+
+def _stat_record(row: dict[str, Any], first: str) -> dict[str, Any]:
+    """A summary row as the report writes it: `first` first, nanosecond statistics named *_ns, sizes `bytes`."""
+    renames = {**STAT_RENAMES, "bytes_total": "bytes"}
+    out = {first: row[first]}
+    out.update((renames.get(k, k), v) for k, v in row.items() if k not in (first, "name_id"))
+    return out
+
+
+def _kernel_records(kernels: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    grand = sum(k["total"] for k in kernels)
+    renames = {**STAT_RENAMES, "graph": "graph_count", "short": "short_count"}
+    out = []
+    for k in kernels:
+        row = {renames.get(key, key): v for key, v in k.items()}
+        row["share"] = row["total_ns"] / grand if grand else None
+        out.append({f: row[f] for f in KERNEL_FIELDS})
+    return out
