@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli import Result, one_error_line, profkit
 from tests.conftest import FIXTURES
 from tests.test_rules import REAL_SERVE
 
@@ -34,9 +35,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def capture(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "profkit.cli", "capture", *args], capture_output=True, text=True,
-                          env=env, timeout=timeout)
+def capture(env: dict[str, str], *args: str, timeout: float = 120) -> Result:
+    """`profkit capture` in a child process: the fake vllm and nsys are on its PATH."""
+    return profkit("capture", *args, env=env, timeout=timeout)
 
 
 def manifest(folder: Path) -> dict:
@@ -44,8 +45,7 @@ def manifest(folder: Path) -> dict:
 
 
 def report_json(folder: Path) -> dict:
-    out = subprocess.run([sys.executable, "-m", "profkit.cli", "report", str(folder), "--format", "json"],
-                         capture_output=True, text=True, timeout=300)
+    out = profkit("report", folder, "--format", "json")
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
@@ -165,19 +165,13 @@ def test_unprofiled_captures_report_the_evidence(env, tmp_path: Path) -> None:
                                                        "600000000"]
 
 
-def one_line_error(r: subprocess.CompletedProcess, needle: str) -> None:
-    assert r.returncode != 0 and "Traceback" not in r.stderr
-    errors = [line for line in r.stderr.splitlines() if line.startswith("profkit: error:")]
-    assert len(errors) == 1 and needle in errors[0], r.stderr
-
-
 def test_missing_nsys_or_vllm_fails_before_anything_starts(env, tmp_path: Path) -> None:
     out = tmp_path / "c"
     r = capture(env, "--nsys", "/nonexistent/nsys", "--out", str(out), "--", "vllm", "bench", "throughput")
-    one_line_error(r, "'/nonexistent/nsys' not found on PATH")
+    one_error_line(r, "'/nonexistent/nsys' not found on PATH", progress=True)
     r = capture(env, "--vllm", "no-such-vllm", "--tool", "torch", "--out", str(out), "--", "vllm", "bench",
                 "throughput")
-    one_line_error(r, "'no-such-vllm' not found on PATH")
+    one_error_line(r, "'no-such-vllm' not found on PATH", progress=True)
     assert not out.exists()
 
 
@@ -186,14 +180,14 @@ def test_port_already_taken(env, tmp_path: Path) -> None:
         s.bind(("127.0.0.1", 0))
         s.listen()
         r = capture(env, "serve", "--out", str(tmp_path / "c"), "--model", "/m", "--port", str(s.getsockname()[1]))
-    one_line_error(r, "already in use")
+    one_error_line(r, "already in use", progress=True)
     assert not (tmp_path / "c").exists()
 
 
 def test_benchmark_failure_is_recorded(env, tmp_path: Path) -> None:
     out = tmp_path / "c"
     r = capture({**env, "FAKE_VLLM_FAIL": "bench"}, "--out", str(out), "--", "vllm", "bench", "throughput")
-    one_line_error(r, "vllm bench under nsys exited with code 1")
+    one_error_line(r, "vllm bench under nsys exited with code 1", progress=True)
     m = manifest(out)
     assert m["status"] == "failed" and "exited with code 1" in m["failed_at"]
     assert "CUDA out of memory" in (out / "bench.log").read_text()
@@ -204,7 +198,7 @@ def test_server_crash_keeps_the_log(env, tmp_path: Path) -> None:
     out = tmp_path / "c"
     r = capture({**env, "FAKE_VLLM_FAIL": "serve-crash"}, "serve", "--tool", "torch", "--out", str(out),
                 "--model", "/m", "--port", str(free_port()))
-    one_line_error(r, "vllm serve exited with code 1 before it was healthy")
+    one_error_line(r, "vllm serve exited with code 1 before it was healthy", progress=True)
     assert manifest(out)["status"] == "failed"
     assert "engine core died" in (out / "server.log").read_text()
 
@@ -213,7 +207,7 @@ def test_health_timeout(env, tmp_path: Path) -> None:
     out = tmp_path / "c"
     r = capture({**env, "FAKE_VLLM_SLOW_HEALTH": "60"}, "serve", "--out", str(out), "--model", "/m",
                 "--port", str(free_port()), "--health-timeout", "2")
-    one_line_error(r, "not healthy within 2 s")
+    one_error_line(r, "not healthy within 2 s", progress=True)
     m = manifest(out)
     assert m["status"] == "failed" and m["server"]["exit_code"] == 0  # stopped, not left running
 
@@ -222,7 +216,7 @@ def test_step_timeout(env, tmp_path: Path) -> None:
     out = tmp_path / "c"
     r = capture({**env, "FAKE_VLLM_BENCH_S": "30"}, "--tool", "torch", "--timeout", "1", "--out", str(out), "--",
                 "vllm", "bench", "throughput")
-    one_line_error(r, "timed out after 1 s")
+    one_error_line(r, "timed out after 1 s", progress=True)
     assert manifest(out)["steps"][0]["note"] == "timed out after 1 s"
 
 

@@ -1,4 +1,4 @@
-"""The CLI through a real subprocess: output formats, and one clear line for every bad input."""
+"""The CLI through its console entry point: output formats, and one clear line for every bad input."""
 
 from __future__ import annotations
 
@@ -14,21 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli import one_error_line, profkit
 from tests.conftest import GROUND_TRUTH
-
-
-def profkit(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "profkit.cli", *args], capture_output=True, text=True,
-                          timeout=300)
-
-
-def assert_one_line_error(result: subprocess.CompletedProcess, needle: str) -> None:
-    assert result.returncode != 0
-    assert "Traceback" not in result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("profkit: error:")
-    assert needle in lines[0]
 
 
 def writable_copy(src: Path, dst: Path) -> Path:
@@ -68,8 +55,8 @@ def test_window_options(sqlite_path) -> None:
     assert nvtx["window"]["duration_ns"] == 20464823 - 13687553  # the prefill range in NVTX_EVENTS
     explicit = json.loads(profkit("report", path, "--window", "13687553:20464823", "--format", "json").stdout)
     assert explicit["facts"]["kernels.count"] == nvtx["facts"]["kernels.count"]
-    assert_one_line_error(profkit("report", path, "--window", "nvtx:nope"), "no NVTX range")
-    assert_one_line_error(profkit("report", path, "--window", "banana"), "expected all, auto")
+    one_error_line(profkit("report", path, "--window", "nvtx:nope"), "no NVTX range")
+    one_error_line(profkit("report", path, "--window", "banana"), "expected all, auto")
 
 
 def test_trace_is_never_modified(sqlite_path, tmp_path: Path) -> None:
@@ -83,13 +70,13 @@ def test_trace_is_never_modified(sqlite_path, tmp_path: Path) -> None:
 
 
 def test_missing_path(tmp_path: Path) -> None:
-    assert_one_line_error(profkit("report", str(tmp_path / "nope.sqlite")), "no such file")
+    one_error_line(profkit("report", str(tmp_path / "nope.sqlite")), "no such file")
 
 
 def test_empty_file(tmp_path: Path) -> None:
     p = tmp_path / "empty.sqlite"
     p.touch()
-    assert_one_line_error(profkit("report", str(p)), "empty file")
+    one_error_line(profkit("report", str(p)), "empty file")
 
 
 # Fixed junk (not os.urandom): one CI run drew bytes starting with "[" and the file went to the JSON reader.
@@ -101,7 +88,7 @@ def test_random_bytes(tmp_path: Path, prefix: bytes) -> None:
     p = tmp_path / "junk.sqlite"
     p.write_bytes(prefix + JUNK)
     result = profkit("report", str(p))
-    assert_one_line_error(result, "not a trace" if prefix != b"\x00\x00" else "nsys-rep")
+    one_error_line(result, "not a trace" if prefix != b"\x00\x00" else "nsys-rep")
     assert all(" " <= ch <= "~" for ch in result.stderr.strip())
 
 
@@ -109,7 +96,7 @@ def test_broken_json_message_is_one_printable_line(tmp_path: Path) -> None:
     p = tmp_path / "t.json"
     p.write_bytes(b'{"traceEvents": [{"ph": "X", "name": "\xff\xfe\n\x01')
     result = profkit("report", str(p))
-    assert_one_line_error(result, "t.json")
+    one_error_line(result, "t.json")
     assert all(" " <= ch <= "~" for ch in result.stderr.strip())
 
 
@@ -119,7 +106,7 @@ def test_truncated_sqlite(sqlite_path, tmp_path: Path, keep: int) -> None:
     p.write_bytes(sqlite_path("eager_b1").read_bytes()[:keep])
     before = p.read_bytes()
     result = profkit("report", str(p))
-    assert_one_line_error(result, "truncated.sqlite")
+    one_error_line(result, "truncated.sqlite")
     assert p.read_bytes() == before
 
 
@@ -127,21 +114,21 @@ def test_sqlite_that_is_not_nsys(tmp_path: Path) -> None:
     p = tmp_path / "other.sqlite"
     with sqlite3.connect(p) as conn:
         conn.execute("CREATE TABLE t (x)")
-    assert_one_line_error(profkit("report", str(p)), "not an Nsight Systems export")
+    one_error_line(profkit("report", str(p)), "not an Nsight Systems export")
 
 
 def test_export_without_kernel_table(sqlite_path, tmp_path: Path) -> None:
     p = writable_copy(sqlite_path("eager_b1"), tmp_path / "nokern.sqlite")
     with sqlite3.connect(p) as conn:
         conn.execute("DROP TABLE CUPTI_ACTIVITY_KIND_KERNEL")
-    assert_one_line_error(profkit("report", str(p)), "no CUDA kernel table")
+    one_error_line(profkit("report", str(p)), "no CUDA kernel table")
 
 
 def test_export_with_no_kernels(sqlite_path, tmp_path: Path) -> None:
     p = writable_copy(sqlite_path("eager_b1"), tmp_path / "nocuda.sqlite")
     with sqlite3.connect(p) as conn:
         conn.execute("DELETE FROM CUPTI_ACTIVITY_KIND_KERNEL")
-    assert_one_line_error(profkit("report", str(p)), "no CUDA kernels")
+    one_error_line(profkit("report", str(p)), "no CUDA kernels")
 
 
 def test_old_schema(sqlite_path, tmp_path: Path) -> None:
@@ -149,7 +136,7 @@ def test_old_schema(sqlite_path, tmp_path: Path) -> None:
     p = writable_copy(sqlite_path("eager_b1"), tmp_path / "old.sqlite")
     with sqlite3.connect(p) as conn:
         conn.execute("ALTER TABLE CUPTI_ACTIVITY_KIND_KERNEL RENAME COLUMN demangledName TO name")
-    assert_one_line_error(profkit("report", str(p)), "unsupported nsys export schema 3.20.3")
+    one_error_line(profkit("report", str(p)), "unsupported nsys export schema 3.20.3")
 
 
 def test_optional_tables_absent(sqlite_path, tmp_path: Path) -> None:
@@ -177,7 +164,7 @@ def test_corrupt_gzip(tmp_path: Path) -> None:
 
 
 def test_folder_without_trace(tmp_path: Path) -> None:
-    assert_one_line_error(profkit("report", str(tmp_path)), "holds no trace")
+    one_error_line(profkit("report", str(tmp_path)), "holds no trace")
 
 
 def test_bad_gap_threshold(sqlite_path) -> None:
@@ -189,8 +176,6 @@ def test_report_path_imports_only_what_it_uses(sqlite_path) -> None:
     """Start-up is part of every report: the JSON report of a trace without /metrics imports neither the
     plotting library (HTML only), the Prometheus parser (metrics only) nor pandas (0.4-0.8 s, 77 MB: the
     summaries are plain rows); `python -X importtime` says so."""
-    import subprocess
-    import sys
 
     trace = str(sqlite_path("graphs_b1"))
     r = subprocess.run([sys.executable, "-X", "importtime", "-m", "profkit.cli", "report", trace, "--format", "json",

@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import shutil
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,14 +18,11 @@ from profkit.compare.diff import Side, diff, diff_reports
 from profkit.errors import ProfkitError
 from profkit.render.json import render_json
 from profkit.report import build_report
+from tests.cli import profkit
 from tests.conftest import FIXTURES
 
 REAL_SERVE = Path(__file__).parent / "data" / "vllm_serve_kv300mb"
 TORCH = FIXTURES / "h100_toy"
-
-
-def profkit(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "profkit.cli", *args], capture_output=True, text=True, timeout=300)
 
 
 @pytest.fixture(scope="module")

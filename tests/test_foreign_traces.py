@@ -9,13 +9,12 @@ import json
 import lzma
 import shutil
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from profkit.report import build_report
+from tests.cli import profkit
 
 DATA = Path(__file__).parent / "data" / "foreign"
 KINETO = sorted(p.name.removesuffix(".json.gz") for p in DATA.glob("*.json.gz"))
@@ -161,14 +160,12 @@ def test_nsys_2022_metadata_and_the_oldest_gpu_table(nsys_file) -> None:
 
 def test_export_without_cuda_kernels_is_one_line(nsys_file) -> None:
     path = nsys_file("lighttransport_gemm")
-    r = subprocess.run([sys.executable, "-m", "profkit.cli", "report", str(path)], capture_output=True, text=True,
-                       timeout=60)
+    r = profkit("report", path)
     assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1
     assert str(path) in r.stderr and "no CUDA kernel table" in r.stderr
 
 
 def test_report_help_names_every_input_kind() -> None:
-    r = subprocess.run([sys.executable, "-m", "profkit.cli", "report", "--help"], capture_output=True, text=True,
-                       timeout=60)
+    r = profkit("report", "--help")
     for kind in ("nsys SQLite", "torch", ".json.gz", "capture folder", "ROCm"):
         assert kind in r.stdout, kind

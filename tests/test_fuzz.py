@@ -25,6 +25,7 @@ from profkit.evidence.bench import parse_bench
 from profkit.evidence.metrics import parse_metrics
 from profkit.evidence.vllm_log import parse_log
 from profkit.inputs import one_line
+from tests.cli import one_error_line, profkit
 
 EXAMPLES = int(os.environ.get("PROFKIT_FUZZ_EXAMPLES", "150"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -337,28 +338,6 @@ def _kineto_bytes(doc: dict, gpu_side: list[int], mutations: list[tuple], wrappi
     return packed[: len(packed) * 2 // 3] if wrapping == "gzip-cut" else packed
 
 
-def run_cli(*args: str) -> tuple[int, str, str]:
-    """`profkit ...` through its console entry point, in this process: (exit code, stdout, stderr)."""
-    import contextlib
-    import io
-    import sys
-
-    from profkit.cli import main
-
-    out, err = io.StringIO(), io.StringIO()
-    argv = sys.argv
-    sys.argv = ["profkit", *args]
-    code = 0
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            main()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    finally:
-        sys.argv = argv
-    return code, out.getvalue(), err.getvalue()
-
-
 def _clean_text(text: str) -> bool:
     return all(ch in "\n\t" or ord(ch) >= 32 and not 0x7f <= ord(ch) < 0xa0 for ch in text)
 
@@ -384,20 +363,19 @@ def test_mutated_kineto_traces_at_the_cli(tmp_path_factory, mutations: list[tupl
     scratch.mkdir()
     saved, tempfile.tempdir = tempfile.tempdir, str(scratch)  # every temporary file of the run lands here
     try:
-        code, _out, err = run_cli("report", str(trace), "--format", "json", "-o", str(folder / "r.json"),
+        r = profkit("report", str(trace), "--format", "json", "-o", str(folder / "r.json"),
                                   "--no-progress")
     finally:
         tempfile.tempdir = saved
     assert trace.read_bytes() == data  # the user's trace, untouched
     assert list(scratch.iterdir()) == []  # no temporary file left behind, whatever happened
-    if code == 0:
+    if r.returncode == 0:
         report = json.loads((folder / "r.json").read_text(), parse_constant=lambda c: pytest.fail(c))
         _plausible(report)
         assert _clean_text(render_text(report)) and _clean_text(render_markdown(report))
     else:
-        lines = err.strip().splitlines()
-        assert code != 70 and len(lines) == 1 and lines[0].startswith("profkit: error: "), err
-        assert printable(RuntimeError(lines[0])) and not (folder / "r.json").exists()
+        line = one_error_line(r)
+        assert printable(RuntimeError(line)) and not (folder / "r.json").exists()
 
 
 KINETO_FOUND = [  # what the property above found; each failed before its fix
@@ -452,16 +430,15 @@ def test_report_arguments(sqlite_path, tmp_path_factory, window: str, gap: str, 
     trace = sqlite_path("prefill_long")
     digest = hashlib.sha256(trace.read_bytes()).hexdigest()
     out = tmp_path_factory.mktemp("args") / "r.out"
-    code, _, err = run_cli("report", str(trace), "--window", window, "--gap-threshold", gap, "--top", top,
-                           "--format", fmt, "-o", str(out), "--no-progress")
+    r = profkit("report", str(trace), "--window", window, "--gap-threshold", gap, "--top", top,
+                "--format", fmt, "-o", str(out), "--no-progress")
     assert hashlib.sha256(trace.read_bytes()).hexdigest() == digest
-    if code == 0:
+    if r.returncode == 0:
         text = out.read_text()
         if fmt == "json":
             _plausible(json.loads(text, parse_constant=lambda c: pytest.fail(c)))
         elif fmt in ("text", "md"):
             assert _clean_text(text)
     else:
-        lines = [line for line in err.splitlines() if line.strip()]
-        assert code != 70 and len(lines) == 1 and "Traceback" not in err, err
-        assert all(ch == "\t" or ord(ch) >= 32 for ch in lines[0]) and not out.exists()
+        line = one_error_line(r)
+        assert all(ch == "\t" or ord(ch) >= 32 for ch in line) and not out.exists()

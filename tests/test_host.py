@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +15,7 @@ import pytest
 from profkit.analysis.host import host_section
 from profkit.errors import ProfkitError
 from profkit.evidence.host import read_host as read_samples
+from tests.cli import profkit
 from tests.test_capture import FAKES, free_port
 
 
@@ -29,12 +28,10 @@ WORKLOAD = "--dataset-name random --random-input-len 1024 --random-output-len 25
 
 def capture_and_report(env: dict[str, str], out: Path, burn: str, tool: str = "nsys") -> dict:
     env = {**env, "FAKE_VLLM_BURN": burn, "FAKE_VLLM_BENCH_S": "2.5"}
-    r = subprocess.run([sys.executable, "-m", "profkit.cli", "capture", "serve", "--tool", tool, "--out", str(out),
-                        "--model", "/tmp/tiny", "--port", str(free_port()), "--server-args", "--max-model-len 2048",
-                        "--bench-args", WORKLOAD], capture_output=True, text=True, env=env, timeout=120)
+    r = profkit("capture", "serve", "--tool", tool, "--out", out, "--model", "/tmp/tiny", "--port", free_port(),
+                "--server-args", "--max-model-len 2048", "--bench-args", WORKLOAD, env=env, timeout=120)
     assert r.returncode == 0, r.stderr
-    rep = subprocess.run([sys.executable, "-m", "profkit.cli", "report", str(out), "--format", "json"],
-                         capture_output=True, text=True, timeout=120)
+    rep = profkit("report", out, "--format", "json")
     assert rep.returncode == 0, rep.stderr
     return json.loads(rep.stdout)
 

@@ -8,27 +8,14 @@ import os
 import re
 import shutil
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.cli import one_error_line, profkit
+
 REAL_SERVE = Path(__file__).parent / "data" / "vllm_serve_kv300mb"
 CONTROL = "\x1b[31mRED\x1b[0m\r\x00\x07"
-
-
-def profkit(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "profkit.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL)
-
-
-def one_clear_line(r: subprocess.CompletedProcess, needle: str) -> None:
-    assert r.returncode not in (0, 70), r.stderr
-    lines = [line for line in r.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("profkit: error: ") and needle in lines[0], r.stderr
-    assert "Traceback" not in r.stderr and "internal error" not in r.stderr
-    assert all(ch == "\t" or ord(ch) >= 32 for ch in lines[0])
 
 
 @pytest.mark.parametrize("option", ["TRACE", "--bench", "--vllm-log", "--metrics", "--host"])
@@ -36,10 +23,10 @@ def test_fifo_and_devices_are_refused_without_hanging(tmp_path: Path, option: st
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
     args = [str(fifo)] if option == "TRACE" else [option, str(fifo)]
-    one_clear_line(profkit("report", *args, timeout=30), "not a regular file")
+    one_error_line(profkit("report", *args, timeout=30), "not a regular file")
     if option == "TRACE":
-        one_clear_line(profkit("report", "/dev/zero", timeout=30), "not a regular file")
-        one_clear_line(profkit("diff", str(fifo), str(fifo), timeout=30), "not a regular file")  # a diff side
+        one_error_line(profkit("report", "/dev/zero", timeout=30), "not a regular file")
+        one_error_line(profkit("diff", str(fifo), str(fifo), timeout=30), "not a regular file")  # a diff side
 
 
 def test_rule_file_fifo_alias_bomb_and_wrong_shapes(tmp_path: Path, sqlite_path) -> None:
@@ -47,24 +34,24 @@ def test_rule_file_fifo_alias_bomb_and_wrong_shapes(tmp_path: Path, sqlite_path)
     rules = tmp_path / "rules"
     rules.mkdir()
     os.mkfifo(rules / "pipe.yaml")
-    one_clear_line(profkit("report", trace, "--rules", str(rules), timeout=30), "not a regular file")
+    one_error_line(profkit("report", trace, "--rules", str(rules), timeout=30), "not a regular file")
     (rules / "pipe.yaml").unlink()
     bomb = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
         f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]\n"
         for i in range(9)) + "id: bomb\n"
     (rules / "bomb.yaml").write_text(bomb)
-    one_clear_line(profkit("report", trace, "--rules", str(rules), timeout=30), "anchors and aliases are not allowed")
+    one_error_line(profkit("report", trace, "--rules", str(rules), timeout=30), "anchors and aliases are not allowed")
     (rules / "bomb.yaml").unlink()
     base = "id: r\ntitle: t\nseverity: info\nwhen: gpu.utilization < 2\nsummary: s\n"
     for extra, needle in (("changes: 5\n", "changes must be a list"), ("evidence: x\n", "evidence must be a list"),
                           ("changes:\n  - flag: x\n    to: 1\n    why: w\n", "changes.flag must be a flag"),
                           ("changes:\n  - flag: --x\n    to: '{{ oops'\n    why: w\n", "bad template")):
         (rules / "r.yaml").write_text(base + extra)
-        one_clear_line(profkit("report", trace, "--rules", str(rules)), needle)
+        one_error_line(profkit("report", trace, "--rules", str(rules)), needle)
     (rules / "r.yaml").write_text(base.replace("summary: s", "summary: [1, 2]"))
-    one_clear_line(profkit("report", trace, "--rules", str(rules)), "summary must be a text")
+    one_error_line(profkit("report", trace, "--rules", str(rules)), "summary must be a text")
     (rules / "r.yaml").write_text(base.replace("gpu.utilization < 2", " + ".join(["gpu.utilization"] * 400) + " > 0"))
-    one_clear_line(profkit("report", trace, "--rules", str(rules)), "at most 2000")
+    one_error_line(profkit("report", trace, "--rules", str(rules)), "at most 2000")
     (rules / "r.yaml").write_bytes(base.encode() + b"description: \xff\xfe bad utf-8\n")
     assert profkit("report", trace, "--rules", str(rules)).returncode == 0
 
@@ -99,7 +86,7 @@ def test_broken_evidence(tmp_path: Path, sqlite_path) -> None:
     for text, needle in (("[1, 2]", "expected an object"), ("[" * 100000, "not a benchmark JSON"),
                          ('{"x": 1', "not a benchmark JSON")):
         bench.write_text(text)
-        one_clear_line(profkit("report", trace, "--bench", str(bench)), needle)
+        one_error_line(profkit("report", trace, "--bench", str(bench)), needle)
     bench.write_text(json.dumps({"request_throughput": 10 ** 400, "mean_ttft_ms": 5.0}))
     r = profkit("report", trace, "--bench", str(bench), "--format", "json")
     assert r.returncode == 0, r.stderr
@@ -120,14 +107,14 @@ def test_broken_evidence(tmp_path: Path, sqlite_path) -> None:
         "vllm:num_preemptions_total{", "vllm:num_preemptions_total_x{") + "vllm:weird NaN\n")
     assert profkit("report", trace, "--metrics", str(metrics)).returncode == 0
     metrics.write_bytes(b"\x00\x01binary\x00")
-    one_clear_line(profkit("report", trace, "--metrics", str(metrics)), "binary data")
+    one_error_line(profkit("report", trace, "--metrics", str(metrics)), "binary data")
     folder = tmp_path / "cap"
     folder.mkdir()
     (folder / "manifest.json").write_text(json.dumps({"vllm_args": 5, "commands": "x", "user_commands": [3]}))
     shutil.copyfile(REAL_SERVE / "bench.json", folder / "bench.json")
     assert profkit("report", str(folder)).returncode == 0
     (folder / "manifest.json").write_text("[]")
-    one_clear_line(profkit("report", str(folder)), "not a capture manifest")
+    one_error_line(profkit("report", str(folder)), "not a capture manifest")
 
 
 def test_control_characters_never_reach_an_output(tmp_path: Path, sqlite_path) -> None:
@@ -157,9 +144,9 @@ def test_outputs_never_land_on_inputs(tmp_path: Path, sqlite_path) -> None:
     hard = tmp_path / "hard.sqlite"
     os.link(trace, hard)
     for out in (trace, link, hard):
-        one_clear_line(profkit("report", str(trace), "-o", str(out)), "is one of the inputs")
+        one_error_line(profkit("report", str(trace), "-o", str(out)), "is one of the inputs")
     assert trace.read_bytes() == before
-    one_clear_line(profkit("report", str(trace), "-o", str(tmp_path / "missing" / "r.html")), "does not exist")
+    one_error_line(profkit("report", str(trace), "-o", str(tmp_path / "missing" / "r.html")), "does not exist")
     # a failed run leaves no half-written output and no temporary file
     target = tmp_path / "r.json"
     target.write_text("old")
@@ -394,12 +381,12 @@ def test_kineto_fields_of_the_wrong_type(tmp_path: Path, case: str) -> None:
 def test_deep_json_and_cli_numbers(tmp_path: Path, sqlite_path) -> None:
     deep = tmp_path / "deep.json"
     deep.write_text('{"traceEvents": [], "meta": ' + "[" * 200000 + "]" * 200000 + "}")
-    one_clear_line(profkit("report", str(deep)), "nested too deeply")
+    one_error_line(profkit("report", str(deep)), "nested too deeply")
     trace = str(sqlite_path("eager_b1"))
     r = profkit("report", trace, "--gap-threshold", "99999999999999999999999s")
     assert r.returncode == 2 and "longer than any trace" in r.stderr and "Traceback" not in r.stderr
-    one_clear_line(profkit("report", trace, "--window", "1:99999999999999999999999"), "63 bits")
-    one_clear_line(profkit("capture", "--dry-run", "serve", "--model", "m", "--server-args", "--x 'open"),
+    one_error_line(profkit("report", trace, "--window", "1:99999999999999999999999"), "63 bits")
+    one_error_line(profkit("capture", "--dry-run", "serve", "--model", "m", "--server-args", "--x 'open"),
                    "No closing quotation")
 
 
@@ -495,9 +482,7 @@ def test_context_switches_and_step_kernels_of_the_wrong_shape(tmp_path: Path, sq
 @pytest.mark.parametrize("value", ["abc", "-5", "", "1" * 40, "\x1b[2J"])
 def test_a_bad_arrow_threshold_in_the_environment_is_one_line(sqlite_path, value: str) -> None:
     """PROFKIT_ADBC_MIN_ROWS (when to read through Arrow) was parsed at import: 'abc' was an internal error."""
-    r = subprocess.run([sys.executable, "-m", "profkit.cli", "report", str(sqlite_path("graphs_b1"))],
-                       capture_output=True, text=True, timeout=60, env={**os.environ, "PROFKIT_ADBC_MIN_ROWS": value})
-    one_clear_line(r, "PROFKIT_ADBC_MIN_ROWS")
-    ok = subprocess.run([sys.executable, "-m", "profkit.cli", "report", str(sqlite_path("graphs_b1"))],
-                        capture_output=True, text=True, timeout=60, env={**os.environ, "PROFKIT_ADBC_MIN_ROWS": "0"})
+    r = profkit("report", sqlite_path("graphs_b1"), env={**os.environ, "PROFKIT_ADBC_MIN_ROWS": value})
+    one_error_line(r, "PROFKIT_ADBC_MIN_ROWS")
+    ok = profkit("report", sqlite_path("graphs_b1"), env={**os.environ, "PROFKIT_ADBC_MIN_ROWS": "0"})
     assert ok.returncode == 0, ok.stderr

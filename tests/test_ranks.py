@@ -11,8 +11,6 @@ import gzip
 import json
 import logging
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,14 +18,10 @@ import pytest
 
 from profkit.analysis.communication import merge_intervals, overlap_ns
 from profkit.report import build_report
+from tests.cli import profkit
 
 DATA = Path(__file__).parent / "data" / "foreign"
 RANKS = [DATA / "hta_sampled_rank-0.json.gz", DATA / "hta_sampled_rank-1.json.gz"]
-
-
-def profkit(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "profkit.cli", *args], capture_output=True, text=True, timeout=300,
-                          stdin=subprocess.DEVNULL)
 
 
 def kernels_of(path: Path) -> list[dict]:

@@ -14,8 +14,8 @@ from profkit.diagnose.vllm_command import VllmCommand
 from profkit.evidence.metrics import parse_metrics
 from profkit.evidence.vllm_log import parse_log
 from profkit.report import build_report
+from tests.cli import one_error_line, profkit
 from tests.conftest import FIXTURES
-from tests.test_cli_and_bad_input import assert_one_line_error, profkit
 
 VLLM = FIXTURES / "h100_vllm"
 # vLLM V1's periodic stats line, in the exact format the engine logs it (quoted in the rules issue).
@@ -211,7 +211,7 @@ def test_bad_rule_files_are_one_clear_error(tmp_path: Path, text: str, needle: s
         load_rule_file(path, known_fact_names())
     assert needle in str(err.value) and str(path) in str(err.value)
     result = profkit("rules", "list", "--rules", str(tmp_path))
-    assert_one_line_error(result, needle)
+    one_error_line(result, needle)
 
 
 def test_bad_rule_line_number(tmp_path: Path) -> None:
@@ -236,7 +236,7 @@ def test_rules_list_and_explain_document_every_rule() -> None:
         assert text.startswith(rule_id) and "fires when:" in text
     sources = profkit("rules", "explain", "launch-overhead").stdout
     assert "vLLM performance tuning guidance (launch overhead under 5 %)" in sources
-    assert_one_line_error(profkit("rules", "explain", "nope"), "no rule 'nope'")
+    one_error_line(profkit("rules", "explain", "nope"), "no rule 'nope'")
 
 
 REAL_SERVE = Path(__file__).parent / "data" / "vllm_serve_kv300mb"

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from profkit.report import build_report
+from tests.cli import one_error_line, profkit
 from tests.conftest import FIXTURES
-from tests.test_cli_and_bad_input import assert_one_line_error, profkit
 
 TORCH = {
     "toy_eager_b1": FIXTURES / "h100_toy" / "torch_eager_b1.json.gz",
@@ -148,20 +148,20 @@ def test_temp_database_is_removed() -> None:
 def test_truncated_gzip(tmp_path: Path) -> None:
     p = tmp_path / "t.pt.trace.json.gz"
     p.write_bytes(TORCH["toy_hostgap_b16"].read_bytes()[:50_000])
-    assert_one_line_error(profkit("report", str(p)), "truncated or corrupt gzip")
+    one_error_line(profkit("report", str(p)), "truncated or corrupt gzip")
 
 
 def test_json_that_is_not_a_trace(tmp_path: Path) -> None:
     p = tmp_path / "x.json"
     p.write_text(json.dumps({"hello": [1, 2, 3]}))
-    assert_one_line_error(profkit("report", str(p)), "not a torch.profiler trace")
+    one_error_line(profkit("report", str(p)), "not a torch.profiler trace")
 
 
 def test_broken_json(tmp_path: Path) -> None:
     p = tmp_path / "x.json"
     text = gzip.decompress(TORCH["toy_hostgap_b16"].read_bytes()).decode()
     p.write_text(text[: len(text) // 2] + "}}}]]garbage")
-    assert_one_line_error(profkit("report", str(p)), "broken JSON")
+    one_error_line(profkit("report", str(p)), "broken JSON")
 
 
 def test_trace_without_gpu_events(tmp_path: Path) -> None:
@@ -170,7 +170,7 @@ def test_trace_without_gpu_events(tmp_path: Path) -> None:
     p = tmp_path / "cpu_only.json.gz"
     with gzip.open(p, "wt") as f:
         json.dump(doc, f)
-    assert_one_line_error(profkit("report", str(p)), "no GPU kernels")
+    one_error_line(profkit("report", str(p)), "no GPU kernels")
 
 
 def test_generic_json_layout_goes_through_ijson(tmp_path: Path, reports, monkeypatch) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli import Result, one_error_line, profkit
 from tests.conftest import FIXTURES
 
 FAKES = Path(__file__).parent / "fakes"
@@ -37,9 +38,9 @@ def env(sqlite_path, tmp_path: Path) -> dict[str, str]:
             "FAKE_TORCH_TRACE": str(FIXTURES / "h100_toy" / "torch_eager_b1.json.gz")}
 
 
-def tune(env: dict[str, str], out: Path, *args: str, timeout: float = 240) -> tuple[subprocess.CompletedProcess, dict]:
-    r = subprocess.run([sys.executable, "-m", "profkit.cli", "tune", "--out", str(out), *args], capture_output=True,
-                       text=True, env=env, timeout=timeout)
+def tune(env: dict[str, str], out: Path, *args: str, timeout: float = 240) -> tuple[Result, dict]:
+    """`profkit tune` in a child process: the fake vllm and nsys are on its PATH."""
+    r = profkit("tune", "--out", out, *args, env=env, timeout=timeout)
     doc = json.loads((out / "tune.json").read_text()) if (out / "tune.json").exists() else {}
     return r, doc
 
@@ -170,9 +171,8 @@ def test_ctrl_c_keeps_the_folder_and_the_best_so_far(env, tmp_path: Path) -> Non
 
 
 def test_dry_run_shows_the_allow_list(env, tmp_path: Path) -> None:
-    r = subprocess.run([sys.executable, "-m", "profkit.cli", "tune", "--dry-run", "--out", str(tmp_path / "t"),
-                        "--", "vllm", "bench", "throughput", "--model", "/m", "--enforce-eager"],
-                       capture_output=True, text=True, env=env, timeout=60)
+    r = profkit("tune", "--dry-run", "--out", tmp_path / "t", "--", "vllm", "bench", "throughput", "--model", "/m",
+                "--enforce-eager")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert "  vllm bench throughput --model /m --enforce-eager --output-json" in r.stdout
@@ -180,9 +180,7 @@ def test_dry_run_shows_the_allow_list(env, tmp_path: Path) -> None:
     assert "--enforce-eager" in allow and "--max-num-seqs" in allow
     assert "--max-concurrency" not in allow and "--request-rate" not in allow  # client flags change the workload
     assert not (tmp_path / "t").exists()
-    bad = subprocess.run([sys.executable, "-m", "profkit.cli", "tune", "--slo", "p99_ttft_ms<+5%", "--", "vllm",
-                          "bench", "throughput"], capture_output=True, text=True, env=env, timeout=60)
-    assert bad.returncode == 1 and bad.stderr.strip().startswith("profkit: error: --slo")
+    one_error_line(profkit("tune", "--slo", "p99_ttft_ms<+5%", "--", "vllm", "bench", "throughput"), "--slo")
 
 
 def test_an_error_mid_run_stops_the_loop_and_keeps_what_was_measured(env, tmp_path: Path) -> None:

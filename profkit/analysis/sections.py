@@ -10,7 +10,7 @@ from typing import Any
 import msgspec
 
 
-class Rank(msgspec.Struct):
+class Rank(msgspec.Struct, frozen=True):
     """One GPU of a multi-GPU run, as the report's `ranks` lists it."""
 
     rank: Any  # the trace's distributedInfo rank, else the device id, else the file name
@@ -22,7 +22,7 @@ class Rank(msgspec.Struct):
     communication: dict[str, Any]
 
 
-class RankPart(msgspec.Struct):
+class RankPart(msgspec.Struct, frozen=True):
     """A rank with what the cross-rank join needs and the report does not show: its collectives (the
     communication kernels' starts, in order, and names) and its window's length."""
 
@@ -32,7 +32,7 @@ class RankPart(msgspec.Struct):
     window_ns: int
 
 
-class TraceSections(msgspec.Struct, kw_only=True):
+class TraceSections(msgspec.Struct, kw_only=True, frozen=True):
     """One trace's sections, in the report's order."""
 
     source: dict[str, Any]

@@ -296,7 +296,7 @@ def _holds(expr: str, tree: dict[str, Any]) -> bool:
         return False
 
 
-class ProposedChange(msgspec.Struct, kw_only=True):
+class ProposedChange(msgspec.Struct, kw_only=True, frozen=True):
     """A finding's flag change. `from` is the run's value when known, else vLLM's default (`from_source` says
     which); both values typed; `to` None removes the flag. `action` (edit | add | remove | none) says what the
     suggested command does with it, and `note` why it differs from `to`."""
@@ -310,7 +310,7 @@ class ProposedChange(msgspec.Struct, kw_only=True):
     note: str | msgspec.UnsetType = msgspec.UNSET
 
 
-class Finding(msgspec.Struct, kw_only=True):
+class Finding(msgspec.Struct, kw_only=True, frozen=True):
     rule: str
     severity: str
     title: str

@@ -18,7 +18,7 @@ from profkit.diagnose.engine import Finding, ProposedChange
 from profkit.diagnose.vllm_command import UserCommand, VllmCommand, normalize_flag, spec_for
 
 
-class AppliedChange(msgspec.Struct):
+class AppliedChange(msgspec.Struct, frozen=True):
     flag: str
     action: str  # edit | add | remove | none
     to: Any
@@ -26,14 +26,14 @@ class AppliedChange(msgspec.Struct):
     note: str = ""
 
 
-class CommandCheck(msgspec.Struct):
+class CommandCheck(msgspec.Struct, frozen=True):
     command: str
     ok: bool
     by: str
     problems: list[str]
 
 
-class CommandSection(msgspec.Struct):
+class CommandSection(msgspec.Struct, frozen=True):
     """The report's `command`: the run's commands, the suggested ones, what was applied and how it was checked."""
 
     source: str | None

@@ -15,7 +15,7 @@ from profkit.evidence.metrics import MetricsScrape, counter_delta
 from profkit.evidence.vllm_log import VllmLog
 
 
-class VllmSection(msgspec.Struct, kw_only=True, omit_defaults=True):
+class VllmSection(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):
     bench: BenchResult | None = None
     log: VllmLog | None = None
     metrics: dict[str, float] | None = None  # the last scrape

@@ -13,7 +13,7 @@ from profkit.errors import ProfkitError
 from profkit.inputs import one_line, read_text
 
 
-class BenchResult(msgspec.Struct, omit_defaults=True):
+class BenchResult(msgspec.Struct, omit_defaults=True, frozen=True):
     """The benchmark's own figures, under one name whichever benchmark wrote them; a field the file does
     not hold (as a finite number) is None and left out of the report's JSON."""
 

@@ -18,14 +18,14 @@ from profkit.inputs import one_line, read_text
 SCHEMA = "profkit.host/1"
 
 
-class ProcessSamples(msgspec.Struct):
+class ProcessSamples(msgspec.Struct, frozen=True):
     pid: Any
     role: str
     name: str
     cpu: list[tuple[float, float]]  # (seconds, cores used)
 
 
-class HostSamples(msgspec.Struct):
+class HostSamples(msgspec.Struct, frozen=True):
     path: str
     cores: int | None  # the machine's CPU cores, when plausible
     duration_s: Any  # as written

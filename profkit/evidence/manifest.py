@@ -17,7 +17,7 @@ from profkit.errors import ProfkitError
 from profkit.inputs import one_line, read_text
 
 
-class CaptureManifest(msgspec.Struct):
+class CaptureManifest(msgspec.Struct, frozen=True):
     path: str
     status: str | None  # running | ok | failed | interrupted
     vllm_args: str | None  # the flags vLLM ran with, as one shell-quoted line

@@ -11,7 +11,7 @@ from profkit.errors import ProfkitError
 from profkit.inputs import one_line, read_text
 
 
-class MetricsScrape(msgspec.Struct):
+class MetricsScrape(msgspec.Struct, frozen=True):
     """One scrape: `{'vllm:num_preemptions_total': 31.0, ...}`; histograms keep their `_sum` and `_count`."""
 
     values: dict[str, float]

@@ -46,7 +46,7 @@ _LITERAL_ARG = re.compile(r"'(\w+)': ('[^']*'|-?[\d.]+(?:e-?\d+)?|True|False|Non
 MAX_LINE = 16384
 
 
-class VllmLog(msgspec.Struct, omit_defaults=True):
+class VllmLog(msgspec.Struct, omit_defaults=True, frozen=True):
     """What a vLLM log says; a field the log does not tell is None (left out of the report's JSON)."""
 
     stats_lines: int

@@ -17,14 +17,14 @@ from profkit.diagnose.vllm_run import VllmSection
 SCHEMA = "profkit.report/1"
 
 
-class RunSection(msgspec.Struct):
+class RunSection(msgspec.Struct, frozen=True):
     """What shows the run is vLLM's (empty: nothing does, and `note` says what that means for the advice)."""
 
     vllm: list[str]
     note: str | msgspec.UnsetType = msgspec.UNSET
 
 
-class Report(msgspec.Struct, kw_only=True):
+class Report(msgspec.Struct, kw_only=True, frozen=True):
     schema: str
     profkit_version: str
     source: dict[str, Any]
