@@ -3,7 +3,7 @@
 This is the library entry point behind `profkit report`; everything here is usable from Python:
 
     from profkit.report import build_report
-    report = build_report("trace.sqlite", window="auto")
+    report = build_report("run.sqlite", window="auto")
     report.gpu["utilization"], report.findings[0].title, report.document()  # the JSON contract
 """
 

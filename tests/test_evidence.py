@@ -1,0 +1,84 @@
+"""The evidence stage: each reader turns one real file into a typed record, numbers as the file holds them, and
+names the file in one line when it is broken. Real files: the H100 14B GPU-bound control run and the 1.1B
+KV-starved serve run (tests/data)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from profkit.errors import ProfkitError
+from profkit.evidence.bench import BenchResult, read_bench
+from profkit.evidence.host import read_host
+from profkit.evidence.manifest import read_manifest
+from profkit.evidence.metrics import counter_delta, read_metrics
+from profkit.evidence.vllm_log import read_log
+
+REAL_SERVE = Path(__file__).parent / "data" / "vllm_serve_kv300mb"
+
+
+def test_bench_serve_json(h100_host: Path) -> None:
+    raw = json.loads((h100_host / "ctl" / "bench.json").read_text())
+    bench = read_bench(h100_host / "ctl" / "bench.json")
+    assert isinstance(bench, BenchResult)
+    assert bench.requests_per_second == raw["request_throughput"] == pytest.approx(11.421322623478016)
+    assert bench.elapsed_s == raw["duration"] and bench.num_requests == raw["completed"] == 400
+    assert bench.ttft_p99_ms == raw["p99_ttft_ms"] and bench.peak_concurrent_requests == 400
+    # The report's JSON holds only what the file gave (no nulls for absent fields).
+    given = {f for f in BenchResult.__struct_fields__ if getattr(bench, f) is not None}
+    assert set(msgspec.to_builtins(bench)) == given
+
+
+def test_vllm_log_startup_and_stats(h100_host: Path) -> None:
+    log = read_log(h100_host / "ctl" / "server.log")
+    # "GPU KV cache size: 253,408 tokens", "Maximum concurrency for 2,048 tokens per request: 123.73x",
+    # "Model loading took 25.27 GiB", "Available KV cache memory: 46.4 GiB"
+    assert log.kv_cache_tokens == 253408 and log.max_concurrency == 123.73
+    assert log.model_memory_bytes == int(25.27 * (1 << 30)) and log.kv_cache_memory_bytes == int(46.4 * (1 << 30))
+    assert log.non_default_args == {"model_tag": "/tmp/big", "port": 8011, "model": "/tmp/big",
+                                    "max_model_len": 2048, "load_format": "dummy"}
+    serve = read_log(REAL_SERVE / "server.log")
+    assert serve.stats_lines > 0 and serve.kv_cache_usage_max == 95.6 and serve.waiting_max == 125
+    assert serve.preemptions_total is None  # vLLM 0.26 does not log preemptions
+
+
+def test_metrics_scrapes_and_their_delta() -> None:
+    before, after = read_metrics(REAL_SERVE / "metrics-before.txt"), read_metrics(REAL_SERVE / "metrics-after.txt")
+    assert after.values["vllm:num_preemptions_total"] == 29.0
+    delta = counter_delta(before, after)
+    assert delta["vllm:num_preemptions_total"] == 29.0 - before.values.get("vllm:num_preemptions_total", 0.0)
+
+
+def test_host_samples(h100_host: Path) -> None:
+    raw = json.loads((h100_host / "ctl" / "host.json").read_text())
+    host = read_host(h100_host / "ctl" / "host.json")
+    assert host.cores == raw["cores"] == 16 and host.skipped_samples == 0
+    assert [p.pid for p in host.processes] == [p["pid"] for p in raw["processes"]]
+    assert sum(len(p.cpu) for p in host.processes) == sum(len(p["cpu"]) for p in raw["processes"])
+    assert len(host.gpu_util) == sum(len(g["util"]) for g in raw["gpus"])
+
+
+def test_manifest(h100_host: Path) -> None:
+    m = read_manifest(h100_host / "ctl" / "manifest.json")
+    assert m.status == "ok" and m.user_commands[0][:3] == ["vllm", "serve", "/tmp/big"]
+    assert m.vllm_args == "--max-model-len 2048 --load-format dummy --port 8011"
+    assert m.environment["gpu"] == "NVIDIA H100 80GB HBM3"
+
+
+@pytest.mark.parametrize(("reader", "text", "needle"), [
+    (read_bench, "[1, 2]", "not a benchmark JSON (expected an object, got a list)"),
+    (read_bench, "{", "not a benchmark JSON"),
+    (read_metrics, "vllm:x{a=\"1\"} notanumber\n", "not Prometheus text format"),
+    (read_host, '{"schema": "other"}', "not a profkit.host/1 document"),
+    (read_manifest, "[]", "not a capture manifest"),
+    (read_log, "\x00binary", "binary data, not a vLLM log"),
+])
+def test_a_broken_file_is_one_line_naming_it(tmp_path: Path, reader, text: str, needle: str) -> None:
+    path = tmp_path / "input"
+    path.write_text(text)
+    with pytest.raises(ProfkitError) as exc:
+        reader(path)
+    assert str(exc.value).startswith(str(path)) and needle in str(exc.value) and "\n" not in str(exc.value)
