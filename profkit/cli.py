@@ -14,7 +14,8 @@ import click
 
 from profkit import __version__
 from profkit.errors import ProfkitError
-from profkit.inputs import one_line, refuse_overwrite
+from profkit.escape import one_line
+from profkit.inputs import refuse_overwrite
 
 _UNITS = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
 

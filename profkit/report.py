@@ -46,7 +46,8 @@ from profkit.diagnose.command import (
 from profkit.diagnose.engine import evaluate, load_rules
 from profkit.diagnose.facts import compute_facts
 from profkit.errors import ProfkitError, TraceError
-from profkit.inputs import one_line, read_text
+from profkit.escape import one_line
+from profkit.inputs import read_text
 from profkit.traces import Trace, open_trace
 from profkit.traces.open import traces_in_folder
 

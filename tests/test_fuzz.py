@@ -21,7 +21,7 @@ from profkit.diagnose.command import VllmCommand, apply_change, parse_command_te
 from profkit.diagnose.engine import RuleError, load_rule_file
 from profkit.diagnose.facts import known_fact_names
 from profkit.errors import ProfkitError
-from profkit.inputs import one_line
+from profkit.escape import one_line
 
 EXAMPLES = int(os.environ.get("PROFKIT_FUZZ_EXAMPLES", "150"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])

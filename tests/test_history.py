@@ -339,7 +339,8 @@ def test_render_history_formats_and_escaping(tmp_path: Path, report_all, evidenc
     assert lines[0].split()[:3] == ["id", "label", "saved_at"]
     assert "\x1b" not in text and "\\x1b" not in text
     eager_line, serve_line = lines[1], lines[2]
-    assert eager_line.lstrip().startswith("1  a|b `code` [x](javascript:x) <i>&_y[31mz\\|w")
+    # profkit.escape.terminal, as for every terminal output: ESC out, the newline a space
+    assert eager_line.lstrip().startswith("1  a|b `code` [x](javascript:x) <i>&_y[31m z\\|w")
     assert "10.7%" in eager_line and "0.0%" in eager_line and "NVIDIA H100 80GB HBM3" in eager_line
     assert serve_line.split()[:2] == ["2", "kv300mb"]
     cells = serve_line.split()
@@ -361,7 +362,8 @@ def test_render_history_formats_and_escaping(tmp_path: Path, report_all, evidenc
     assert re.search(r"(?<!\\)\]\(", md) is None  # no live link: every ']' is escaped
     unescaped_pipes = [line.replace("\\\\", "").replace("\\|", "").count("|") for line in md_lines]
     assert unescaped_pipes == [12, 12, 12, 12]
-    assert ("a\\|b \\`code\\` \\[x\\](javascript:x) &lt;i&gt;&amp;\\_y\\[31mz\\\\\\|w" in md_lines[2])
+    # profkit.escape.markdown, as for every Markdown output: a backtick becomes ' (safe inside a code span too)
+    assert ("a\\|b 'code' \\[x\\](javascript:x) &lt;i&gt;&amp;\\_y\\[31m z\\\\\\|w" in md_lines[2])
     assert "| 11.07 |" in md_lines[3] and "| 29 |" in md_lines[3]
 
     assert render_history([], "text") == "no runs\n"

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from profkit.errors import ProfkitError
-from profkit.inputs import one_line, read_text
+from profkit.escape import one_line
+from profkit.inputs import read_text
 
 # vLLM 0.26 defaults for the flags rules talk about, used (and labelled as defaults) when the run's
 # own flags are unknown. gpu_memory_utilization and max_num_batched_tokens are what vLLM 0.26 logs

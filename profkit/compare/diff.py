@@ -23,7 +23,8 @@ from typing import Any
 
 from profkit.compare import metrics as m
 from profkit.errors import ProfkitError
-from profkit.inputs import one_line, read_text, require_file
+from profkit.escape import one_line
+from profkit.inputs import read_text, require_file
 from profkit.resources import process_context
 
 SCHEMA = "profkit.diff/1"

@@ -11,18 +11,16 @@ import json
 import math
 import re
 import sqlite3
-import unicodedata
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import sqlite_utils
 
-from profkit import __version__
+from profkit import __version__, escape, units
 from profkit.compare.metrics import HEADLINE_FACTS, OUTCOME, effective_flags, run_metrics
 from profkit.errors import ProfkitError
 from profkit.inputs import refuse_overwrite
-from profkit.render import units
 
 SCHEMA = "profkit.history/1"
 
@@ -290,8 +288,8 @@ def load_runs(db_path: Path, selector: str) -> list[tuple[int, dict]]:
         if not wanted:
             labels = [r["label"] for r in _query(db_path, "select distinct label from runs where label is not null "
                                                           "order by label")]
-            known = f"labels: {', '.join(_plain(x) for x in labels[:10])}" if labels else "no run has a label"
-            raise ProfkitError(f"{db_path}:{selector}: no run labelled {_plain(name)!r} ({known})")
+            known = f"labels: {', '.join(escape.terminal(x) for x in labels[:10])}" if labels else "no run has a label"
+            raise ProfkitError(f"{db_path}:{selector}: no run labelled {escape.terminal(name)!r} ({known})")
     out: list[tuple[int, dict]] = []
     for run_id in wanted:
         row = _query(db_path, "select report_json from runs where id = ?", (run_id,))[0]
@@ -333,21 +331,6 @@ SHOWN: list[tuple[str, str, str]] = [
 ]
 
 
-def _plain(value: Any) -> str:
-    # Labels and paths come from users and traces: no control or bidi/format characters reach a terminal.
-    return "".join(ch for ch in str(value) if unicodedata.category(ch) not in ("Cc", "Cf", "Zl", "Zp"))
-
-
-_MD = str.maketrans({"\\": "\\\\", "|": "\\|", "`": "\\`", "*": "\\*", "_": "\\_", "[": "\\[", "]": "\\]",
-                     "~": "\\~", "<": "&lt;", ">": "&gt;", "&": "&amp;"})
-
-
-def _md(value: str) -> str:
-    # Own escaping (not render.markdown.md_escape): the backslash itself must be escaped too, or `\|` in a
-    # label would end the table cell.
-    return _plain(value).translate(_MD)
-
-
 def _cell(row: dict[str, Any], column: str, how: str) -> str:
     value = row.get(column)
     if value is None or value == "":
@@ -356,7 +339,7 @@ def _cell(row: dict[str, Any], column: str, how: str) -> str:
         return units.pct(float(value))
     if how.endswith("f"):
         return f"{float(value):,.{how[0]}f}"
-    return _plain(value)
+    return escape.terminal(value)
 
 
 def render_history(rows: list[dict], fmt: str) -> str:
@@ -369,7 +352,7 @@ def render_history(rows: list[dict], fmt: str) -> str:
     if fmt == "md":
         lines = ["| " + " | ".join(headers) + " |",
                  "|" + "|".join("---:" if how not in ("str",) else "---" for _, _, how in SHOWN) + "|"]
-        lines += ["| " + " | ".join(_md(c) for c in cells) + " |" for cells in table]
+        lines += ["| " + " | ".join(escape.markdown(c) for c in cells) + " |" for cells in table]
         return "\n".join(lines) + "\n"
     if fmt == "text":
         if not rows:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from profkit.units import is_share  # noqa: F401 - the naming convention's home is units
+
 # name -> (where in the report's `vllm.bench` section, which direction is better)
 # Higher is better for throughput; lower for latencies. The bench JSON of `vllm bench throughput` has
 # only request and token throughput.
@@ -82,7 +84,3 @@ def effective_flags(report: dict[str, Any]) -> dict[str, Any]:
 # A share that moves less than this (absolute) is never called better or worse, whatever its relative change:
 # 0.0 % -> 0.1 % of the window is not "+10000 %".
 SHARE_FLOOR = 0.005
-
-
-def is_share(name: str) -> bool:
-    return name.endswith(("share", "utilization", "usage_max"))

@@ -6,8 +6,9 @@ from typing import Any
 
 import jinja2
 
-from profkit.render import html, units
-from profkit.render.diff_text import change_text, metric_value
+from profkit import escape, units
+from profkit.render import html
+from profkit.render.diff_text import change_text
 
 ARROWS = {"better": "▲", "worse": "▼", "within noise": "≈", "same": "=", "changed": "↔"}
 
@@ -22,5 +23,5 @@ def render_diff_html(doc: dict[str, Any]) -> str:
             svgs["kernels"] = charts.delta_chart(doc["gpu"]["kernels"]["rows"], "name", "kernel time")
     svgs = {k: jinja2.filters.Markup(v) for k, v in svgs.items()}  # matplotlib escaped the labels
     env = html.environment()
-    env.filters.update(metric=metric_value, change=change_text, flag=units.flag_value)
-    return units.strip_controls(env.get_template("diff.html.j2").render(d=doc, charts=svgs, arrows=ARROWS))
+    env.filters.update(metric=units.metric_value, change=change_text, flag=units.flag_value)
+    return escape.document(env.get_template("diff.html.j2").render(d=doc, charts=svgs, arrows=ARROWS))

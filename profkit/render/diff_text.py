@@ -4,21 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from profkit.compare.metrics import is_share
-from profkit.render.units import clip, flag_value, ns, pct, strip_controls, terminal_safe
+from profkit.escape import document, terminal
+from profkit.units import clip, flag_value, metric_value, ns, pct
 
 ARROW = {"better": "better", "worse": "WORSE", "within noise": "within noise", "same": "same", "changed": "changed"}
-
-
-def metric_value(name: str, value: float | None) -> str:
-    """A metric as a person reads it: shares as %, nanoseconds as times, the rest as numbers."""
-    if value is None:
-        return "-"
-    if is_share(name):
-        return pct(value)
-    if name.endswith("_ns"):
-        return ns(value)
-    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
 
 
 def change_text(row: dict[str, Any]) -> str:
@@ -31,15 +20,15 @@ def _side(label: str, side: dict[str, Any]) -> str:
     win = side["window"]
     window = f"window {ns(win['duration_ns'])} ({win['how']})" if win else "no trace (evidence only)"
     runs = f"{side['runs']} runs" if side["runs"] > 1 else "1 run"
-    return f"  {label}: {terminal_safe(side['spec'])} - {runs}, {window}, GPU {terminal_safe(side['gpu'] or '?')}"
+    return f"  {label}: {terminal(side['spec'])} - {runs}, {window}, GPU {terminal(side['gpu'] or '?')}"
 
 
 def render_diff_text(doc: dict[str, Any], top: int = 10) -> str:
     out = ["profkit diff", _side("before", doc["before"]), _side("after ", doc["after"]), "",
-           terminal_safe(doc["verdict"]), ""]
+           terminal(doc["verdict"]), ""]
     comp = doc["comparability"]
     if comp["differs"]:
-        out += ["Not comparable: " + terminal_safe("; ".join(comp["differs"])), ""]
+        out += ["Not comparable: " + terminal("; ".join(comp["differs"])), ""]
     out.append(f"vLLM outcome and headline facts (noise: {doc['noise']['how']})")
     width = max([len(r["name"]) for r in doc["metrics"]] + [6])
     out.append(f"  {'metric':{width}}  {'before':>12}  {'after':>12}  {'change':>9}  {'noise':>7}  verdict")
@@ -53,8 +42,8 @@ def render_diff_text(doc: dict[str, Any], top: int = 10) -> str:
     if doc["flags"]:
         out.append("Flags that differ")
         for f in doc["flags"]:
-            out.append(f"  {terminal_safe(f['flag'])}: {terminal_safe(flag_value(f['before']))} -> "
-                       f"{terminal_safe(flag_value(f['after']))}")
+            out.append(f"  {terminal(f['flag'])}: {terminal(flag_value(f['before']))} -> "
+                       f"{terminal(flag_value(f['after']))}")
         out.append("")
     fd = doc["findings"]
     out.append("Findings")
@@ -82,5 +71,5 @@ def render_diff_text(doc: dict[str, Any], top: int = 10) -> str:
                    " largest changes (share of window):")
         for r in k["rows"][:top]:
             out.append(f"    {pct(r['before_window_share']):>6} -> {pct(r['after_window_share']):>6}  {r['status']:8} "
-                       f"{terminal_safe(clip(r['name'], 80))}")
-    return strip_controls("\n".join(out) + "\n")
+                       f"{terminal(clip(r['name'], 80))}")
+    return document("\n".join(out) + "\n")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from profkit.render.diff_text import metric_value
-from profkit.render.units import terminal_safe
+from profkit.escape import document, terminal
+from profkit.units import metric_value
 
 
 def _changes(step: dict[str, Any]) -> str:
@@ -29,16 +29,16 @@ def render_text(doc: dict[str, Any]) -> str:
     for s in doc["steps"]:
         value = "-" if s["objective"] is None else metric_value(obj, s["objective"])
         out.append(f"  {s['step']:>4}  {s['kind']:10} {value:>10}  {s['decision']:9} "
-                   f"{terminal_safe(_changes(s) or s['why'])}")
+                   f"{terminal(_changes(s) or s['why'])}")
         if s["candidate"]:
-            out.append(f"  {'':>4}  {'':10} {'':>10}  {'':9} {terminal_safe(s['why'])}")
+            out.append(f"  {'':>4}  {'':10} {'':>10}  {'':9} {terminal(s['why'])}")
     best = doc.get("best")
     if best:
         change = f" ({best['change_pct']:+.1f} % vs the baseline)" if best["change_pct"] is not None else ""
         out += ["", f"best {obj}: {metric_value(obj, best['best'])}{change}", "winning command line:"]
-        out += [f"  {terminal_safe(c)}" for c in best["commands"]]
+        out += [f"  {terminal(c)}" for c in best["commands"]]
     if doc.get("diff"):
-        out += ["", "best vs baseline: " + terminal_safe(doc["diff"]["verdict"])]
+        out += ["", "best vs baseline: " + terminal(doc["diff"]["verdict"])]
     return "\n".join(out) + "\n"
 
 
@@ -52,9 +52,7 @@ def stop_text(doc: dict[str, Any]) -> str:
 
 
 def render_tune(doc: dict[str, Any], fmt: str) -> str:
-    from profkit.render.units import strip_controls
-
-    return strip_controls(_render_tune({**doc, "stopped": stop_text(doc)}, fmt))
+    return document(_render_tune({**doc, "stopped": stop_text(doc)}, fmt))
 
 
 def _render_tune(doc: dict[str, Any], fmt: str) -> str:
