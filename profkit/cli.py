@@ -1,4 +1,5 @@
-"""The `profkit` command: a thin Click layer over the library (profkit.report, profkit.render)."""
+"""The `profkit` command: a thin Click layer over the library (profkit.report; every output through
+profkit.render.render)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from profkit import __version__
 from profkit.errors import ProfkitError
 from profkit.escape import one_line
 from profkit.inputs import refuse_overwrite
+from profkit.render import render
 
 _UNITS = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
 
@@ -101,7 +103,7 @@ def report(traces: tuple[Path, ...], window: str, fmt: str, output: Path | None,
 
         run_id = save_run(save_db, doc, label=label, inputs=inputs)
         click.echo(f"saved run {run_id} in {save_db}", err=True)
-    emit(_render(doc, fmt, top), output)
+    emit(render(doc, fmt, top), output)
 
 
 @cli.command("diff")
@@ -131,7 +133,7 @@ def diff_cmd(before: str, after: str, fmt: str, output: Path | None, noise: str,
     doc = diff(before, after, noise=threshold)
     failed = check(doc, conditions)
     doc["gate"] = {"conditions": [c.text for c in conditions], "failed": failed}
-    emit(_render(doc, fmt, top, kind="diff"), output)
+    emit(render(doc, fmt, top), output)
     if failed:
         for line in failed:
             click.echo(f"profkit: gate failed: {line}", err=True)
@@ -286,7 +288,6 @@ def tune(budget: int, objective: str, slos: tuple[str, ...], profile: str, repli
     import time
 
     from profkit.tune.loop import TuneOptions, Tuner, dry_run_lines, parse_slo, user_from_cli
-    from profkit.tune.render import render_tune
 
     folder = out or Path(time.strftime("tune-%Y%m%d-%H%M%S"))
     opts = TuneOptions(out=folder, user=user_from_cli(list(command), model, server_args, bench_args, port),
@@ -305,8 +306,8 @@ def tune(budget: int, objective: str, slos: tuple[str, ...], profile: str, repli
     # SIGTERM stops the loop like Ctrl-C: the run in flight is stopped cleanly and tune.json keeps the best so far
     doc = main_interrupt_safe(Tuner(opts, say=lambda msg: click.echo(f"profkit: {msg}", err=True)).run)
     for fmt, name in (("md", "tune.md"), ("html", "tune.html")):
-        (folder / name).write_text(render_tune(doc, fmt), encoding="utf-8")
-    click.echo(render_tune(doc, "text"), nl=False)
+        (folder / name).write_text(render(doc, fmt), encoding="utf-8")
+    click.echo(render(doc, "text"), nl=False)
     click.echo(f"profkit: tune folder {folder} (tune.json, tune.md, tune.html, runs/)", err=True)
     if doc["stopped"].startswith("interrupted"):
         sys.exit(130)
@@ -350,30 +351,6 @@ def rules_facts() -> None:
 
     for name in sorted(FACT_DOCS):
         click.echo(f"{name:34} {FACT_DOCS[name]}")
-
-
-# (document, format) -> (module, function, takes `top`). Imported on demand: the HTML renderers pull in
-# matplotlib, which a text or JSON output never needs.
-_RENDERERS = {
-    ("report", "html"): ("profkit.render.html", "render_html", False),
-    ("report", "md"): ("profkit.render.markdown", "render_markdown", True),
-    ("report", "text"): ("profkit.render.text", "render_text", True),
-    ("diff", "html"): ("profkit.render.diff_html", "render_diff_html", False),
-    ("diff", "md"): ("profkit.render.diff_markdown", "render_diff_markdown", True),
-    ("diff", "text"): ("profkit.render.diff_text", "render_diff_text", True),
-}
-
-
-def _render(doc: dict, fmt: str, top: int, kind: str = "report") -> str:
-    import importlib
-
-    if fmt == "json":
-        from profkit.render.json import render_json
-
-        return render_json(doc)
-    module, name, takes_top = _RENDERERS[(kind, fmt)]
-    fn = getattr(importlib.import_module(module), name)
-    return fn(doc, top=top) if takes_top else fn(doc)
 
 
 class _Steps:

@@ -257,7 +257,7 @@ def test_real_tune_folders_agree_with_their_runs_and_render(h100_tune: Path, tmp
     """A planted misconfiguration undone on the H100: each step's objective is its runs' own bench.json,
     the kept change is the one that removes the planted flag, and the winning server command is vLLM's
     defaults (what the defaults capture ran)."""
-    from profkit.tune.render import render_tune
+    from profkit.render import render
     from tests.test_html import assert_not_blank, browse
 
     folder = h100_tune / scenario
@@ -275,24 +275,24 @@ def test_real_tune_folders_agree_with_their_runs_and_render(h100_tune: Path, tmp
     defaults = json.loads((h100_tune / "def_serve" / "manifest.json").read_text())["user_commands"][0]
     assert server == defaults and flag not in server
     html = tmp_path / "tune.html"
-    html.write_text(render_tune(doc, "html"), encoding="utf-8")
+    html.write_text(render(doc, "html"), encoding="utf-8")
     dom, log, shot = browse(html, tmp_path)
     assert f"{kept[0]['objective']:.2f}" in dom and kept_rule in dom and "CONSOLE" not in log
     assert_not_blank(shot)
-    md = render_tune(doc, "md")
+    md = render(doc, "md")
     assert f"{base['objective']:.2f}" in md or f"{base['objective']:.4g}" in md
 
 
 def test_real_tune_cut_off_mid_run_still_reports(h100_tune: Path) -> None:
     """s2's machine went back after 30 minutes while its fourth run ran: tune.json as last written (after
     the profiled run and both baselines) still renders, and says the loop did not finish."""
-    from profkit.tune.render import render_tune
+    from profkit.render import render
 
     doc = json.loads((h100_tune / "s2" / "tune.json").read_text())
     assert doc["stopped"] == "running" and doc["runs_used"] == 3
     runs = [h100_tune / r["folder"] for r in doc["steps"][1]["runs"]]
     rps = [json.loads((r / "bench.json").read_text())["requests_per_second"] for r in runs]
     assert doc["steps"][1]["objective"] == pytest.approx(sum(rps) / 2)
-    text = render_tune(doc, "text")
+    text = render(doc, "text")
     assert "not finished: tune.json was last written after run 3 of 5" in text
     assert f"{sum(rps) / 2:.4g}" in text and "--enforce-eager" in text

@@ -21,6 +21,7 @@ from profkit import __version__, escape, units
 from profkit.compare.metrics import HEADLINE_FACTS, OUTCOME, effective_flags, run_metrics
 from profkit.errors import ProfkitError
 from profkit.inputs import refuse_overwrite
+from profkit.render.json import finite, render_json
 
 SCHEMA = "profkit.history/1"
 
@@ -110,17 +111,6 @@ def _one_line(exc: BaseException) -> str:
 
 # ---------------------------------------------------------------------------------------------- writing
 
-def _finite(value: Any) -> Any:
-    # JSON has no NaN/Infinity (the report's JSON rendering writes null for them too).
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
-
-
 def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
@@ -169,7 +159,7 @@ def _run_row(report: dict[str, Any], label: str | None) -> dict[str, Any]:
         "command": "\n".join(str(c) for c in command),
         **{col: _number(metrics.get(name)) for name, col in METRIC_COLUMNS.items()},
         # The whole report, so a stored run can be diffed and rendered later without its trace.
-        "report_json": json.dumps(_finite(report), ensure_ascii=False, allow_nan=False, default=str),
+        "report_json": json.dumps(finite(report), ensure_ascii=False, allow_nan=False, default=str),
     }
 
 
@@ -346,7 +336,7 @@ def render_history(rows: list[dict], fmt: str) -> str:
     """The runs as an aligned text table, a JSON document ({"schema", "runs"}) or a Markdown table."""
     if fmt == "json":
         doc = {"schema": SCHEMA, "runs": [{k: v for k, v in r.items() if k != "report_json"} for r in rows]}
-        return json.dumps(_finite(doc), indent=2, ensure_ascii=False) + "\n"
+        return render_json(doc)
     headers = [h for h, _, _ in SHOWN]
     table = [[_cell(r, col, how) for _, col, how in SHOWN] for r in rows]
     if fmt == "md":

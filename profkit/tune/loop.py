@@ -134,7 +134,7 @@ def plan_for(user: UserCommand, out: Path, tool: str, opts: TuneOptions) -> Plan
 def execute(plan: Plan, rules_dirs: list[Path], say: Say) -> Run:
     """Capture, then report on the folder; a failed run is data (the loop reverts it), Ctrl-C is not."""
     from profkit.capture.run import CaptureError, run_capture
-    from profkit.render.json import render_json
+    from profkit.render import render
     from profkit.report import build_report
 
     profiled = plan.nsys_exe is not None
@@ -146,7 +146,7 @@ def execute(plan: Plan, rules_dirs: list[Path], say: Say) -> Run:
             raise KeyboardInterrupt from None
         return Run(plan.out, "failed", profiled, error=str(exc))
     report = build_report(plan.out, rules_dirs=rules_dirs)
-    (plan.out / "report.json").write_text(render_json(report), encoding="utf-8")
+    (plan.out / "report.json").write_text(render(report, "json"), encoding="utf-8")
     return Run(plan.out, "ok", profiled, report=report)
 
 

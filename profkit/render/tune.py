@@ -1,4 +1,5 @@
-"""The tune report: the trajectory (objective per step), the winning command line, and best vs baseline."""
+"""The tune report (`profkit.tune/1`): the trajectory (objective per step), the winning command line, and best
+vs baseline. Text for the terminal, Markdown (tune.md) and HTML (tune.html); tune.json is the loop's own."""
 
 from __future__ import annotations
 
@@ -16,7 +17,21 @@ def _changes(step: dict[str, Any]) -> str:
     return f"{cand['rule']}: " + ", ".join(parts)
 
 
-def render_text(doc: dict[str, Any]) -> str:
+def stop_text(doc: dict[str, Any]) -> str:
+    """Why the loop stopped; a tune.json still saying "running" was left by a loop that is still going or
+    was killed (a machine taken away, SIGKILL): what it measured up to then is all there is."""
+    if doc.get("stopped") != "running":
+        return str(doc.get("stopped"))
+    return (f"not finished: tune.json was last written after run {doc.get('runs_used')} of {doc.get('budget')} "
+            "(the loop is still running, or its process was killed)")
+
+
+def _shown(doc: dict[str, Any]) -> dict[str, Any]:
+    return {**doc, "stopped": stop_text(doc)}
+
+
+def render_tune_text(doc: dict[str, Any]) -> str:
+    doc = _shown(doc)
     obj = doc["objective"]["name"]
     out = [f"profkit tune: objective {obj} ({doc['objective']['better']} is better), "
            f"{doc['runs_used']}/{doc['budget']} runs, profile {doc['profile']}",
@@ -39,31 +54,18 @@ def render_text(doc: dict[str, Any]) -> str:
         out += [f"  {terminal(c)}" for c in best["commands"]]
     if doc.get("diff"):
         out += ["", "best vs baseline: " + terminal(doc["diff"]["verdict"])]
-    return "\n".join(out) + "\n"
+    return document("\n".join(out) + "\n")
 
 
-def stop_text(doc: dict[str, Any]) -> str:
-    """Why the loop stopped; a tune.json still saying "running" was left by a loop that is still going or
-    was killed (a machine taken away, SIGKILL): what it measured up to then is all there is."""
-    if doc.get("stopped") != "running":
-        return str(doc.get("stopped"))
-    return (f"not finished: tune.json was last written after run {doc.get('runs_used')} of {doc.get('budget')} "
-            "(the loop is still running, or its process was killed)")
+def render_tune_markdown(doc: dict[str, Any]) -> str:
+    from profkit.render import markdown
+
+    env = markdown.environment()
+    env.filters.update(metric=metric_value, changes=_changes)
+    return document(env.get_template("tune.md.j2").render(d=_shown(doc)))
 
 
-def render_tune(doc: dict[str, Any], fmt: str) -> str:
-    return document(_render_tune({**doc, "stopped": stop_text(doc)}, fmt))
-
-
-def _render_tune(doc: dict[str, Any], fmt: str) -> str:
-    if fmt == "text":
-        return render_text(doc)
-    if fmt == "md":
-        from profkit.render import markdown
-
-        env = markdown.environment()
-        env.filters.update(metric=metric_value, changes=_changes)
-        return env.get_template("tune.md.j2").render(d=doc)
+def render_tune_html(doc: dict[str, Any]) -> str:
     import jinja2
 
     from profkit.render import charts, html
@@ -71,4 +73,4 @@ def _render_tune(doc: dict[str, Any], fmt: str) -> str:
     env = html.environment()
     env.filters.update(metric=metric_value, changes=_changes)
     chart = jinja2.filters.Markup(charts.trajectory_chart(doc)) if doc["steps"] else ""
-    return env.get_template("tune.html.j2").render(d=doc, chart=chart)
+    return document(env.get_template("tune.html.j2").render(d=_shown(doc), chart=chart))
