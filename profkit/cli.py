@@ -147,9 +147,9 @@ def diff_cmd(before: str, after: str, fmt: str, output: Path | None, noise: str,
 @click.option("--last", type=click.IntRange(min=1), help="only the newest N runs")
 def history_cmd(db: Path, fmt: str, label: str | None, last: int | None) -> None:
     """List the runs stored in a history database (`profkit report ... --save DB`) with their KPIs."""
-    from profkit.compare.history import list_runs, render_history
+    from profkit.compare.history import history_document, list_runs
 
-    click.echo(render_history(list_runs(db, label=label, last=last), fmt), nl=False)
+    click.echo(render(history_document(list_runs(db, label=label, last=last)), fmt), nl=False)
 
 
 def _parse_share(text: str, option: str) -> float:

@@ -3,6 +3,7 @@
 Plain tables a user can query with SQL or Datasette: `runs` (one row per saved report, one REAL column per
 outcome/headline metric, and the whole report as JSON so a stored run can be diffed without its trace), and
 `metrics`, `flags`, `findings`, `kernels` keyed by `run_id`. `meta` holds the schema name.
+Storage and reading only: the listing (`history_document`) is rendered by profkit.render.
 """
 
 from __future__ import annotations
@@ -17,11 +18,11 @@ from typing import Any
 
 import sqlite_utils
 
-from profkit import __version__, escape, units
+from profkit import __version__, escape
 from profkit.compare.metrics import HEADLINE_FACTS, OUTCOME, effective_flags, run_metrics
 from profkit.errors import ProfkitError
 from profkit.inputs import refuse_overwrite
-from profkit.render.json import finite, render_json
+from profkit.render.json import finite
 
 SCHEMA = "profkit.history/1"
 
@@ -245,6 +246,12 @@ def _query(db_path: Path, sql: str, params: tuple = ()) -> list[dict[str, Any]]:
         db.close()
 
 
+def history_document(rows: list[dict]) -> dict[str, Any]:
+    """The listing as a document, `{"schema": "profkit.history/1", "runs": [...]}` (without the report JSON),
+    for profkit.render.render."""
+    return {"schema": SCHEMA, "runs": [{k: v for k, v in r.items() if k != "report_json"} for r in rows]}
+
+
 def list_runs(db_path: Path, label: str | None = None, last: int | None = None) -> list[dict]:
     """The saved runs without their report JSON, oldest first; `last` keeps the newest N."""
     if last is not None and last < 0:
@@ -308,50 +315,3 @@ def parse_db_spec(text: str) -> tuple[Path, str] | None:
         if path and SELECTOR.fullmatch(sel) and (Path(path).is_file() or path.endswith(".db")):
             return Path(path), sel
     return None
-
-
-# ---------------------------------------------------------------------------------------------- rendering
-
-# (header, column, how it is shown)
-SHOWN: list[tuple[str, str, str]] = [
-    ("id", "id", "int"), ("label", "label", "str"), ("saved_at", "saved_at", "str"), ("kind", "kind", "str"),
-    ("gpu", "gpu", "str"), ("req/s", "request_throughput", "2f"), ("mean TTFT ms", "mean_ttft_ms", "1f"),
-    ("p99 TTFT ms", "p99_ttft_ms", "1f"), ("preemptions", "vllm_preemptions", "0f"),
-    ("GPU util", "gpu_utilization", "pct"), ("graph share", "kernels_graph_share", "pct"),
-]
-
-
-def _cell(row: dict[str, Any], column: str, how: str) -> str:
-    value = row.get(column)
-    if value is None or value == "":
-        return "-"
-    if how == "pct":
-        return units.pct(float(value))
-    if how.endswith("f"):
-        return f"{float(value):,.{how[0]}f}"
-    return escape.terminal(value)
-
-
-def render_history(rows: list[dict], fmt: str) -> str:
-    """The runs as an aligned text table, a JSON document ({"schema", "runs"}) or a Markdown table."""
-    if fmt == "json":
-        doc = {"schema": SCHEMA, "runs": [{k: v for k, v in r.items() if k != "report_json"} for r in rows]}
-        return render_json(doc)
-    headers = [h for h, _, _ in SHOWN]
-    table = [[_cell(r, col, how) for _, col, how in SHOWN] for r in rows]
-    if fmt == "md":
-        lines = ["| " + " | ".join(headers) + " |",
-                 "|" + "|".join("---:" if how not in ("str",) else "---" for _, _, how in SHOWN) + "|"]
-        lines += ["| " + " | ".join(escape.markdown(c) for c in cells) + " |" for cells in table]
-        return "\n".join(lines) + "\n"
-    if fmt == "text":
-        if not rows:
-            return "no runs\n"
-        widths = [max(len(h), *(len(cells[i]) for cells in table)) for i, h in enumerate(headers)]
-        right = [how != "str" for _, _, how in SHOWN]
-
-        def line(cells: list[str]) -> str:
-            return "  ".join(c.rjust(w) if r else c.ljust(w) for c, w, r in zip(cells, widths, right, strict=True))
-
-        return "\n".join(line(cells) for cells in [headers, *table]) + "\n"
-    raise ProfkitError(f"unknown history format {fmt!r} (text, json or md)")

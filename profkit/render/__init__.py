@@ -28,6 +28,9 @@ RENDERERS: dict[tuple[str, str], tuple[str, str, bool]] = {
     ("tune", "text"): ("profkit.render.tune", "render_tune_text", False),
     ("tune", "md"): ("profkit.render.tune", "render_tune_markdown", False),
     ("tune", "html"): ("profkit.render.tune", "render_tune_html", False),
+    ("history", "text"): ("profkit.render.history", "render_history_text", False),
+    ("history", "json"): ("profkit.render.json", "render_json", False),
+    ("history", "md"): ("profkit.render.history", "render_history_markdown", False),
 }
 
 
