@@ -137,6 +137,7 @@ def test_worse_and_crashed_candidates_are_reverted(env, tmp_path: Path) -> None:
     worse = doc["steps"][1]
     assert worse["candidate"]["rule"] == "batch-cap" and worse["decision"] == "revert"
     assert worse["why"].endswith("worse") and worse["comparison"]["change_pct"] < 0
+    assert "verdict" not in worse["comparison"]  # the verdict line is the renderer's
     assert doc["stopped"] == "1 candidate(s) in a row gained less than the noise"
     assert doc["best"]["best_step"] == 0 and doc["diff"] is None
     crash = {**env, "FAKE_VLLM_CRASH_ON": "!--max-num-seqs", "FAKE_GPU": "NVIDIA H100 80GB HBM3, 580.159.04"}
@@ -296,3 +297,19 @@ def test_real_tune_cut_off_mid_run_still_reports(h100_tune: Path) -> None:
     text = render(doc, "text")
     assert "not finished: tune.json was last written after run 3 of 5" in text
     assert f"{sum(rps) / 2:.4g}" in text and "--enforce-eager" in text
+
+
+def test_recorded_diff_verdicts_are_written_again_from_their_rows(h100_tune: Path, h100_host: Path) -> None:
+    """tune.json files recorded with profkit.diff/1 carry the verdict line as data; the renderer writes the same
+    line from the diff's own rows, so they render as they did (profkit.diff/2 no longer carries it)."""
+    from profkit.render import render
+    from profkit.render.diff import verdict_sentence
+
+    recorded = [json.loads(p.read_text()) for p in [*sorted(h100_tune.rglob("tune.json")),
+                                                    *sorted(h100_host.rglob("tune.json"))]]
+    with_diff = [d for d in recorded if d["diff"]]
+    assert len(with_diff) == 3 and all(d["diff"]["schema"] == "profkit.diff/1" for d in with_diff)
+    for doc in with_diff:
+        assert verdict_sentence(doc["diff"]) == doc["diff"]["verdict"]
+        assert "best vs baseline: " + doc["diff"]["verdict"] + "\n" in render(doc, "text")
+        assert render(doc["diff"], "text").splitlines()[4] == doc["diff"]["verdict"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from profkit.escape import document, terminal
+from profkit.render.diff import verdict_sentence
 from profkit.units import metric_value
 
 
@@ -28,6 +29,11 @@ def stop_text(doc: dict[str, Any]) -> str:
 
 def _shown(doc: dict[str, Any]) -> dict[str, Any]:
     return {**doc, "stopped": stop_text(doc)}
+
+
+def _verdict(doc: dict[str, Any]) -> str | None:
+    """Best vs baseline in one line: the embedded diff's verdict, written from its rows."""
+    return verdict_sentence(doc["diff"]) if doc.get("diff") else None
 
 
 def render_tune_text(doc: dict[str, Any]) -> str:
@@ -53,7 +59,7 @@ def render_tune_text(doc: dict[str, Any]) -> str:
         out += ["", f"best {obj}: {metric_value(obj, best['best'])}{change}", "winning command line:"]
         out += [f"  {terminal(c)}" for c in best["commands"]]
     if doc.get("diff"):
-        out += ["", "best vs baseline: " + terminal(doc["diff"]["verdict"])]
+        out += ["", "best vs baseline: " + terminal(verdict_sentence(doc["diff"]))]
     return document("\n".join(out) + "\n")
 
 
@@ -62,7 +68,7 @@ def render_tune_markdown(doc: dict[str, Any]) -> str:
 
     env = markdown.environment()
     env.filters.update(metric=metric_value, changes=_changes)
-    return document(env.get_template("tune.md.j2").render(d=_shown(doc)))
+    return document(env.get_template("tune.md.j2").render(d=_shown(doc), verdict=_verdict(doc)))
 
 
 def render_tune_html(doc: dict[str, Any]) -> str:
@@ -73,4 +79,4 @@ def render_tune_html(doc: dict[str, Any]) -> str:
     env = html.environment()
     env.filters.update(metric=metric_value, changes=_changes)
     chart = jinja2.filters.Markup(charts.trajectory_chart(doc)) if doc["steps"] else ""
-    return document(env.get_template("tune.html.j2").render(d=_shown(doc), chart=chart))
+    return document(env.get_template("tune.html.j2").render(d=_shown(doc), verdict=_verdict(doc), chart=chart))

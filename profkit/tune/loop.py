@@ -358,7 +358,7 @@ class Tuner:
         gain = change if better == "higher" else -change
         comparison = {"objective": self.opts.objective, "best": row["before"], "candidate": row["after"],
                       "change_pct": row["change_pct"], "threshold_pct": 100 * threshold,
-                      "verdict": doc["verdict"], "findings": doc["findings"]}
+                      "findings": doc["findings"]}
         broken = [c.text for c in self.opts.slos if not slo_holds(c, _mean_metric(config.reports(), c.metric))]
         if broken:
             return "revert", f"SLO not met: {', '.join(broken)}", comparison
