@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from profkit.escape import document, terminal
+from profkit.render.ranks import rank_table
 from profkit.units import change_from, change_to, clip, ns, pct, size
 
 
@@ -106,22 +107,22 @@ def step_lines(report: dict[str, Any]) -> list[str]:
 
 def rank_lines(report: dict[str, Any]) -> list[str]:
     """Per GPU (rank): busy time, communication and its overlap, the wait in collectives; the straggler."""
-    ranks = report.get("ranks")
-    if not ranks:
+    table = rank_table(report)
+    if table is None:
         return []
+    ranks = table["rows"]
     src = report["source"]
     out = [f"GPUs ({len(ranks)} ranks)" + (f"; {len(src['traces'])} traces, the sections below are rank "
                                              f"{terminal(str(ranks[0]['rank']))}'s" if src.get("traces") else "")]
     coll = (report.get("imbalance") or {}).get("collectives") or {}
-    waits = {str(w["rank"]): w for w in coll.get("ranks", [])}
     columns = {"rank": lambda r: terminal(str(r["rank"])), "busy": lambda r: ns(r["gpu"]["busy_ns"]),
                "util": lambda r: pct(r["gpu"]["utilization"]), "kernels": lambda r: ns(r["kernels"]["total_ns"]),
                "communication": lambda r: ns(r["communication"]["total_ns"]),
                "share": lambda r: pct(r["communication"]["share"]),
                "overlapped": lambda r: pct(r["communication"]["overlap_share"])}
-    if waits:
-        columns["waits"] = lambda r: ns(waits[str(r["rank"])]["wait_ns"]) if str(r["rank"]) in waits else "-"
-        columns["last"] = lambda r: pct(waits[str(r["rank"])]["last_share"]) if str(r["rank"]) in waits else "-"
+    if table["waits"]:
+        columns["waits"] = lambda r: ns(r["wait_ns"])
+        columns["last"] = lambda r: pct(r["last_share"])
     out.append(_table(ranks, columns, 64))
     imb = report.get("imbalance")
     if imb:
