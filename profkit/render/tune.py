@@ -58,8 +58,9 @@ def render_tune_text(doc: dict[str, Any]) -> str:
         change = f" ({best['change_pct']:+.1f} % vs the baseline)" if best["change_pct"] is not None else ""
         out += ["", f"best {obj}: {metric_value(obj, best['best'])}{change}", "winning command line:"]
         out += [f"  {terminal(c)}" for c in best["commands"]]
-    if doc.get("diff"):
-        out += ["", "best vs baseline: " + terminal(verdict_sentence(doc["diff"]))]
+    verdict = _verdict(doc)
+    if verdict is not None:
+        out += ["", "best vs baseline: " + terminal(verdict)]
     return document("\n".join(out) + "\n")
 
 
