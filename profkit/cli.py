@@ -1,4 +1,5 @@
-"""The `profkit` command: a thin Click layer over the library (profkit.report, profkit.render)."""
+"""The `profkit` command: a thin Click layer over the library (profkit.report; every output through
+profkit.render.render)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ import click
 
 from profkit import __version__
 from profkit.errors import ProfkitError
-from profkit.inputs import one_line, refuse_overwrite
+from profkit.escape import one_line
+from profkit.inputs import refuse_overwrite
+from profkit.render import render
 
 _UNITS = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
 
@@ -103,7 +106,7 @@ def report(traces: tuple[Path, ...], window: str, fmt: str, output: Path | None,
 
         run_id = save_run(save_db, document, label=label, inputs=inputs)
         click.echo(f"saved run {run_id} in {save_db}", err=True)
-    emit(_render(document, fmt, top), output)
+    emit(render(document, fmt, top), output)
 
 
 @cli.command("diff")
@@ -135,7 +138,7 @@ def diff_cmd(before: str, after: str, fmt: str, output: Path | None, noise: str,
     doc = diff(before, after, noise=threshold)
     failed = check(doc, conditions)
     doc["gate"] = {"conditions": [c.text for c in conditions], "failed": failed}
-    emit(_render(doc, fmt, top, kind="diff"), output)
+    emit(render(doc, fmt, top), output)
     if failed:
         for line in failed:
             click.echo(f"profkit: gate failed: {line}", err=True)
@@ -149,9 +152,9 @@ def diff_cmd(before: str, after: str, fmt: str, output: Path | None, noise: str,
 @click.option("--last", type=click.IntRange(min=1), help="only the newest N runs")
 def history_cmd(db: Path, fmt: str, label: str | None, last: int | None) -> None:
     """List the runs stored in a history database (`profkit report ... --save DB`) with their KPIs."""
-    from profkit.compare.history import list_runs, render_history
+    from profkit.compare.history import history_document, list_runs
 
-    click.echo(render_history(list_runs(db, label=label, last=last), fmt), nl=False)
+    click.echo(render(history_document(list_runs(db, label=label, last=last)), fmt), nl=False)
 
 
 def _parse_share(text: str, option: str) -> float:
@@ -283,7 +286,6 @@ def tune(budget: int, objective: str, slos: tuple[str, ...], profile: str, repli
 
     from profkit.capture.plan import commands_from_cli
     from profkit.tune.loop import TuneOptions, Tuner, dry_run_lines, parse_slo
-    from profkit.tune.render import render_tune
 
     folder = out or Path(time.strftime("tune-%Y%m%d-%H%M%S"))
     user = commands_from_cli(list(command), model, server_args, bench_args, port, verb="tune")
@@ -303,8 +305,8 @@ def tune(budget: int, objective: str, slos: tuple[str, ...], profile: str, repli
     # SIGTERM stops the loop like Ctrl-C: the run in flight is stopped cleanly and tune.json keeps the best so far
     doc = main_interrupt_safe(Tuner(opts, say=lambda msg: click.echo(f"profkit: {msg}", err=True)).run)
     for fmt, name in (("md", "tune.md"), ("html", "tune.html")):
-        (folder / name).write_text(render_tune(doc, fmt), encoding="utf-8")
-    click.echo(render_tune(doc, "text"), nl=False)
+        (folder / name).write_text(render(doc, fmt), encoding="utf-8")
+    click.echo(render(doc, "text"), nl=False)
     click.echo(f"profkit: tune folder {folder} (tune.json, tune.md, tune.html, runs/)", err=True)
     if doc["stopped"].startswith("interrupted"):
         sys.exit(130)
@@ -348,30 +350,6 @@ def rules_facts() -> None:
 
     for name in sorted(FACTS):
         click.echo(f"{name:34} {FACTS[name].unit:7} {FACTS[name].doc}")
-
-
-# (document, format) -> (module, function, takes `top`). Imported on demand: the HTML renderers pull in
-# matplotlib, which a text or JSON output never needs.
-_RENDERERS = {
-    ("report", "html"): ("profkit.render.html", "render_html", False),
-    ("report", "md"): ("profkit.render.markdown", "render_markdown", True),
-    ("report", "text"): ("profkit.render.text", "render_text", True),
-    ("diff", "html"): ("profkit.render.diff_html", "render_diff_html", False),
-    ("diff", "md"): ("profkit.render.diff_markdown", "render_diff_markdown", True),
-    ("diff", "text"): ("profkit.render.diff_text", "render_diff_text", True),
-}
-
-
-def _render(doc: dict, fmt: str, top: int, kind: str = "report") -> str:
-    import importlib
-
-    if fmt == "json":
-        from profkit.render.json import render_json
-
-        return render_json(doc)
-    module, name, takes_top = _RENDERERS[(kind, fmt)]
-    fn = getattr(importlib.import_module(module), name)
-    return fn(doc, top=top) if takes_top else fn(doc)
 
 
 class _Steps:

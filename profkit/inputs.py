@@ -1,4 +1,4 @@
-"""Reading the user's input files safely: regular files only, bounded sizes, printable error lines.
+"""Reading the user's input files safely: regular files only, bounded sizes.
 
 A FIFO or a device given as a log would block or never end; a huge "rule file" would exhaust memory.
 Every reader of user files goes through `require_file` / `read_text`.
@@ -15,14 +15,6 @@ from profkit.errors import ProfkitError
 MiB = 1 << 20
 LIMITS = {"rule file": 1 * MiB, "benchmark JSON": 16 * MiB, "vLLM log": 512 * MiB, "metrics file": 64 * MiB,
           "capture manifest": 4 * MiB, "report JSON": 512 * MiB, "host samples": 64 * MiB}
-_CONTROL = {c: None for c in range(32) if c not in (9,)} | {127: None}
-
-
-def one_line(text: object, limit: int = 300) -> str:
-    """A message fit for one terminal line: control characters and newlines out, bounded length."""
-    s = " ".join(str(text).translate(_CONTROL).split())
-    return s if len(s) <= limit else s[: limit - 1] + "…"
-
 
 def require_file(path: Path, what: str) -> int:
     """The size of `path`, which must be a regular file (a symlink to one is fine); else one clear error."""

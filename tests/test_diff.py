@@ -16,6 +16,7 @@ import pytest
 from profkit.compare import gate
 from profkit.compare.diff import Side, diff, diff_reports
 from profkit.errors import ProfkitError
+from profkit.render.diff import verdict_sentence
 from profkit.render.json import render_json
 from profkit.report import build_report
 from tests.cli import profkit
@@ -49,7 +50,7 @@ def test_eager_to_graphs_tells_the_launch_story(saved) -> None:
     doc = diff(str(saved("eager_b1")), str(saved("graphs_b1")))
     before = json.loads(saved("eager_b1").read_text())["facts"]
     after = json.loads(saved("graphs_b1").read_text())["facts"]
-    assert doc["schema"] == "profkit.diff/1"
+    assert doc["schema"] == "profkit.diff/2"
     share = metric(doc, "kernels.graph_share")
     assert (share["before"], share["after"]) == (before["kernels.graph_share"], after["kernels.graph_share"])
     assert share["before"] == 0.0 and share["after"] > 0.97  # ~0 -> ~98 % replayed from the graph
@@ -62,8 +63,10 @@ def test_eager_to_graphs_tells_the_launch_story(saved) -> None:
     assert util["change_pct"] == pytest.approx((util["after"] - util["before"]) / util["before"] * 100)
     # One run per side: the threshold is assumed and said so.
     assert doc["noise"]["measured_pct"] is None and util["noise"] == "assumed" and util["threshold_pct"] == 5.0
-    assert doc["verdict"].startswith("AFTER: ") and "resolved: launch-overhead" in doc["verdict"]
-    assert "5 % assumed" in doc["verdict"]
+    verdict = verdict_sentence(doc)  # the renderer writes the line from the rows; the document holds none
+    assert "verdict" not in doc
+    assert verdict.startswith("AFTER: ") and "resolved: launch-overhead" in verdict
+    assert "5 % assumed" in verdict
     # Different window lengths: rates and shares are compared, and the windows are stated.
     w = doc["gpu"]["windows"]
     assert (w["before_ns"], w["after_ns"]) == (json.loads(saved("eager_b1").read_text())["window"]["duration_ns"],
@@ -138,7 +141,7 @@ def test_replicates_measure_the_noise(tmp_path: Path) -> None:
     inside = diff_reports(before, Side("after", [with_rt(rt * 1.12), with_rt(rt * 1.14)]))
     row = metric(inside, "request_throughput")
     assert row["noise"] == "measured" and row["threshold_pct"] == pytest.approx(100 * 0.1 / 1.05)
-    assert row["verdict"] == "within noise" and "within noise: request_throughput" in inside["verdict"]
+    assert row["verdict"] == "within noise" and "within noise: request_throughput" in verdict_sentence(inside)
     beyond = diff_reports(before, Side("after", [with_rt(rt * 1.5), with_rt(rt * 1.52)]))
     assert metric(beyond, "request_throughput")["verdict"] == "better"
     assert beyond["noise"]["replicates"] == [2, 2] and beyond["noise"]["measured_pct"] is not None
@@ -152,7 +155,7 @@ def test_comparability_says_what_differs(saved, tmp_path: Path) -> None:
     doc = diff(str(saved("eager_b1")), str(path))
     assert not doc["comparability"]["comparable"]
     assert "gpu: NVIDIA H100 80GB HBM3 vs NVIDIA A100-SXM4-80GB" in doc["comparability"]["differs"]
-    assert "NOT COMPARABLE" in doc["verdict"]
+    assert "NOT COMPARABLE" in verdict_sentence(doc)
 
 
 def test_gate_conditions(saved) -> None:
@@ -190,7 +193,7 @@ def test_cli_gate_exit_codes_and_formats(saved, tmp_path: Path) -> None:
         text = out.read_text()
         assert "launch-overhead" in text
     doc = json.loads((tmp_path / "d.json").read_text())
-    assert doc["schema"] == "profkit.diff/1" and doc["gate"] == {"conditions": [], "failed": []}
+    assert doc["schema"] == "profkit.diff/2" and doc["gate"] == {"conditions": [], "failed": []}
     assert "<script" not in (tmp_path / "d.html").read_text().lower()
     assert "| kernels.graph\\_share | 0.0% | 98.3% | from 0 |" in (tmp_path / "d.md").read_text()
 
@@ -203,7 +206,7 @@ def test_bad_sides(saved, tmp_path: Path, sqlite_path) -> None:
     assert profkit("diff", str(saved("eager_b1")), str(saved("graphs_b1")), "--format", "json", "-o",
                    str(d)).returncode == 0
     other = profkit("diff", str(d), str(saved("graphs_b1")))
-    assert other.returncode == 1 and "a profkit.diff/1 document" in other.stderr
+    assert other.returncode == 1 and "a profkit.diff/2 document" in other.stderr
     empty = tmp_path / "empty"
     empty.mkdir()
     r = profkit("diff", str(empty), str(saved("graphs_b1")))
@@ -284,7 +287,7 @@ def test_real_serve_pair_before_and_after_the_suggestion(real_pair: Path, tmp_pa
     assert comp["comparable"] and comp["unknown"] == []
     assert comp["before"]["workload"]["--num-prompts"] == "800" and comp["before"]["gpu"] == "NVIDIA H100 80GB HBM3"
     assert doc["noise"]["measured_metric"] == "request_throughput" and doc["noise"]["replicates"] == [3, 1]
-    assert f"noise: {rt['threshold_pct']:.1f} % on request_throughput measured over 3+1 runs" in doc["verdict"]
+    assert f"noise: {rt['threshold_pct']:.1f} % on request_throughput measured over 3+1 runs" in verdict_sentence(doc)
     # every format; the page in headless Chromium
     from tests.test_html import assert_not_blank, browse
 

@@ -21,10 +21,10 @@ from profkit.diagnose.engine import RuleError, load_rule_file
 from profkit.diagnose.facts import known_fact_names
 from profkit.diagnose.vllm_command import VllmCommand
 from profkit.errors import ProfkitError
+from profkit.escape import one_line
 from profkit.evidence.bench import parse_bench
 from profkit.evidence.metrics import parse_metrics
 from profkit.evidence.vllm_log import parse_log
-from profkit.inputs import one_line
 from tests.cli import one_error_line, profkit
 
 EXAMPLES = int(os.environ.get("PROFKIT_FUZZ_EXAMPLES", "150"))

@@ -15,9 +15,18 @@ import sqlite_utils
 
 from profkit import __version__
 from profkit.compare import history
-from profkit.compare.history import SCHEMA, list_runs, load_runs, open_history, parse_db_spec, render_history, save_run
+from profkit.compare.history import (
+    SCHEMA,
+    history_document,
+    list_runs,
+    load_runs,
+    open_history,
+    parse_db_spec,
+    save_run,
+)
 from profkit.compare.metrics import effective_flags, run_metrics
 from profkit.errors import ProfkitError
+from profkit.render import render
 
 SERVE = Path(__file__).resolve().parent / "data" / "vllm_serve_kv300mb"
 HOSTILE = "a|b `code` [x](javascript:x) <i>&_y\x1b[31m\nz\\|w"
@@ -333,20 +342,21 @@ def test_render_history_formats_and_escaping(tmp_path: Path, report_all, evidenc
     rows = list_runs(db)
     assert rows[0]["label"] == HOSTILE  # stored as given; escaped only when shown
 
-    text = render_history(rows, "text")
+    text = render(history_document(rows), "text")
     lines = text.splitlines()
     assert len(lines) == 3 and len({len(line) for line in lines}) == 1  # aligned
     assert lines[0].split()[:3] == ["id", "label", "saved_at"]
     assert "\x1b" not in text and "\\x1b" not in text
     eager_line, serve_line = lines[1], lines[2]
-    assert eager_line.lstrip().startswith("1  a|b `code` [x](javascript:x) <i>&_y[31mz\\|w")
+    # profkit.escape.terminal, as for every terminal output: ESC out, the newline a space
+    assert eager_line.lstrip().startswith("1  a|b `code` [x](javascript:x) <i>&_y[31m z\\|w")
     assert "10.7%" in eager_line and "0.0%" in eager_line and "NVIDIA H100 80GB HBM3" in eager_line
     assert serve_line.split()[:2] == ["2", "kv300mb"]
     cells = serve_line.split()
     assert "11.07" in cells and "29" in cells and "9,039.0" in cells and "17,451.7" in cells
     assert cells[-2:] == ["-", "-"]  # no trace: no GPU utilization, no graph share
 
-    doc = json.loads(render_history(rows, "json"))
+    doc = json.loads(render(history_document(rows), "json"))
     assert doc["schema"] == "profkit.history/1"
     assert [r["id"] for r in doc["runs"]] == [1, 2]
     assert doc["runs"][0]["label"] == HOSTILE
@@ -354,20 +364,21 @@ def test_render_history_formats_and_escaping(tmp_path: Path, report_all, evidenc
     assert doc["runs"][1]["window_ns"] is None
     assert "report_json" not in doc["runs"][0]
 
-    md = render_history(rows, "md")
+    md = render(history_document(rows), "md")
     md_lines = md.splitlines()
     assert len(md_lines) == 4
     assert "\x1b" not in md and "<i>" not in md
     assert re.search(r"(?<!\\)\]\(", md) is None  # no live link: every ']' is escaped
     unescaped_pipes = [line.replace("\\\\", "").replace("\\|", "").count("|") for line in md_lines]
     assert unescaped_pipes == [12, 12, 12, 12]
-    assert ("a\\|b \\`code\\` \\[x\\](javascript:x) &lt;i&gt;&amp;\\_y\\[31mz\\\\\\|w" in md_lines[2])
+    # profkit.escape.markdown, as for every Markdown output: a backtick becomes ' (safe inside a code span too)
+    assert ("a\\|b 'code' \\[x\\](javascript:x) &lt;i&gt;&amp;\\_y\\[31m z\\\\\\|w" in md_lines[2])
     assert "| 11.07 |" in md_lines[3] and "| 29 |" in md_lines[3]
 
-    assert render_history([], "text") == "no runs\n"
-    assert json.loads(render_history([], "json")) == {"schema": SCHEMA, "runs": []}
+    assert render(history_document([]), "text") == "no runs\n"
+    assert json.loads(render(history_document([]), "json")) == {"schema": SCHEMA, "runs": []}
     with pytest.raises(ProfkitError, match="unknown history format 'csv'"):
-        render_history(rows, "csv")
+        render(history_document(rows), "csv")
 
 
 def test_schema_sql_is_fixed(two_runs: Path, tmp_path: Path, evidence_report: dict) -> None:

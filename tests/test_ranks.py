@@ -146,3 +146,23 @@ def test_rank_outputs_and_cli(tmp_path: Path) -> None:
     bad = profkit("report", *map(str, RANKS), "--dask", "tcp://127.0.0.1:9")
     assert bad.returncode != 0 and "Traceback" not in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1 and "--dask" in bad.stderr
+
+
+def test_rank_table_joins_waits_once_for_every_format(joined: dict) -> None:
+    """The rank table's rows carry each rank's wait in collectives and its last-arrival share (one join, read
+    by text, Markdown and HTML); a rank the collectives did not match shows "-" in every format."""
+    from profkit.render import render
+    from profkit.render.ranks import rank_table
+
+    table = rank_table(joined)
+    waits = {w["rank"]: w for w in joined["imbalance"]["collectives"]["ranks"]}
+    assert table["waits"] and [(r["rank"], r["wait_ns"], r["last_share"]) for r in table["rows"]] == [
+        (k, waits[k]["wait_ns"], waits[k]["last_share"]) for k in (0, 1)]
+    assert rank_table({"ranks": []}) is None and rank_table({"ranks": joined["ranks"]})["waits"] is False
+    one = {**joined, "imbalance": {**joined["imbalance"], "collectives": {
+        **joined["imbalance"]["collectives"], "ranks": joined["imbalance"]["collectives"]["ranks"][:1]}}}
+    text = render(one, "text")
+    row = next(line for line in text.splitlines() if line.startswith("  1 "))
+    assert row.split()[-2:] == ["-", "-"]
+    html = render(one, "html")
+    assert html.count('<td class="num">-</td><td class="num">-</td><td class="name">') == 1

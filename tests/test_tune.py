@@ -138,6 +138,7 @@ def test_worse_and_crashed_candidates_are_reverted(env, tmp_path: Path) -> None:
     worse = doc["steps"][1]
     assert worse["candidate"]["rule"] == "batch-cap" and worse["decision"] == "revert"
     assert worse["why"].endswith("worse") and worse["comparison"]["change_pct"] < 0
+    assert "verdict" not in worse["comparison"]  # the verdict line is the renderer's
     assert doc["stopped"] == "1 candidate(s) in a row gained less than the noise"
     assert doc["best"]["best_step"] == 0 and doc["diff"] is None
     crash = {**env, "FAKE_VLLM_CRASH_ON": "!--max-num-seqs", "FAKE_GPU": "NVIDIA H100 80GB HBM3, 580.159.04"}
@@ -257,7 +258,7 @@ def test_real_tune_folders_agree_with_their_runs_and_render(h100_tune: Path, tmp
     """A planted misconfiguration undone on the H100: each step's objective is its runs' own bench.json,
     the kept change is the one that removes the planted flag, and the winning server command is vLLM's
     defaults (what the defaults capture ran)."""
-    from profkit.tune.render import render_tune
+    from profkit.render import render
     from tests.test_html import assert_not_blank, browse
 
     folder = h100_tune / scenario
@@ -275,24 +276,40 @@ def test_real_tune_folders_agree_with_their_runs_and_render(h100_tune: Path, tmp
     defaults = json.loads((h100_tune / "def_serve" / "manifest.json").read_text())["user_commands"][0]
     assert server == defaults and flag not in server
     html = tmp_path / "tune.html"
-    html.write_text(render_tune(doc, "html"), encoding="utf-8")
+    html.write_text(render(doc, "html"), encoding="utf-8")
     dom, log, shot = browse(html, tmp_path)
     assert f"{kept[0]['objective']:.2f}" in dom and kept_rule in dom and "CONSOLE" not in log
     assert_not_blank(shot)
-    md = render_tune(doc, "md")
+    md = render(doc, "md")
     assert f"{base['objective']:.2f}" in md or f"{base['objective']:.4g}" in md
 
 
 def test_real_tune_cut_off_mid_run_still_reports(h100_tune: Path) -> None:
     """s2's machine went back after 30 minutes while its fourth run ran: tune.json as last written (after
     the profiled run and both baselines) still renders, and says the loop did not finish."""
-    from profkit.tune.render import render_tune
+    from profkit.render import render
 
     doc = json.loads((h100_tune / "s2" / "tune.json").read_text())
     assert doc["stopped"] == "running" and doc["runs_used"] == 3
     runs = [h100_tune / r["folder"] for r in doc["steps"][1]["runs"]]
     rps = [json.loads((r / "bench.json").read_text())["requests_per_second"] for r in runs]
     assert doc["steps"][1]["objective"] == pytest.approx(sum(rps) / 2)
-    text = render_tune(doc, "text")
+    text = render(doc, "text")
     assert "not finished: tune.json was last written after run 3 of 5" in text
     assert f"{sum(rps) / 2:.4g}" in text and "--enforce-eager" in text
+
+
+def test_recorded_diff_verdicts_are_written_again_from_their_rows(h100_tune: Path, h100_host: Path) -> None:
+    """tune.json files recorded with profkit.diff/1 carry the verdict line as data; the renderer writes the same
+    line from the diff's own rows, so they render as they did (profkit.diff/2 no longer carries it)."""
+    from profkit.render import render
+    from profkit.render.diff import verdict_sentence
+
+    recorded = [json.loads(p.read_text()) for p in [*sorted(h100_tune.rglob("tune.json")),
+                                                    *sorted(h100_host.rglob("tune.json"))]]
+    with_diff = [d for d in recorded if d["diff"]]
+    assert len(with_diff) == 3 and all(d["diff"]["schema"] == "profkit.diff/1" for d in with_diff)
+    for doc in with_diff:
+        assert verdict_sentence(doc["diff"]) == doc["diff"]["verdict"]
+        assert "best vs baseline: " + doc["diff"]["verdict"] + "\n" in render(doc, "text")
+        assert render(doc["diff"], "text").splitlines()[4] == doc["diff"]["verdict"]

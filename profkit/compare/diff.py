@@ -1,4 +1,4 @@
-"""`profkit diff`: did the change help? Two runs (or two sets of replicates) compared, `profkit.diff/1`.
+"""`profkit diff`: did the change help? Two runs (or two sets of replicates) compared, `profkit.diff/2`.
 
 A side is anything that yields reports: a trace, a capture folder (with or without a trace), a folder
 of capture folders (replicates of one configuration), a saved report JSON, or history rows
@@ -25,10 +25,11 @@ from profkit.capture.folder import CaptureFolder
 from profkit.compare import metrics as m
 from profkit.diagnose.vllm_command import VllmCommand, normalize_flag
 from profkit.errors import ProfkitError
-from profkit.inputs import one_line, read_text, require_file
+from profkit.escape import one_line
+from profkit.inputs import read_text, require_file
 from profkit.resources import process_context
 
-SCHEMA = "profkit.diff/1"
+SCHEMA = "profkit.diff/2"
 REPORT_SCHEMA = "profkit.report/1"
 DEFAULT_NOISE = 0.05
 # The bench arguments that define a workload: two runs with different values measure different things.
@@ -318,51 +319,6 @@ def comparability(before: Side, after: Side) -> dict[str, Any]:
     return {"before": ib, "after": ia, "differs": differs, "unknown": unknown, "comparable": not differs}
 
 
-def _fmt(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if v is None:
-        return "(removed)"
-    return str(v)
-
-
-def verdict_sentence(rows: list[dict[str, Any]], flags: list[dict[str, Any]], findings: dict[str, Any],
-                     comp: dict[str, Any], noise: dict[str, Any]) -> str:
-    """One line a ticket can quote: what moved beyond noise, what was resolved, which flags, and caveats."""
-    key = ("request_throughput", "output_throughput", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms",
-           "vllm.preemptions", "gpu.utilization")
-    by = {r["name"]: r for r in rows}
-    moved, quiet = [], []
-    for name in key:
-        r = by.get(name)
-        if r is None:
-            continue
-        if r["verdict"] in ("better", "worse", "changed"):
-            pct = r["change_pct"]
-            change = f"{pct:+.0f} %" if pct is not None else f"{r['before']:g} -> {r['after']:g}"
-            moved.append(f"{name} {change} ({r['verdict']})")
-        elif r["verdict"] == "within noise":
-            quiet.append(name)
-    parts = ["AFTER: " + ("; ".join(moved) if moved else "no change beyond noise")]
-    if quiet:
-        parts.append("within noise: " + ", ".join(quiet))
-    if findings["resolved"]:
-        parts.append("resolved: " + ", ".join(findings["resolved"]))
-    if findings["new"]:
-        parts.append("new: " + ", ".join(findings["new"]))
-    if flags:
-        parts.append("flags: " + ", ".join(f"{f['flag']} {_fmt(f['before'])} -> {_fmt(f['after'])}" for f in flags))
-    n = noise["replicates"]
-    parts.append(f"noise: {noise['measured_pct']:.1f} % on {noise['measured_metric']} measured over {n[0]}+{n[1]} "
-                 "runs" if noise["measured_pct"] is not None else f"noise: {noise['assumed_pct']:g} % assumed "
-                                                                   "(single runs)")
-    if comp["differs"]:
-        parts.append("NOT COMPARABLE: " + "; ".join(comp["differs"]))
-    elif comp["unknown"]:
-        parts.append("comparability unknown for " + ", ".join(comp["unknown"]))
-    return "; ".join(parts)
-
-
 def _side_doc(side: Side) -> dict[str, Any]:
     r = side.first
     win = r.get("window")
@@ -374,7 +330,7 @@ def _side_doc(side: Side) -> dict[str, Any]:
 
 
 def diff_reports(before: Side, after: Side, noise: float = DEFAULT_NOISE) -> dict[str, Any]:
-    """The `profkit.diff/1` document for two sides."""
+    """The `profkit.diff/2` document for two sides (its verdict line is the renderer's: profkit.render.diff)."""
     rows, noise_doc = compare_metrics(before, after, noise)
     flags = compare_flags(before.first, after.first)
     findings = compare_findings(before, after)
@@ -392,7 +348,6 @@ def diff_reports(before: Side, after: Side, noise: float = DEFAULT_NOISE) -> dic
         "kernels": gpu["kernels"] if gpu else None,
         "categories": gpu["categories"] if gpu else None,
         "comparability": comp,
-        "verdict": verdict_sentence(rows, flags, findings, comp, noise_doc),
     }
 
 

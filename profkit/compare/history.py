@@ -3,6 +3,7 @@
 Plain tables a user can query with SQL or Datasette: `runs` (one row per saved report, one REAL column per
 outcome/headline metric, and the whole report as JSON so a stored run can be diffed without its trace), and
 `metrics`, `flags`, `findings`, `kernels` keyed by `run_id`. `meta` holds the schema name.
+Storage and reading only: the listing (`history_document`) is rendered by profkit.render.
 """
 
 from __future__ import annotations
@@ -11,18 +12,17 @@ import json
 import math
 import re
 import sqlite3
-import unicodedata
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import sqlite_utils
 
-from profkit import __version__
+from profkit import __version__, escape
 from profkit.compare.metrics import HEADLINE_FACTS, OUTCOME, effective_flags, run_metrics
 from profkit.errors import ProfkitError
 from profkit.inputs import refuse_overwrite
-from profkit.render import units
+from profkit.render.json import finite
 
 SCHEMA = "profkit.history/1"
 
@@ -112,17 +112,6 @@ def _one_line(exc: BaseException) -> str:
 
 # ---------------------------------------------------------------------------------------------- writing
 
-def _finite(value: Any) -> Any:
-    # JSON has no NaN/Infinity (the report's JSON rendering writes null for them too).
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
-
-
 def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
@@ -171,7 +160,7 @@ def _run_row(report: dict[str, Any], label: str | None) -> dict[str, Any]:
         "command": "\n".join(str(c) for c in command),
         **{col: _number(metrics.get(name)) for name, col in METRIC_COLUMNS.items()},
         # The whole report, so a stored run can be diffed and rendered later without its trace.
-        "report_json": json.dumps(_finite(report), ensure_ascii=False, allow_nan=False, default=str),
+        "report_json": json.dumps(finite(report), ensure_ascii=False, allow_nan=False, default=str),
     }
 
 
@@ -257,6 +246,12 @@ def _query(db_path: Path, sql: str, params: tuple = ()) -> list[dict[str, Any]]:
         db.close()
 
 
+def history_document(rows: list[dict]) -> dict[str, Any]:
+    """The listing as a document, `{"schema": "profkit.history/1", "runs": [...]}` (without the report JSON),
+    for profkit.render.render."""
+    return {"schema": SCHEMA, "runs": [{k: v for k, v in r.items() if k != "report_json"} for r in rows]}
+
+
 def list_runs(db_path: Path, label: str | None = None, last: int | None = None) -> list[dict]:
     """The saved runs without their report JSON, oldest first; `last` keeps the newest N."""
     if last is not None and last < 0:
@@ -290,8 +285,8 @@ def load_runs(db_path: Path, selector: str) -> list[tuple[int, dict]]:
         if not wanted:
             labels = [r["label"] for r in _query(db_path, "select distinct label from runs where label is not null "
                                                           "order by label")]
-            known = f"labels: {', '.join(_plain(x) for x in labels[:10])}" if labels else "no run has a label"
-            raise ProfkitError(f"{db_path}:{selector}: no run labelled {_plain(name)!r} ({known})")
+            known = f"labels: {', '.join(escape.terminal(x) for x in labels[:10])}" if labels else "no run has a label"
+            raise ProfkitError(f"{db_path}:{selector}: no run labelled {escape.terminal(name)!r} ({known})")
     out: list[tuple[int, dict]] = []
     for run_id in wanted:
         row = _query(db_path, "select report_json from runs where id = ?", (run_id,))[0]
@@ -320,65 +315,3 @@ def parse_db_spec(text: str) -> tuple[Path, str] | None:
         if path and SELECTOR.fullmatch(sel) and (Path(path).is_file() or path.endswith(".db")):
             return Path(path), sel
     return None
-
-
-# ---------------------------------------------------------------------------------------------- rendering
-
-# (header, column, how it is shown)
-SHOWN: list[tuple[str, str, str]] = [
-    ("id", "id", "int"), ("label", "label", "str"), ("saved_at", "saved_at", "str"), ("kind", "kind", "str"),
-    ("gpu", "gpu", "str"), ("req/s", "request_throughput", "2f"), ("mean TTFT ms", "mean_ttft_ms", "1f"),
-    ("p99 TTFT ms", "p99_ttft_ms", "1f"), ("preemptions", "vllm_preemptions", "0f"),
-    ("GPU util", "gpu_utilization", "pct"), ("graph share", "kernels_graph_share", "pct"),
-]
-
-
-def _plain(value: Any) -> str:
-    # Labels and paths come from users and traces: no control or bidi/format characters reach a terminal.
-    return "".join(ch for ch in str(value) if unicodedata.category(ch) not in ("Cc", "Cf", "Zl", "Zp"))
-
-
-_MD = str.maketrans({"\\": "\\\\", "|": "\\|", "`": "\\`", "*": "\\*", "_": "\\_", "[": "\\[", "]": "\\]",
-                     "~": "\\~", "<": "&lt;", ">": "&gt;", "&": "&amp;"})
-
-
-def _md(value: str) -> str:
-    # Own escaping (not render.markdown.md_escape): the backslash itself must be escaped too, or `\|` in a
-    # label would end the table cell.
-    return _plain(value).translate(_MD)
-
-
-def _cell(row: dict[str, Any], column: str, how: str) -> str:
-    value = row.get(column)
-    if value is None or value == "":
-        return "-"
-    if how == "pct":
-        return units.pct(float(value))
-    if how.endswith("f"):
-        return f"{float(value):,.{how[0]}f}"
-    return _plain(value)
-
-
-def render_history(rows: list[dict], fmt: str) -> str:
-    """The runs as an aligned text table, a JSON document ({"schema", "runs"}) or a Markdown table."""
-    if fmt == "json":
-        doc = {"schema": SCHEMA, "runs": [{k: v for k, v in r.items() if k != "report_json"} for r in rows]}
-        return json.dumps(_finite(doc), indent=2, ensure_ascii=False) + "\n"
-    headers = [h for h, _, _ in SHOWN]
-    table = [[_cell(r, col, how) for _, col, how in SHOWN] for r in rows]
-    if fmt == "md":
-        lines = ["| " + " | ".join(headers) + " |",
-                 "|" + "|".join("---:" if how not in ("str",) else "---" for _, _, how in SHOWN) + "|"]
-        lines += ["| " + " | ".join(_md(c) for c in cells) + " |" for cells in table]
-        return "\n".join(lines) + "\n"
-    if fmt == "text":
-        if not rows:
-            return "no runs\n"
-        widths = [max(len(h), *(len(cells[i]) for cells in table)) for i, h in enumerate(headers)]
-        right = [how != "str" for _, _, how in SHOWN]
-
-        def line(cells: list[str]) -> str:
-            return "  ".join(c.rjust(w) if r else c.ljust(w) for c, w, r in zip(cells, widths, right, strict=True))
-
-        return "\n".join(line(cells) for cells in [headers, *table]) + "\n"
-    raise ProfkitError(f"unknown history format {fmt!r} (text, json or md)")

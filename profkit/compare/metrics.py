@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from profkit.diagnose.vllm_command import flag_for
+from profkit.units import is_share  # noqa: F401 - the naming convention's home is units
 
 # name -> (where in the report's `vllm.bench` section, which direction is better)
 # Higher is better for throughput; lower for latencies. The bench JSON of `vllm bench throughput` has
@@ -84,7 +85,3 @@ def effective_flags(report: dict[str, Any]) -> dict[str, Any]:
 # A share that moves less than this (absolute) is never called better or worse, whatever its relative change:
 # 0.0 % -> 0.1 % of the window is not "+10000 %".
 SHARE_FLOOR = 0.005
-
-
-def is_share(name: str) -> bool:
-    return name.endswith(("share", "utilization", "usage_max"))

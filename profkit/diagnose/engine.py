@@ -20,10 +20,11 @@ import msgspec
 import simpleeval
 import yaml
 
+from profkit import units
 from profkit.diagnose.vllm_command import coerce, dest_of
 from profkit.errors import ProfkitError
-from profkit.inputs import one_line, read_text
-from profkit.render import units
+from profkit.escape import one_line
+from profkit.inputs import read_text
 from profkit.resources import shipped_dir
 
 SEVERITIES = ("critical", "warning", "info")

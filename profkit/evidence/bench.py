@@ -10,7 +10,8 @@ from typing import Any
 import msgspec
 
 from profkit.errors import ProfkitError
-from profkit.inputs import one_line, read_text
+from profkit.escape import one_line
+from profkit.inputs import read_text
 
 
 class BenchResult(msgspec.Struct, omit_defaults=True, frozen=True):

@@ -13,7 +13,8 @@ from typing import Any
 import msgspec
 
 from profkit.errors import ProfkitError
-from profkit.inputs import one_line, read_text
+from profkit.escape import one_line
+from profkit.inputs import read_text
 
 SCHEMA = "profkit.host/1"
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import msgspec
 
 from profkit.errors import ProfkitError
-from profkit.inputs import one_line, read_text
+from profkit.escape import one_line
+from profkit.inputs import read_text
 
 
 class MetricsScrape(msgspec.Struct, frozen=True):

@@ -15,7 +15,7 @@ matplotlib.use("svg")  # no display, no raster backend needed
 
 import matplotlib.pyplot as plt  # noqa: E402
 
-from profkit.render.units import clip, ns  # noqa: E402
+from profkit.units import clip, ns  # noqa: E402
 
 plt.rcParams.update({
     "svg.fonttype": "none",  # text stays <text>: smaller files, selectable, searchable

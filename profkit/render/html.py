@@ -6,7 +6,9 @@ from typing import Any
 
 import jinja2
 
-from profkit.render import charts, cmdline, units
+from profkit import escape, units
+from profkit.render import charts, cmdline
+from profkit.render.ranks import rank_table
 from profkit.resources import shipped_dir
 
 
@@ -50,5 +52,6 @@ def render_html(report: dict[str, Any]) -> str:
 
 
 def _page(report: dict[str, Any], svgs: dict[str, Any], pairs: list[dict[str, Any]]) -> str:
-    page = environment().get_template("report.html.j2").render(r=report, charts=svgs, commands=pairs)
-    return units.strip_controls(page)  # trace strings may carry control characters; no HTML needs them
+    page = environment().get_template("report.html.j2").render(r=report, charts=svgs, commands=pairs,
+                                                                  ranks=rank_table(report))
+    return escape.document(page)  # trace strings may carry control characters; no HTML needs them

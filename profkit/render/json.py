@@ -1,4 +1,4 @@
-"""The `profkit.report/1` JSON document."""
+"""`--format json`: a profkit document as JSON (reports, diffs, the history listing)."""
 
 from __future__ import annotations
 
@@ -7,16 +7,17 @@ import math
 from typing import Any
 
 
-def _finite(value: Any) -> Any:
-    # JSON has no NaN/Infinity: a metric the trace cannot tell becomes null.
+def finite(value: Any) -> Any:
+    """The document with every NaN or infinity as None: JSON has neither, a metric the trace cannot tell is
+    null (the history stores its report JSON through here too). Tuples become lists, as in JSON."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
     return value
 
 
-def render_json(report: dict[str, Any]) -> str:
-    return json.dumps(_finite(report), indent=2, ensure_ascii=False) + "\n"
+def render_json(doc: dict[str, Any]) -> str:
+    return json.dumps(finite(doc), indent=2, ensure_ascii=False) + "\n"

@@ -6,11 +6,9 @@ from typing import Any
 
 import jinja2
 
-from profkit.render import units
+from profkit import escape, units
+from profkit.render.ranks import rank_table
 from profkit.resources import shipped_dir
-
-_MD_SPECIAL = str.maketrans({"|": "\\|", "<": "&lt;", ">": "&gt;", "&": "&amp;", "`": "'", "\n": " ",
-                             "*": "\\*", "_": "\\_", "[": "\\[", "]": "\\]"})
 
 
 class CodeBlock(str):
@@ -25,7 +23,7 @@ def md_escape(value: Any) -> Any:
     if isinstance(value, CodeBlock):
         return str(value)
     if isinstance(value, str):
-        return value.translate(_MD_SPECIAL)
+        return escape.markdown(value)
     return value
 
 
@@ -45,4 +43,5 @@ def environment() -> jinja2.Environment:
 
 
 def render_markdown(report: dict[str, Any], top: int = 10) -> str:
-    return units.strip_controls(environment().get_template("report.md.j2").render(r=report, top=top))
+    return escape.document(environment().get_template("report.md.j2").render(r=report, top=top,
+                                                                                  ranks=rank_table(report)))

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from profkit.render.units import change_from, change_to, clip, ns, pct, size, strip_controls, terminal_safe
+from profkit.escape import document, terminal
+from profkit.render.ranks import rank_table
+from profkit.units import change_from, change_to, clip, ns, pct, size
 
 
 def _table(rows: list[dict[str, Any]], columns: dict[str, Any], limit: int) -> str:
@@ -68,7 +70,7 @@ def host_lines(report: dict[str, Any]) -> list[str]:
     out.append(_table(rows, {"role": lambda r: r["role"], "pid": lambda r: r["pid"],
                              "mean": lambda r: f"{r['cpu_mean']:.2f}", "p90": lambda r: f"{r['cpu_p90']:.2f}",
                              "at a full core": lambda r: pct(r["saturated_share"]),
-                             "process": lambda r: clip(terminal_safe(r["name"]), 60)}, 8))
+                             "process": lambda r: clip(terminal(r["name"]), 60)}, 8))
     if host.get("gpu_util_mean") is not None:
         out.append(f"  GPU utilization (NVML): {pct(host['gpu_util_mean'])}")
     return out + [""]
@@ -84,7 +86,7 @@ def sched_lines(report: dict[str, Any]) -> list[str]:
     out.append(_table(sc["processes"], {
         "pid": lambda r: r["pid"], "cores": lambda r: f"{r['cores']:.2f}", "threads": lambda r: r["threads"],
         "busiest thread": lambda r: f"{r['busiest_thread_cores']:.2f} (tid {r['busiest_tid']})",
-        "process": lambda r: clip(terminal_safe(r["name"]), 40)}, 10))
+        "process": lambda r: clip(terminal(r["name"]), 40)}, 10))
     return out + [""]
 
 
@@ -105,28 +107,28 @@ def step_lines(report: dict[str, Any]) -> list[str]:
 
 def rank_lines(report: dict[str, Any]) -> list[str]:
     """Per GPU (rank): busy time, communication and its overlap, the wait in collectives; the straggler."""
-    ranks = report.get("ranks")
-    if not ranks:
+    table = rank_table(report)
+    if table is None:
         return []
+    ranks = table["rows"]
     src = report["source"]
     out = [f"GPUs ({len(ranks)} ranks)" + (f"; {len(src['traces'])} traces, the sections below are rank "
-                                             f"{terminal_safe(str(ranks[0]['rank']))}'s" if src.get("traces") else "")]
+                                             f"{terminal(str(ranks[0]['rank']))}'s" if src.get("traces") else "")]
     coll = (report.get("imbalance") or {}).get("collectives") or {}
-    waits = {str(w["rank"]): w for w in coll.get("ranks", [])}
-    columns = {"rank": lambda r: terminal_safe(str(r["rank"])), "busy": lambda r: ns(r["gpu"]["busy_ns"]),
+    columns = {"rank": lambda r: terminal(str(r["rank"])), "busy": lambda r: ns(r["gpu"]["busy_ns"]),
                "util": lambda r: pct(r["gpu"]["utilization"]), "kernels": lambda r: ns(r["kernels"]["total_ns"]),
                "communication": lambda r: ns(r["communication"]["total_ns"]),
                "share": lambda r: pct(r["communication"]["share"]),
                "overlapped": lambda r: pct(r["communication"]["overlap_share"])}
-    if waits:
-        columns["waits"] = lambda r: ns(waits[str(r["rank"])]["wait_ns"]) if str(r["rank"]) in waits else "-"
-        columns["last"] = lambda r: pct(waits[str(r["rank"])]["last_share"]) if str(r["rank"]) in waits else "-"
+    if table["waits"]:
+        columns["waits"] = lambda r: ns(r["wait_ns"])
+        columns["last"] = lambda r: pct(r["last_share"])
     out.append(_table(ranks, columns, 64))
     imb = report.get("imbalance")
     if imb:
         out.append(f"  busy time spread {pct(imb['busy_ns']['spread_share'])}")
         if coll:
-            straggler = (f"straggler: rank {terminal_safe(str(coll['straggler']['rank']))}, last in "
+            straggler = (f"straggler: rank {terminal(str(coll['straggler']['rank']))}, last in "
                          f"{pct(coll['straggler']['last_share'])}" if coll["straggler"] else "no straggler")
             out.append(f"  {coll['collectives']:,} collectives matched (names agree {pct(coll['names_agree'])}); "
                        f"start spread median {ns(coll['spread_ns']['median'])}, p90 {ns(coll['spread_ns']['p90'])}; "
@@ -201,7 +203,7 @@ def render_text(report: dict[str, Any], top: int = 10, name_width: int = 70) -> 
             "time": lambda r: ns(r["total_ns"]), "avg": lambda r: ns(r["avg_ns"]),
         }, top),
     ]
-    return strip_controls("\n".join(out) + "\n")
+    return document("\n".join(out) + "\n")
 
 
 def _findings(report: dict[str, Any]) -> list[str]:
@@ -227,4 +229,4 @@ def _render_evidence_only(report: dict[str, Any]) -> str:
     if skipped:
         out.append(f"Rules not evaluated ({len(skipped)}; they need a trace or evidence not given): "
                    + ", ".join(s["rule"] for s in skipped))
-    return strip_controls("\n".join(out) + "\n")
+    return document("\n".join(out) + "\n")

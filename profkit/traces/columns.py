@@ -26,7 +26,7 @@ from urllib.parse import quote
 import numpy as np
 
 from profkit.errors import ProfkitError
-from profkit.inputs import one_line
+from profkit.escape import one_line
 from profkit.traces.model import Trace
 
 NULL_INT = -(1 << 62)  # stands for NULL in an int64 column: below every time, id and size a trace holds

@@ -102,7 +102,7 @@ def plan_for(user: UserCommand, out: Path, tool: str, opts: TuneOptions) -> Plan
 def execute(plan: Plan, rules_dirs: list[Path], say: Say) -> Run:
     """Capture, then report on the folder; a failed run is data (the loop reverts it), Ctrl-C is not."""
     from profkit.capture.run import CaptureError, run_capture
-    from profkit.render.json import render_json
+    from profkit.render import render
     from profkit.report import build_report
 
     profiled = plan.nsys_exe is not None
@@ -113,7 +113,7 @@ def execute(plan: Plan, rules_dirs: list[Path], say: Say) -> Run:
             raise KeyboardInterrupt from None
         return Run(plan.out, "failed", profiled, error=str(exc))
     report = build_report(plan.out, rules_dirs=rules_dirs).document()
-    plan.folder.write_report(render_json(report))
+    plan.folder.write_report(render(report, "json"))
     return Run(plan.out, "ok", profiled, report=report)
 
 
@@ -325,7 +325,7 @@ class Tuner:
         gain = change if better == "higher" else -change
         comparison = {"objective": self.opts.objective, "best": row["before"], "candidate": row["after"],
                       "change_pct": row["change_pct"], "threshold_pct": 100 * threshold,
-                      "verdict": doc["verdict"], "findings": doc["findings"]}
+                      "findings": doc["findings"]}
         broken = [c.text for c in self.opts.slos if not slo_holds(c, _mean_metric(config.reports(), c.metric))]
         if broken:
             return "revert", f"SLO not met: {', '.join(broken)}", comparison

@@ -1,4 +1,7 @@
-"""Human units for times, sizes and shares (used by the text and Markdown renderers)."""
+"""Human units for times, sizes and shares, and the metric-name convention render and compare share.
+
+At the bottom of the package: imports nothing of profkit (the text, Markdown and HTML renderers, the rule
+templates and the comparison all read their numbers through here)."""
 
 from __future__ import annotations
 
@@ -53,18 +56,18 @@ def change_to(change: dict) -> str:
     return "(remove the flag)" if change.get("to") is None else flag_value(change.get("to"))
 
 
-_CONTROL = {c: None for c in range(32) if c not in (9, 10)} | {127: None} | {c: None for c in range(0x80, 0xA0)}
+def is_share(name: str) -> bool:
+    """A metric or fact that is a share of something (0..1), by its name: `...share`, `...utilization`,
+    `...usage_max`."""
+    return name.endswith(("share", "utilization", "usage_max"))
 
 
-def terminal_safe(text: object) -> str:
-    """Text from a trace or a user for a terminal: control characters (ESC, CR, NUL, ...) removed."""
-    return str(text).translate(_CONTROL).replace("\n", " ")
-
-
-_OUTPUT_CONTROL = {c: None for c in range(32) if c not in (9, 10)} | {127: None} | {c: None for c in range(0x80, 0xA0)}
-
-
-def strip_controls(text: str) -> str:
-    """A rendered document without control characters (terminal escapes, CR, NUL); newlines and tabs stay.
-    Trace strings (kernel names, NVTX text) reach every format: this is the last line of defence."""
-    return text.translate(_OUTPUT_CONTROL)
+def metric_value(name: str, value: float | None) -> str:
+    """A metric as a person reads it: shares as %, nanoseconds as times, the rest as numbers."""
+    if value is None:
+        return "-"
+    if is_share(name):
+        return pct(value)
+    if name.endswith("_ns"):
+        return ns(value)
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"

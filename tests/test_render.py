@@ -1,0 +1,74 @@
+"""The one render entry (profkit.render.render) and the one escaper per format (profkit.escape)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import msgspec
+import pytest
+
+from profkit import escape
+from profkit.errors import ProfkitError
+from profkit.render import RENDERERS, SCHEMAS, render
+
+HOSTILE = "a|b `c` [x](y) <i>&_*~\\ \u202eRTL\u200b\u00ad\u2028 \t\x1b[31m\x9b\r\nz\x7f"
+
+
+def test_every_kind_and_format_is_listed_once() -> None:
+    assert set(SCHEMAS.values()) == {k for k, _ in RENDERERS}
+    assert {f for k, f in RENDERERS if k == "report"} == {"text", "json", "md", "html"}
+    assert {f for k, f in RENDERERS if k == "history"} == {"text", "json", "md"}
+    assert {f for k, f in RENDERERS if k == "tune"} == {"text", "md", "html"}
+
+
+def test_unknown_schema_and_format_are_one_error() -> None:
+    with pytest.raises(ProfkitError, match=r"cannot render a document of schema 'profkit\.host/1'"):
+        render({"schema": "profkit.host/1"}, "text")
+    with pytest.raises(ProfkitError, match=r"cannot render a document of schema None"):
+        render({}, "json")
+    with pytest.raises(ProfkitError, match=r"unknown tune format 'json' \(text, md or html\)"):
+        render({"schema": "profkit.tune/1"}, "json")
+
+
+def test_a_struct_renders_as_its_dict() -> None:
+    class History(msgspec.Struct):
+        schema: str
+        runs: list[dict]
+
+    doc = History("profkit.history/1", [{"id": 1, "label": "x", "gpu_utilization": float("nan")}])
+    assert render(doc, "json") == render(msgspec.to_builtins(doc), "json")
+    assert json.loads(render(doc, "json"))["runs"][0]["gpu_utilization"] is None
+
+
+def test_json_and_text_never_import_the_plotting_library() -> None:
+    code = ("import sys; from profkit.render import render; "
+            "render({'schema': 'profkit.history/1', 'runs': []}, 'json'); "
+            "render({'schema': 'profkit.history/1', 'runs': []}, 'text'); "
+            "render({'schema': 'profkit.history/1', 'runs': []}, 'md'); "
+            "print('matplotlib' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "False"
+
+
+def test_terminal_keeps_one_line_of_visible_text() -> None:
+    out = escape.terminal(HOSTILE)
+    assert out == "a|b `c` [x](y) <i>&_*~\\ RTL  [31m z"
+    assert out.isprintable() and escape.terminal(42) == "42"
+
+
+def test_document_keeps_lines_and_tabs_only() -> None:
+    assert escape.document("a\x1b[1m\tb\r\nc\x9b\x7f\n") == "a[1m\tb\nc\n"
+
+
+def test_markdown_leaves_nothing_markdown_or_html_acts_on() -> None:
+    out = escape.markdown(HOSTILE)
+    assert out == "a\\|b 'c' \\[x\\](y) &lt;i&gt;&amp;\\_\\*\\~\\\\ RTL  \\[31m z"
+    assert "<" not in out and "`" not in out and "\n" not in out
+
+
+def test_one_line_is_bounded() -> None:
+    assert escape.one_line("bad\x1b[31m  value\t here\x00") == "bad[31m value here"
+    assert escape.one_line("x" * 400, 10) == "x" * 9 + "…"
