@@ -129,7 +129,7 @@ def _mean(values: list[float]) -> float:
     return statistics.fmean(values)
 
 
-def _spread(values: list[float]) -> float | None:
+def spread(values: list[float]) -> float | None:
     """Relative spread of replicates, (max - min) / |mean|; None for a single run."""
     if len(values) < 2:
         return None
@@ -165,7 +165,7 @@ def compare_metrics(before: Side, after: Side, noise: float) -> tuple[list[dict[
     measured: dict[str, float] = {}
     for name in names:
         bv, av = [r[name] for r in b_runs], [r[name] for r in a_runs]
-        spreads = [s for s in (_spread(bv), _spread(av)) if s is not None]
+        spreads = [s for s in (spread(bv), spread(av)) if s is not None]
         threshold = max(spreads) if spreads else noise
         if spreads and name in m.OUTCOME:
             measured[name] = threshold

@@ -27,6 +27,10 @@ class Condition:
     value: float
     kind: str  # "relative" (change %), "absolute" (change), "value" (the after value)
 
+    def holds(self, actual: float | None) -> bool:
+        """Does `actual` (a change %, a change or a value, as `kind` says) meet the condition? Unknown: no."""
+        return actual is not None and _OPS[self.op](actual, self.value)
+
 
 def parse_condition(text: str) -> Condition:
     m = _COND.fullmatch(text)
@@ -56,6 +60,6 @@ def check(doc: dict[str, Any], conditions: list[Condition]) -> list[str]:
             actual, shown = row["change"], f"{row['change']:+g}"
         else:
             actual, shown = row["after"], f"{row['after']:g}"
-        if _OPS[c.op](actual, c.value):
+        if c.holds(actual):
             failed.append(f"{c.text}: {c.metric} {row['before']:g} -> {row['after']:g} ({shown}; {row['verdict']})")
     return failed

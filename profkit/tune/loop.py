@@ -24,6 +24,7 @@ from typing import Any
 from profkit.capture.plan import CaptureOptions, Plan, plan
 from profkit.compare import metrics as m
 from profkit.compare.diff import Side, diff_reports
+from profkit.compare.diff import spread as replicate_spread
 from profkit.compare.gate import Condition, parse_condition
 from profkit.diagnose.suggestion import suggest
 from profkit.diagnose.vllm_command import UserCommand, normalize_flag, spec_for
@@ -72,13 +73,6 @@ def parse_slo(text: str) -> Condition:
     if cond.kind != "value":
         raise ProfkitError(f"--slo {text!r}: an SLO bounds a value, e.g. 'p99_ttft_ms<=2000' (no sign, no %)")
     return cond
-
-
-def slo_holds(cond: Condition, value: float | None) -> bool:
-    if value is None:
-        return False
-    return {"<": value < cond.value, "<=": value <= cond.value, ">": value > cond.value,
-            ">=": value >= cond.value}[cond.op]
 
 
 def allowed_flags(rules_dirs: list[Path] | None = None) -> list[str]:
@@ -236,7 +230,7 @@ class Tuner:
             return
         values = [m.run_metrics(r)[opts.objective] for r in base.reports()]
         mean = sum(values) / len(values)
-        spread = (max(values) - min(values)) / abs(mean) if len(values) > 1 and mean else None
+        spread = replicate_spread(values)
         self.noise = {"baseline_runs": values, "spread_pct": None if spread is None else 100 * spread,
                       "how": "(max - min) / mean of the baseline's runs; a candidate must move the objective "
                              "beyond it (or beyond 2 % when the replicates happen to agree closely)"}
@@ -326,7 +320,7 @@ class Tuner:
         comparison = {"objective": self.opts.objective, "best": row["before"], "candidate": row["after"],
                       "change_pct": row["change_pct"], "threshold_pct": 100 * threshold,
                       "findings": doc["findings"]}
-        broken = [c.text for c in self.opts.slos if not slo_holds(c, _mean_metric(config.reports(), c.metric))]
+        broken = [c.text for c in self.opts.slos if not c.holds(_mean_metric(config.reports(), c.metric))]
         if broken:
             return "revert", f"SLO not met: {', '.join(broken)}", comparison
         if gain > 100 * threshold:
