@@ -9,8 +9,10 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 from profkit.errors import ProfkitError
+from profkit.escape import one_line
 
 MiB = 1 << 20
 LIMITS = {"rule file": 1 * MiB, "benchmark JSON": 16 * MiB, "vLLM log": 512 * MiB, "metrics file": 64 * MiB,
@@ -48,6 +50,16 @@ def read_text(path: Path, what: str) -> str:
     if b"\x00" in data[:65536]:
         raise ProfkitError(f"{path}: binary data, not a {what}")
     return data.decode("utf-8", errors="replace")
+
+
+def read_json(path: Path, what: str, bad: str = "not JSON") -> Any:
+    """The file's JSON (through `read_text`'s checks); a parse error is one line: `{path}: {bad} (why)`."""
+    import json
+
+    try:
+        return json.loads(read_text(path, what))
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise ProfkitError(f"{path}: {bad} ({one_line(exc, 120)})") from None
 
 
 def refuse_overwrite(output: Path, inputs: list[Path], what: str = "output", protected: tuple[str, ...] = ()) -> None:

@@ -13,7 +13,6 @@ assumed, and the document says which. A change within the threshold is "within n
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 from concurrent.futures import ProcessPoolExecutor
@@ -25,8 +24,7 @@ from profkit.capture.folder import CaptureFolder
 from profkit.compare import metrics as m
 from profkit.diagnose.vllm_command import VllmCommand, normalize_flag
 from profkit.errors import ProfkitError
-from profkit.escape import one_line
-from profkit.inputs import read_text, require_file
+from profkit.inputs import read_json, require_file
 from profkit.resources import process_context
 
 SCHEMA = "profkit.diff/2"
@@ -63,10 +61,7 @@ def _report_json(path: Path) -> dict[str, Any] | None:
         raise ProfkitError(f"{path}: {exc.strerror}") from None
     if not head.startswith(b"{") or b'"schema"' not in head:
         return None
-    try:
-        doc = json.loads(read_text(path, "report JSON"))
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise ProfkitError(f"{path}: not valid JSON ({one_line(exc, 120)})") from None
+    doc = read_json(path, "report JSON", bad="not valid JSON")
     if not isinstance(doc, dict):
         return None
     schema = doc.get("schema")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -10,8 +9,7 @@ from typing import Any
 import msgspec
 
 from profkit.errors import ProfkitError
-from profkit.escape import one_line
-from profkit.inputs import read_text
+from profkit.inputs import read_json
 
 
 class BenchResult(msgspec.Struct, omit_defaults=True, frozen=True):
@@ -70,10 +68,7 @@ def _finite(value: float) -> bool:
 
 
 def read_bench(path: Path) -> BenchResult:
-    try:
-        data = json.loads(read_text(Path(path), "benchmark JSON"))
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise ProfkitError(f"{path}: not a benchmark JSON ({one_line(exc, 120)})") from None
+    data = read_json(Path(path), "benchmark JSON", bad="not a benchmark JSON")
     if not isinstance(data, dict):
         raise ProfkitError(f"{path}: not a benchmark JSON (expected an object, got a {type(data).__name__})")
     return parse_bench(data)

@@ -5,7 +5,6 @@ finite numbers, a negative CPU value or a GPU utilization outside 0..1 is left o
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -13,8 +12,7 @@ from typing import Any
 import msgspec
 
 from profkit.errors import ProfkitError
-from profkit.escape import one_line
-from profkit.inputs import read_text
+from profkit.inputs import read_json
 
 SCHEMA = "profkit.host/1"
 
@@ -64,8 +62,4 @@ def parse_host(data: Any, path: str) -> HostSamples:
 
 
 def read_host(path: Path) -> HostSamples:
-    try:
-        data = json.loads(read_text(Path(path), "host samples"))
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise ProfkitError(f"{path}: not JSON ({one_line(exc, 120)})") from None
-    return parse_host(data, str(path))
+    return parse_host(read_json(Path(path), "host samples"), str(path))

@@ -5,7 +5,6 @@ as absent. Writing it is `profkit.capture.folder`'s business."""
 
 from __future__ import annotations
 
-import json
 import math
 import shlex
 from pathlib import Path
@@ -14,8 +13,7 @@ from typing import Any
 import msgspec
 
 from profkit.errors import ProfkitError
-from profkit.escape import one_line
-from profkit.inputs import read_text
+from profkit.inputs import read_json
 
 
 class CaptureManifest(msgspec.Struct, frozen=True):
@@ -52,8 +50,4 @@ def parse_manifest(data: Any, path: str) -> CaptureManifest:
 
 
 def read_manifest(path: Path) -> CaptureManifest:
-    try:
-        data = json.loads(read_text(Path(path), "capture manifest"))
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise ProfkitError(f"{path}: not JSON ({one_line(exc, 120)})") from None
-    return parse_manifest(data, str(path))
+    return parse_manifest(read_json(Path(path), "capture manifest"), str(path))
