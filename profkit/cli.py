@@ -222,8 +222,11 @@ def serve_run_options(fn: Callable) -> Callable:
               help="nsys also traces the process tree's CPU context switches (per-process CPU time in the trace)")
 @click.option("--nsys", "nsys_exe", default="nsys", show_default=True, help="nsys executable")
 @click.option("--vllm", "vllm_exe", default="vllm", show_default=True, help="vllm executable")
+@click.option("--replicates", type=click.IntRange(min=1, max=100), default=1, show_default=True,
+              help="serve, unprofiled: this many benchmark runs against one server (a warm-up first, each run "
+                   "its own --seed), into OUT/r1, OUT/r2, ...")
 @serve_run_options
-def capture(tool: str, out: Path | None, dry_run: bool, capture_range: bool, delay: float | None,
+def capture(tool: str, out: Path | None, dry_run: bool, capture_range: bool, delay: float | None, replicates: int,
             duration: float | None, cpu_switches: bool, nsys_exe: str, vllm_exe: str, timeout: float,
             model: str | None, server_args: str, bench_args: str, port: int, health_timeout: float,
             command: tuple[str, ...]) -> None:
@@ -237,7 +240,7 @@ def capture(tool: str, out: Path | None, dry_run: bool, capture_range: bool, del
 
     from profkit.capture.plan import CaptureOptions, commands_from_cli
     from profkit.capture.plan import plan as make_plan
-    from profkit.capture.run import main_interrupt_safe, run_capture
+    from profkit.capture.run import capture_runs, main_interrupt_safe
 
     folder = out or Path(time.strftime("capture-%Y%m%d-%H%M%S"))
     user = commands_from_cli(list(command), model, server_args, bench_args, port, vllm=vllm_exe, verb="capture")
@@ -245,11 +248,16 @@ def capture(tool: str, out: Path | None, dry_run: bool, capture_range: bool, del
                                     delay_s=delay, duration_s=duration, cpu_switches=cpu_switches, timeout_s=timeout,
                                     health_timeout_s=health_timeout))
     if dry_run:
-        for line in plan.commands():
+        for line in plan.commands() if replicates == 1 else plan.session_commands(replicates):
             click.echo(line)
         return
-    done = main_interrupt_safe(lambda: run_capture(plan, say=lambda m: click.echo(f"profkit: {m}", err=True)))
-    click.echo(f"profkit: capture complete: {done} (profkit report {done})", err=True)
+    done = main_interrupt_safe(lambda: capture_runs(plan, replicates,
+                                                    say=lambda m: click.echo(f"profkit: {m}", err=True)))
+    if len(done) == 1:
+        click.echo(f"profkit: capture complete: {done[0]} (profkit report {done[0]})", err=True)
+    else:
+        click.echo(f"profkit: {len(done)} runs against one server in {folder} (profkit report {done[0]}; "
+                   f"profkit diff {folder} OTHER)", err=True)
 
 
 @cli.command(context_settings={"ignore_unknown_options": True})
@@ -262,8 +270,9 @@ def capture(tool: str, out: Path | None, dry_run: bool, capture_range: bool, del
               help="nsys: never; once, for the baseline's diagnosis; or on every run")
 @click.option("--replicates", type=click.IntRange(min=1), default=2, show_default=True,
               help="baseline runs that measure the run-to-run noise")
-@click.option("--candidate-runs", type=click.IntRange(min=1), default=1, show_default=True,
-              help="runs of each candidate (1: a second only when the first is near the noise threshold)")
+@click.option("--candidate-runs", type=click.IntRange(min=1), default=None,
+              help="runs of each candidate [default: as many as --replicates; they share one server] "
+                   "(1: a second only when the first is near the noise threshold)")
 @click.option("--patience", type=click.IntRange(min=1), default=2, show_default=True,
               help="stop after this many candidates in a row that did not help")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -272,7 +281,8 @@ def capture(tool: str, out: Path | None, dry_run: bool, capture_range: bool, del
 @click.option("--nsys", "nsys_exe", default="nsys", show_default=True)
 @click.option("--rules", "rules_dirs", type=click.Path(file_okay=False, path_type=Path), multiple=True)
 @serve_run_options
-def tune(budget: int, objective: str, slos: tuple[str, ...], profile: str, replicates: int, candidate_runs: int,
+def tune(budget: int, objective: str, slos: tuple[str, ...], profile: str, replicates: int,
+         candidate_runs: int | None,
          patience: int, out: Path | None,
          dry_run: bool, nsys_exe: str, timeout: float, model: str | None, server_args: str, bench_args: str,
          port: int, health_timeout: float, rules_dirs: tuple[Path, ...], command: tuple[str, ...]) -> None:

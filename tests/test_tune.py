@@ -158,7 +158,7 @@ def test_ctrl_c_keeps_the_folder_and_the_best_so_far(env, tmp_path: Path) -> Non
                              "--port", str(free_port()), *serve("--kv-cache-memory-bytes 300000000")],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.time() + 120
-    while time.time() < deadline and not list((out / "runs").glob("03-*/manifest.json")):
+    while time.time() < deadline and not list((out / "runs").glob("03-*/r1/manifest.json")):
         time.sleep(0.2)
     time.sleep(0.5)
     os.killpg(proc.pid, signal.SIGINT)
@@ -168,7 +168,9 @@ def test_ctrl_c_keeps_the_folder_and_the_best_so_far(env, tmp_path: Path) -> Non
     assert doc["stopped"].startswith("interrupted")
     assert doc["best"]["best_step"] == 0 and doc["best"]["commands"][0].startswith("vllm serve /tmp/tiny")
     assert (out / "tune.html").is_file() and "Traceback" not in err
-    assert json.loads((out / "runs" / "03-kv-preemption" / "manifest.json").read_text())["status"] == "interrupted"
+    session = out / "runs" / "03-kv-preemption"
+    assert json.loads((session / "r1" / "manifest.json").read_text())["status"] == "interrupted"
+    assert json.loads((session / "session.json").read_text())["status"] == "interrupted"  # the server stopped
 
 
 def test_dry_run_shows_the_allow_list(env, tmp_path: Path) -> None:
@@ -221,7 +223,7 @@ def test_candidate_runs_measure_each_candidate_like_the_baseline(tmp_path: Path)
     labels = []
 
     def executor(plan, rules_dirs, say):
-        labels.append(plan.out.name)
+        labels.append(f"{plan.out.parent.name}/{plan.out.name}")
         plan.out.mkdir(parents=True)
         value = next(rps)
         findings = [] if value > 50 else [{"rule": "frontend-bound", "severity": "critical", "title": "t",
@@ -233,8 +235,8 @@ def test_candidate_runs_measure_each_candidate_like_the_baseline(tmp_path: Path)
                                                                    8000, verb="tune"),
                        profile="never", budget=6, replicates=3, candidate_runs=3)
     doc = Tuner(opts, executor=executor).run()
-    assert labels == ["01-baseline", "02-baseline-replicate-1", "03-baseline-replicate-2", "04-frontend-bound",
-                      "05-frontend-bound-replicate-1", "06-frontend-bound-replicate-2"]
+    assert labels == ["01-baseline/r1", "01-baseline/r2", "01-baseline/r3", "04-frontend-bound/r1",
+                      "04-frontend-bound/r2", "04-frontend-bound/r3"]
     base, cand = doc["steps"]
     assert base["objective"] == pytest.approx(94 / 3) and doc["noise"]["spread_pct"] == pytest.approx(300 / 94 * 3)
     assert cand["decision"] == "keep" and cand["objective"] == pytest.approx(185 / 3)

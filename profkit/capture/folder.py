@@ -48,6 +48,11 @@ METRICS_BEFORE = "metrics-before.txt"
 METRICS_AFTER = "metrics-after.txt"
 HOST = "host.json"
 REPORT = "report.json"
+# A server lifetime with several benchmark runs (replicates): its own record and the warm-up batch's result; each
+# run is a capture folder of its own inside it (r1, r2, ...), so the session folder is a folder of replicates.
+SESSION = "session.json"
+WARMUP = "warmup.json"
+WARMUP_LOG = "warmup.log"
 # The files an output must never replace when the folder itself is the input.
 PROTECTED = (TRACE, MANIFEST, BENCH)
 # What `profkit capture` adds to the user's commands for the profiler and the folder, taken off again when a
@@ -143,6 +148,12 @@ class CaptureFolder:
         self.path.mkdir(parents=True, exist_ok=True)
         return Manifest.start(self.path / MANIFEST, plan)
 
+    def replicates(self) -> list[CaptureFolder]:
+        """A session folder's runs (r1, r2, ...: capture folders of one server lifetime), in order."""
+        found = [p for p in self.path.iterdir() if p.is_dir() and CaptureFolder.recognise(p)] \
+            if self.path.is_dir() else []
+        return [CaptureFolder(p) for p in sorted(found, key=lambda p: (len(p.name), p.name))]
+
     def write_host(self, data: dict[str, Any]) -> None:
         _write_atomic(self.path / HOST, json.dumps(data) + "\n")
 
@@ -226,6 +237,16 @@ class Manifest:
     started: float = 0.0
 
     @classmethod
+    def begin(cls, path: Path, data: dict[str, Any]) -> Manifest:
+        """A manifest of the given contents, status "running", saved now."""
+        now = time.time()
+        m = cls(path=path, started=now, data={"profkit_version": __version__, "status": "running",
+                                               "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(now)),
+                                               **data, "steps": [], "notes": []})
+        m.save()
+        return m
+
+    @classmethod
     def start(cls, path: Path, plan: Any) -> Manifest:
         now = time.time()
         m = cls(path=path, started=now, data={
@@ -273,5 +294,5 @@ class Manifest:
         self.data["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         self.data["seconds"] = round(time.time() - self.started, 3)
         self.data["files"] = sorted(str(p.relative_to(self.path.parent)) for p in self.path.parent.rglob("*")
-                                    if p.is_file() and p.name != MANIFEST)
+                                    if p.is_file() and p.name not in (MANIFEST, SESSION))
         self.save()

@@ -72,10 +72,52 @@ class Plan:
     health_timeout_s: float = 600.0
     vllm_exe: str = "vllm"
     nsys_exe: str | None = None  # set when nsys records
+    client: VllmCommand | None = None  # serve: the benchmark client as the user gave it
+    torch: bool = False  # serve: the server takes torch.profiler's config; each benchmark starts and stops it
+    timeout_s: float | None = None
 
     @property
     def folder(self) -> CaptureFolder:
         return CaptureFolder(self.out)
+
+    def bench_step(self, folder: Path, seed: int | None = None, prompts: int | None = None,
+                   name: str = "vllm bench serve", result: str = files.BENCH, log: str = files.BENCH_LOG) -> Step:
+        """A `vllm bench serve` run against this plan's server, its result in `folder`: the user's client command,
+        with its own `--seed` (replicates against one server must not send the same prompts twice: the prefix
+        cache would serve them) and `--num-prompts` where given."""
+        assert self.client is not None
+        client = self.client
+        if seed is not None:
+            client = client.apply("--seed", seed)[0]
+        if prompts is not None:
+            client = client.apply("--num-prompts", prompts)[0]
+        argv = [*client.argv(), "--save-result", "--result-dir", str(folder), "--result-filename", result]
+        if self.torch:
+            argv.append("--profile")  # asks the server to start/stop its torch profiler around the run
+        return Step(name, argv, log=log, timeout_s=self.timeout_s)
+
+    def session_commands(self, replicates: int) -> list[str]:
+        """The command lines of `replicates` runs against one server lifetime (see capture.run.ServerSession):
+        the server once, a warm-up batch, then each run with its own --seed into its own folder."""
+        assert self.server is not None
+        return [self.server.shell() + "   # once, until /health answers; stopped with SIGINT after the runs",
+                self.warmup_step().shell() + "   # warm-up",
+                *(self.bench_step(self.out / f"r{i + 1}", seed=self.seed() + i).shell() for i in range(replicates))]
+
+    def warmup_step(self) -> Step:
+        """A warm-up batch before a session's runs: a tenth of the prompts, a seed none of the runs uses."""
+        return self.bench_step(self.out, seed=self.seed() + 1000, prompts=self.warmup_prompts(), name="warm-up",
+                               result=files.WARMUP, log=files.WARMUP_LOG)
+
+    def seed(self) -> int:
+        """The client's own --seed (`vllm bench serve`'s default is 0)."""
+        value = self.client.value("--seed", 0) if self.client else 0
+        return value if isinstance(value, int) else 0
+
+    def warmup_prompts(self) -> int:
+        """A warm-up batch: a tenth of the benchmark's prompts (8 to 100)."""
+        n = self.client.value("--num-prompts", 1000) if self.client else 1000
+        return max(8, min(100, (n if isinstance(n, int) else 1000) // 10))
 
     def commands(self) -> list[str]:
         """Every command line, in order, exactly as it will run."""
@@ -187,13 +229,12 @@ def plan_serve(opts: CaptureOptions) -> Plan:
         # such intervals after the benchmark (run.py), keep the whole run.
         argv = [*_nsys_profile(opts, folder.file(files.TRACE_BASE), flush_ms=NSYS_FLUSH_MS), *argv]
         exports.append(_export(opts, folder))
-    bench = [*client.argv(), "--save-result", "--result-dir", str(opts.out), "--result-filename", files.BENCH]
-    if opts.tool == "torch":
-        bench.append("--profile")  # asks the server to start/stop its torch profiler around the run
     port = server.value("--port", DEFAULT_PORT)
-    return Plan(kind="serve", out=opts.out, user=opts.user, runs=[],
+    plan = Plan(kind="serve", out=opts.out, user=opts.user, runs=[],
                 server=Step("vllm serve", argv, log=files.SERVER_LOG, timeout_s=None),
-                bench=Step("vllm bench serve", bench, log=files.BENCH_LOG, timeout_s=opts.timeout_s),
                 exports=exports, vllm_args=server.args[1:], port=port if isinstance(port, int) else DEFAULT_PORT,
                 health_timeout_s=opts.health_timeout_s, vllm_exe=server.program[0] if server.program else "vllm",
-                nsys_exe=opts.nsys if opts.tool == "nsys" else None)
+                nsys_exe=opts.nsys if opts.tool == "nsys" else None, client=client, torch=opts.tool == "torch",
+                timeout_s=opts.timeout_s)
+    plan.bench = plan.bench_step(opts.out)
+    return plan

@@ -18,10 +18,10 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from profkit.capture import folder as files
-from profkit.capture.folder import CaptureFolder, Manifest
+from profkit.capture.folder import CaptureFolder, Manifest, environment
 from profkit.capture.host import HostSampler
 from profkit.capture.plan import NSYS_FLUSH_MS, Plan, Step
 from profkit.errors import ProfkitError
@@ -112,6 +112,149 @@ def run_capture(plan: Plan, say: Callable[[str], None] = lambda _m: None) -> Pat
     return plan.out
 
 
+class ServerSession:
+    """One `vllm serve` lifetime and any number of benchmark runs against it: the server starts once (a start-up
+    is minutes, a benchmark run tens of seconds), takes a warm-up batch, then each run sends its own prompts
+    (its own `--seed`: the same prompts twice would be served from the prefix cache, measured at 1.9x).
+
+        with ServerSession(plan, say) as session:
+            first = session.run("r1")      # a capture folder: bench.json, logs, metrics, host.json, manifest
+            second = session.run("r2")
+
+    The session folder holds the server's whole log, the warm-up's result and `session.json` (the server's
+    command, start-up time, the runs it served); each run is a capture folder of its own, its `server.log` the
+    server's start-up lines and the lines written while it ran, its manifest naming the session."""
+
+    def __init__(self, plan: Plan, say: Callable[[str], None] = lambda _m: None, warmup: bool = True) -> None:
+        if plan.kind != "serve" or plan.nsys_exe or plan.torch:
+            raise CaptureError("a server session runs unprofiled `vllm serve` (profile one run on its own)")
+        self.plan, self.say, self.warmup = plan, say, warmup
+        self.server: subprocess.Popen | None = None
+        self.manifest: Manifest | None = None
+        self.environment: dict[str, Any] = {}
+        self.startup_s = 0.0
+        self.startup_end = 0  # bytes of the server log up to /health: the start-up lines every run's log keeps
+        self.runs: list[dict[str, Any]] = []
+        self.seed = plan.seed()
+
+    @property
+    def log_path(self) -> Path:
+        return self.plan.out / files.SERVER_LOG
+
+    def __enter__(self) -> ServerSession:
+        plan = self.plan
+        preflight(plan)
+        if (plan.out / files.SESSION).exists():
+            raise CaptureError(f"{plan.out} already holds a session: choose another --out")
+        plan.out.mkdir(parents=True, exist_ok=True)
+        self.environment = environment(plan)
+        self.manifest = Manifest.begin(plan.out / files.SESSION, {
+            "kind": "serve-session", "server_command": plan.server.shell(),
+            "user_commands": [c.argv() for c in plan.user.commands], "vllm_args": plan.vllm_args,
+            "environment": self.environment, "runs": []})
+        try:
+            self.server = _start_server(plan, self.manifest, self.say)
+            self.startup_s = round(time.time() - self.manifest.started, 1)
+            self.startup_end = self.log_path.stat().st_size
+            self.manifest.data["startup_s"] = self.startup_s
+            if self.warmup:
+                _run_step(plan.warmup_step(), plan.out, self.manifest, self.say)
+        except BaseException as exc:
+            self.__exit__(type(exc), exc, None)
+            raise
+        return self
+
+    def run(self, name: str) -> Path:
+        """One benchmark run into the capture folder `name` (its own --seed); raises CaptureError when it fails
+        (the folder and its manifest say how), KeyboardInterrupt on Ctrl-C."""
+        plan, server = self.plan, self.server
+        assert server is not None and self.manifest is not None
+        if server.poll() is not None:
+            raise CaptureError(f"vllm serve exited with code {server.returncode}; see {self.log_path}")
+        folder = CaptureFolder(plan.out / name)
+        folder.path.mkdir(parents=True, exist_ok=False)
+        seed = self.seed + len(self.runs)
+        step = plan.bench_step(folder.path, seed=seed)
+        client = plan.client.apply("--seed", seed)[0] if plan.client else None
+        server_cmd = plan.user.role("server")
+        manifest = Manifest.begin(folder.file(files.MANIFEST), {
+            "kind": "serve", "commands": [plan.server.shell() + "   # shared: see ../" + files.SESSION, step.shell()],
+            "user_commands": [c.argv() for c in (server_cmd, client) if c], "vllm_args": plan.vllm_args,
+            "environment": self.environment,
+            "session": {"folder": str(plan.out), "run": len(self.runs) + 1, "seed": seed,
+                        "server_pid": server.pid, "server_startup_s": self.startup_s}})
+        start = self.log_path.stat().st_size
+        entry = {"run": name, "seed": seed, "status": "running"}
+        self.runs.append(entry)
+        try:
+            _scrape(plan, "before", manifest, folder)
+            sampler = _sampler(manifest)
+            if sampler:
+                sampler.watch("server", server.pid)
+            try:
+                _run_step(step, folder.path, manifest, self.say,
+                          on_start=(lambda p: sampler.watch("client", p.pid)) if sampler else None)
+            finally:
+                _write_host(sampler, folder)
+                self._slice_log(folder, start)
+            _scrape(plan, "after", manifest, folder)
+            manifest.finish("ok")
+            entry["status"] = "ok"
+        except KeyboardInterrupt:
+            manifest.finish("interrupted", where="Ctrl-C")
+            entry["status"] = "interrupted"
+            raise
+        except CaptureError as exc:
+            manifest.finish("failed", where=str(exc))
+            entry["status"] = "failed"
+            raise
+        finally:
+            self.manifest.data["runs"] = self.runs
+            self.manifest.save()
+        return folder.path
+
+    def _slice_log(self, folder: CaptureFolder, start: int) -> None:
+        """The run's server log: the start-up lines (KV cache size, the flags), then what it logged meanwhile."""
+        with self.log_path.open("rb") as f:
+            head = f.read(self.startup_end)
+            f.seek(start)
+            tail = f.read()
+        folder.file(files.SERVER_LOG).write_bytes(head + tail)
+
+    def __exit__(self, kind: type | None, exc: BaseException | None, tb: object) -> None:
+        if self.manifest is None:
+            return
+        if self.server is not None:
+            _stop(self.server, self.manifest, self.say)
+            self.server = None
+        if kind is None:
+            self.manifest.finish("ok")
+        elif issubclass(kind, KeyboardInterrupt):
+            self.manifest.finish("interrupted", where="Ctrl-C")
+        else:
+            self.manifest.finish("failed", where=str(exc))
+
+
+def capture_runs(plan: Plan, replicates: int = 1, say: Callable[[str], None] = lambda _m: None) -> list[Path]:
+    """The plan's capture (one folder), or `replicates` runs of an unprofiled served configuration against one
+    server (a session folder of capture folders r1, r2, ...); returns the capture folders."""
+    if replicates <= 1:
+        return [run_capture(plan, say)]
+    if plan.kind != "serve" or plan.nsys_exe or plan.torch:
+        raise CaptureError("replicates share one server: `profkit capture --tool none --replicates N serve ...` "
+                           "(profile one run on its own)")
+    return run_replicates(plan, replicates, say)
+
+
+def run_replicates(plan: Plan, replicates: int, say: Callable[[str], None] = lambda _m: None) -> list[Path]:
+    """`replicates` benchmark runs against one server lifetime (r1, r2, ...); returns their capture folders."""
+    try:
+        with ServerSession(plan, say) as session:
+            return [session.run(f"r{i + 1}") for i in range(replicates)]
+    except KeyboardInterrupt:
+        raise CaptureError(f"interrupted; partial session kept in {plan.out}", interrupted=True) from None
+
+
 def _sampler(manifest: Manifest) -> HostSampler | None:
     """Per-process CPU sampling while the benchmark runs (host.json); never fails a capture."""
     try:
@@ -176,13 +319,13 @@ def _start_server(plan: Plan, manifest: Manifest, say: Callable[[str], None]) ->
     raise CaptureError(f"vllm serve was not healthy within {plan.health_timeout_s:g} s")
 
 
-def _scrape(plan: Plan, which: str, manifest: Manifest) -> None:
-    """/metrics `before` or `after` the benchmark."""
+def _scrape(plan: Plan, which: str, manifest: Manifest, folder: CaptureFolder | None = None) -> None:
+    """/metrics `before` or `after` the benchmark, into `folder` (the plan's own by default)."""
     text = _get(f"http://127.0.0.1:{plan.port}/metrics", timeout=10.0)
     if text is None:
         manifest.note(f"could not scrape /metrics {which} the benchmark")
         return
-    plan.folder.write_metrics(which, text)
+    (folder or plan.folder).write_metrics(which, text)
 
 
 def _get(url: str, timeout: float) -> str | None:

@@ -311,7 +311,36 @@ def comparability(before: Side, after: Side) -> dict[str, Any]:
     for k in sorted(set(wb) | set(wa)):
         if wb.get(k) != wa.get(k):
             differs.append(f"workload {k}: {wb.get(k, 'not set')} vs {wa.get(k, 'not set')}")
-    return {"before": ib, "after": ia, "differs": differs, "unknown": unknown, "comparable": not differs}
+    cache = {"before": _hit_rates(before), "after": _hit_rates(after)}
+    differs += prefix_cache_differs(before, after, cache)
+    return {"before": ib, "after": ia, "differs": differs, "unknown": unknown, "comparable": not differs,
+            "prefix_cache_hit_rate": cache}
+
+
+# The prefix cache of a fresh server serves a few % of random prompts (H100 runs in tests/data: 3.1 % and 0.24 %);
+# much more means prompts were sent to it before, and runs whose hit rates differ this much measured different things.
+PREFIX_REPLAY = 0.10
+
+
+def _hit_rates(side: Side) -> list[float | None]:
+    return [(r.get("facts") or {}).get("vllm.prefix_cache_hit_rate") for r in side.reports]
+
+
+def prefix_cache_differs(before: Side, after: Side, cache: dict[str, list[float | None]]) -> list[str]:
+    """The runs are not comparable when the prefix cache served one of them prompts it had seen (a random workload
+    with a high hit rate: the same prompts sent twice) or served the runs very differently."""
+    out = []
+    for label, side in (("before", before), ("after", after)):
+        for r, rate in zip(side.reports, cache[label], strict=True):
+            shared = (r.get("facts") or {}).get("workload.shared_prefixes")
+            if shared is False and isinstance(rate, (int, float)) and rate > PREFIX_REPLAY:
+                out.append(f"{label}: the prefix cache served {100 * rate:.1f} % of prompt tokens on prompts that "
+                           "share no prefix (the same prompts sent to one server twice)")
+                break
+    known = [v for v in (*cache["before"], *cache["after"]) if isinstance(v, (int, float))]
+    if known and max(known) - min(known) > PREFIX_REPLAY:
+        out.append(f"prefix cache hit rate differs between runs: {100 * min(known):.1f} % to {100 * max(known):.1f} %")
+    return out
 
 
 def _side_doc(side: Side) -> dict[str, Any]:

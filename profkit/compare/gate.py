@@ -4,10 +4,15 @@
     p99_ttft_ms>+10%          the relative change is above +10 %
     gpu.utilization<-0.05     a signed number without %: the absolute change (after - before)
     p99_ttft_ms>2000          an unsigned number: the AFTER value itself
+
+A relative change from a BEFORE of 0 is infinite in the direction AFTER moved: 0 -> 31 preemptions is +inf %, so
+`vllm.preemptions>+0%` (or >+10%) holds and the gate fails; 0 -> 0 is no change (0 %), and a condition on a fall
+(`<-5%`) does not hold for a rise from 0.
 """
 
 from __future__ import annotations
 
+import math
 import operator
 import re
 from dataclasses import dataclass
@@ -53,9 +58,11 @@ def check(doc: dict[str, Any], conditions: list[Condition]) -> list[str]:
             known = ", ".join(sorted(rows)) or "none"
             raise ProfkitError(f"--fail-on {c.text!r}: the diff has no metric {c.metric!r} (it has: {known})")
         if c.kind == "relative":
-            if row["change_pct"] is None:
-                continue  # from zero: no relative change exists; use an absolute condition for such metrics
-            actual, shown = row["change_pct"], f"{row['change_pct']:+.1f} %"
+            if row["change_pct"] is None:  # from 0: infinite, in the direction the value moved
+                actual = math.copysign(math.inf, row["change"]) if row["change"] else 0.0
+                shown = "from 0" if row["change"] else "0 %"
+            else:
+                actual, shown = row["change_pct"], f"{row['change_pct']:+.1f} %"
         elif c.kind == "absolute":
             actual, shown = row["change"], f"{row['change']:+g}"
         else:

@@ -29,7 +29,7 @@ from profkit.resources import shipped_dir
 
 SEVERITIES = ("critical", "warning", "info")
 SEVERITY_ORDER = {s: i for i, s in enumerate(SEVERITIES)}
-ALLOWED_KEYS = {"id", "title", "severity", "when", "summary", "evidence", "changes", "description"}
+ALLOWED_KEYS = {"id", "title", "severity", "when", "summary", "evidence", "changes", "description", "gain"}
 CHANGE_KEYS = {"flag", "when", "to", "why", "env"}
 EVIDENCE_KEYS = {"fact", "threshold", "source"}
 
@@ -58,9 +58,13 @@ class Rule:
     description: str = ""
     evidence: list[dict[str, Any]] = field(default_factory=list)
     changes: list[Change] = field(default_factory=list)
+    # What the finding's changes could win at most, as a share (0..1) of the run: an expression over facts (the
+    # GPU's idle share for a host-bound rule, the share of launch gaps for a launch-bound one); orders tune's
+    # candidates after the user's own missteps.
+    gain: str | None = None
 
     def facts_used(self) -> set[str]:
-        names = fact_names(self.when)
+        names = fact_names(self.when) | (fact_names(self.gain) if self.gain else set())
         for c in self.changes:
             if c.when:
                 names |= fact_names(c.when)
@@ -166,6 +170,10 @@ def load_rule_file(path: Path, known_facts: set[str]) -> Rule:
         raise RuleError(f"{path}:{top}: summary must be a text (a template)")
     where = f"{path}:{top}: when"
     when = _check_expression(data["when"], where, known_facts)
+    raw_gain = data.get("gain")
+    if isinstance(raw_gain, (int, float)) and not isinstance(raw_gain, bool):
+        raw_gain = str(raw_gain)  # a constant share
+    gain = _check_expression(raw_gain, f"{path}:{top}: gain", known_facts) if "gain" in data else None
     _check_template(data["summary"], f"{path}:{top}: summary")
     evidence = []
     for item in data.get("evidence") or []:
@@ -190,7 +198,7 @@ def load_rule_file(path: Path, known_facts: set[str]) -> Rule:
         changes.append(Change(flag=item["flag"], to=item["to"], why=str(item["why"]), when=cond, line=line))
     return Rule(id=str(data["id"]), title=str(data["title"]), severity=data["severity"], when=when,
                 summary=str(data["summary"]), path=path, description=str(data.get("description", "")).strip(),
-                evidence=evidence, changes=changes)
+                evidence=evidence, changes=changes, gain=gain)
 
 
 MAX_TEMPLATE_OUTPUT = 20_000  # characters a summary or why may render to
@@ -318,6 +326,7 @@ class Finding(msgspec.Struct, kw_only=True, frozen=True):
     summary: str
     evidence: list[dict[str, Any]]
     changes: list[ProposedChange]
+    gain: float | None = None  # the rule's `gain` over the facts: what its changes could win at most, 0..1
 
 
 def evaluate(rules: list[Rule], facts: dict[str, Any],
@@ -358,7 +367,21 @@ def _finding(rule: Rule, facts: dict[str, Any], tree: dict[str, Any],
         evidence=[{"fact": e["fact"], "value": facts.get(e["fact"]), "threshold": e.get("threshold"),
                    "source": e.get("source")} for e in rule.evidence],
         changes=changes if propose_changes else [],
+        gain=_gain(rule, tree),
     )
+
+
+def _gain(rule: Rule, tree: dict[str, Any]) -> float | None:
+    """The rule's gain expression, as a share in 0..1; None where the facts cannot tell."""
+    if rule.gain is None:
+        return None
+    try:
+        value = _evaluate(rule.gain, tree)
+    except (TypeError, ZeroDivisionError, ValueError):
+        return None
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or value != value:
+        return None
+    return float(min(1.0, max(0.0, value)))
 
 
 def _change(c: Change, facts: dict[str, Any], env: jinja2.sandbox.SandboxedEnvironment) -> ProposedChange:
@@ -380,6 +403,8 @@ def explain(rule: Rule) -> str:
     lines.append(f"  fires when: {rule.when}")
     for name in sorted(fact_names(rule.when)):
         lines.append(f"    {name}: {FACT_DOCS.get(name, '')}")
+    if rule.gain:
+        lines.append(f"  gain (what its changes could win at most, orders tune's candidates): {rule.gain}")
     if rule.evidence:
         lines += ["", "  evidence shown:"]
         for e in rule.evidence:

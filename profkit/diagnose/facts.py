@@ -22,6 +22,7 @@ UNITS = {
     "ns": "nanoseconds", "ms": "milliseconds", "share": "0..1", "count": "count", "bytes": "bytes",
     "cores": "CPU cores (1.0 = one core busy)", "req/s": "requests per second", "tok/s": "tokens per second",
     "tokens": "tokens", "rank": "a rank's label", "value": "the flag's value", "text": "text",
+    "bool": "true or false",
 }
 
 
@@ -88,6 +89,7 @@ def _declare() -> dict[str, Fact]:
              for c in dict.fromkeys(categories())]
     rows += [
         ("vllm.requests_per_second", "req/s", "benchmark request throughput (--bench)"),
+        ("vllm.num_requests", "count", "requests the benchmark completed (--bench)"),
         ("vllm.output_throughput", "tok/s", "benchmark output tokens/s (--bench)"),
         ("vllm.ttft_mean_ms", "ms", "mean time to first token (--bench, serve)"),
         ("vllm.ttft_p99_ms", "ms", "p99 time to first token (--bench, serve)"),
@@ -110,6 +112,8 @@ def _declare() -> dict[str, Fact]:
         ("vllm.kv_cache_memory_bytes", "bytes", "GPU memory the KV cache got (log: reserved or available KV cache "
                                                 "memory)"),
         ("vllm.model_memory_bytes", "bytes", "GPU memory the model weights took (log)"),
+        ("workload.shared_prefixes", "bool", "whether the benchmark's prompts share prefixes (False: the random "
+                                             "dataset without --random-prefix-len; None: not told)"),
         ("vllm.default_max_num_seqs", "count", "vLLM 0.26's --max-num-seqs for this GPU when not given (1024 on "
                                                "H100/H200, else 256)"),
         ("ranks.count", "count", "GPUs (ranks) reported apart: the devices of a multi-GPU trace, or one per rank "
@@ -180,11 +184,14 @@ def _only_declared(facts: dict[str, Any]) -> dict[str, Any]:
 # --- derived from the sections ------------------------------------------------------------------------------------
 
 def compute_facts(trace: TraceSections | None, vllm: Any, host: dict[str, Any] | None, ranks: list[Rank] | None,
-                  imbalance: dict[str, Any] | None) -> dict[str, Any]:
+                  imbalance: dict[str, Any] | None, workload: dict[str, Any] | None = None) -> dict[str, Any]:
     """Every declared fact: from one trace's sections (None: the run has no trace), the `vllm` section (a
-    `profkit.diagnose.vllm_run.VllmSection`), the host section and the ranks. Unknown ones are None."""
+    `profkit.diagnose.vllm_run.VllmSection`), the host section, the ranks and what the benchmark command says of
+    its workload (`workload.*`). Unknown ones are None."""
+    workload = {f"workload.{k}": v for k, v in (workload or {}).items()}
     if trace is None:  # no trace: only vLLM's evidence (and the host samples) are known
         facts: dict[str, Any] = {k: None for k in FACTS if not k.startswith(("vllm.", "config", "host.", "steps."))}
+        facts.update(workload)
         facts.update(vllm_facts(vllm))
         facts.update(_config_sources(vllm))
         return _with_host(facts, None, host)
@@ -204,6 +211,7 @@ def compute_facts(trace: TraceSections | None, vllm: Any, host: dict[str, Any] |
     facts.update(_memop_facts(trace, win))
     facts["nvtx.ranges"] = sum(r["count"] for r in trace.nvtx)
     facts.update(_rank_facts(trace, ranks, imbalance))
+    facts.update(workload)
     facts.update(vllm_facts(vllm))
     facts.update(_config_sources(vllm))
     return _with_host(facts, trace.steps, host)
@@ -337,8 +345,8 @@ def vllm_facts(vllm: Any) -> dict[str, Any]:
     """`vllm.*` and `config.*` from the `vllm` section (None: no vLLM evidence)."""
     facts: dict[str, Any] = {}
     bench = vllm.bench if vllm is not None else None
-    for key in ("requests_per_second", "output_throughput", "ttft_mean_ms", "ttft_p99_ms", "tpot_mean_ms",
-                "tpot_p99_ms", "itl_mean_ms", "itl_p99_ms"):
+    for key in ("requests_per_second", "num_requests", "output_throughput", "ttft_mean_ms", "ttft_p99_ms",
+                "tpot_mean_ms", "tpot_p99_ms", "itl_mean_ms", "itl_p99_ms"):
         facts[f"vllm.{key}"] = getattr(bench, key) if bench is not None else None
     log = vllm.log if vllm is not None else None
     metrics = (vllm.metrics_delta or vllm.metrics or {}) if vllm is not None else {}

@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 
 from profkit.diagnose.engine import Finding, ProposedChange
-from profkit.diagnose.vllm_command import UserCommand, VllmCommand, normalize_flag, spec_for
+from profkit.diagnose.vllm_command import UserCommand, VllmCommand, dest_of, normalize_flag, spec_for, takes
 
 
 class AppliedChange(msgspec.Struct, frozen=True):
@@ -66,12 +66,12 @@ class Suggestion:
     def annotated(self, findings: list[Finding]) -> list[Finding]:
         """The findings again, each change saying what the suggested command does with it (action), and why
         when that is not the change itself (a more severe finding set the same flag)."""
-        by_flag = {a.flag: a for a in self.applied}
+        by_setting = {dest_of(a.flag): a for a in self.applied}
         out = []
         for f in findings:
             changes = []
             for c in f.changes:
-                a = by_flag.get(normalize_flag(c.flag))
+                a = by_setting.get(dest_of(c.flag))
                 if a is None:
                     changes.append(c)
                 elif a.to == c.to:
@@ -89,10 +89,9 @@ def _target(cmds: list[VllmCommand], flag: str) -> int | None:
     engine = next((i for i, c in enumerate(cmds) if c.role in ("server", "offline", "flags")), None)
     client = next((i for i, c in enumerate(cmds) if c.role == "client"), None)
     engine_spec = cmds[engine].spec() if engine is not None else None
-    if engine is not None and (engine_spec is None or flag in engine_spec.options):
+    if engine is not None and (engine_spec is None or takes(engine_spec, flag)):
         return engine
-    client_spec = spec_for(["bench", "serve"])
-    if client is not None and client_spec and flag in client_spec.options:
+    if client is not None and takes(spec_for(["bench", "serve"]), flag):
         return client
     return None
 
@@ -109,9 +108,9 @@ def suggest(original: UserCommand | None, changes: list[ProposedChange | dict[st
         else:
             flag, to, from_source = change["flag"], change.get("to"), change.get("from_source")
         flag = normalize_flag(flag)
-        if flag in seen:
+        if dest_of(flag) in seen:  # one setting, whatever spelling each finding used for it
             continue
-        seen.add(flag)
+        seen.add(dest_of(flag))
         if not cmds:
             action = "remove" if to is None else "edit" if from_source == "given" else "add"
             out.applied.append(AppliedChange(flag, action, to, None, "the command you ran is not known"))

@@ -54,6 +54,9 @@ VLLM_DEFAULTS: dict[str, Any] = {
     "async_scheduling": True,
     "api_server_count": 1,  # data_parallel_size when not given
     "stream_interval": 1,
+    # CUDA graphs are captured for batch sizes up to min(2 x max_num_seqs, 512) (config/vllm.py:1791-1798)
+    "max_cudagraph_capture_size": None,
+    "cudagraph_mode": "FULL_AND_PIECEWISE",  # -O2, vLLM 0.26's default level (config/vllm.py:205-303, 381)
 }
 # vLLM 0.26 sizes --max-num-seqs by the GPU (EngineArgs._set_default_max_num_seqs_and_batched_tokens_args):
 # 1024 on GPUs with 70 GiB or more that are not A100s (H100, H200, MI300x, ...), 256 elsewhere.
@@ -137,8 +140,12 @@ class CheckResult:
 
 
 def normalize_flag(name: str) -> str:
-    """`--max_num_seqs` -> `--max-num-seqs` (vLLM's FlexibleArgumentParser treats them alike)."""
-    return "--" + name[2:].replace("_", "-") if name.startswith("--") else name
+    """`--max_num_seqs` -> `--max-num-seqs` (vLLM's FlexibleArgumentParser treats them alike); only the flag's own
+    name, not a config flag's dotted key (`--compilation-config.cudagraph_mode` stays)."""
+    if not name.startswith("--"):
+        return name
+    flag, dot, key = name.partition(".")
+    return "--" + flag[2:].replace("_", "-") + dot + key
 
 
 def vllm_importable() -> bool:
@@ -182,13 +189,57 @@ def flag_for(dest: str) -> str:
 
 
 def dest_of(flag: str) -> str:
-    """The setting a flag sets (`--max-num-seqs`, `--max_num_seqs`, `-tp` -> its dest)."""
-    spec = engine_spec()
-    found = spec.find(flag) if spec else None
-    if found:
-        opt = found[1]
-        return opt.dest
-    return normalize_flag(flag).lstrip("-").replace("-", "_")
+    """The setting a flag sets (`--max-num-seqs`, `--max_num_seqs`, `-tp` -> its dest; a config flag's dotted key
+    -> its setting: `--compilation-config.cudagraph_mode` -> `cudagraph_mode`)."""
+    return VllmCommand([], ["serve"], []).setting(flag)
+
+
+def takes(spec: Spec | None, flag: str) -> bool:
+    """Is `flag` one of the subcommand's spellings: an option, a config flag's dotted key, a short option (-O)?"""
+    if spec is None:
+        return False
+    name = flag.split("=", 1)[0]
+    base, dot, _ = name.partition(".")
+    words = spellings()
+    if dot and normalize_flag(base) in words.config_dests:
+        return normalize_flag(base) in spec.options
+    if name in words.short:
+        return words.short[name] in spec.options
+    return spec.find(name) is not None
+
+
+@dataclass
+class Spellings:
+    """vLLM's spellings of one setting, recorded beside the option list (`vllm_options/0.26.0.spellings.json`):
+    the config flags that take JSON or dotted keys, the settings a flat flag and a config key both set (vLLM
+    refuses both at once: `exclusive`), the short options vLLM rewrites before argparse (`-O3`)."""
+
+    config_dests: dict[str, str]  # every spelling of a config flag (aliases too) -> its dest
+    config_flag: dict[str, str]  # dest -> the config flag's long spelling
+    settings: dict[str, dict[str, Any]]  # setting -> {flag, config, key}
+    by_key: dict[tuple[str, str], str]  # (config dest, key) -> setting
+    exclusive: dict[str, str]  # setting -> vLLM's error when its flag and its config key are both given
+    short: dict[str, str]  # "-O" -> "--optimization-level"
+    version: str = RECORDED_VERSION
+
+    def setting_of_key(self, dest: str, key: str) -> str:
+        return self.by_key.get((dest, key), f"{dest}.{key}")
+
+
+@lru_cache(maxsize=1)
+def spellings() -> Spellings:
+    path = _RECORDED.with_name(f"{RECORDED_VERSION}.spellings.json")
+    data = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    config = data.get("config_flags", {})
+    dests = {flag: c["dest"] for flag, c in config.items()}
+    dests.update({alias: c["dest"] for c in config.values() for alias in c.get("aliases", [])})
+    settings = data.get("settings", {})
+    return Spellings(
+        config_dests=dests, config_flag={c["dest"]: flag for flag, c in config.items()}, settings=settings,
+        by_key={(config[v["config"]]["dest"], v["key"]): k for k, v in settings.items() if v.get("config")},
+        exclusive={e["setting"]: e["error"] for e in data.get("exclusive", [])},
+        short={k: v["flag"] for k, v in data.get("short_options", {}).items()},
+        version=data.get("vllm_version", RECORDED_VERSION))
 
 
 def _looks_like_option(word: str) -> bool:
@@ -209,13 +260,58 @@ class Arg:
     values: tuple[str, ...]  # the words given as its value (empty for a switch)
     negated: bool = False  # `--no-x`
     known: bool = True  # in the subcommand's option list
+    key: str | None = None  # a config flag's dotted key (`-cc.cudagraph_mode=NONE`: "cudagraph_mode")
+    setting: str = ""  # what it sets: its dest, or the setting a config key or flat flag stands for
 
     @property
     def value(self) -> Any:
-        """The value vLLM would read: a switch True (False when negated), else the typed text."""
+        """The value vLLM would read: a switch True (False when negated), else the typed text (a dotted config
+        key's value is JSON where it parses, as vLLM reads it)."""
         if not self.values:
             return not self.negated
+        if self.key is not None:
+            return _json_or_text(self.values[0])
         return coerce(self.values[0]) if len(self.values) == 1 else [coerce(v) for v in self.values]
+
+    @property
+    def json(self) -> dict[str, Any] | None:
+        """A config flag's JSON value as a dict (None: not a config flag, or not a JSON object)."""
+        if self.key is not None or self.dest not in spellings().config_flag or len(self.values) != 1:
+            return None
+        try:
+            value = json.loads(self.values[0])
+        except (ValueError, RecursionError):
+            return None
+        return value if isinstance(value, dict) else None
+
+
+@dataclass(frozen=True)
+class Occurrence:
+    """Where a command gives a setting: as a whole option (`--max-cudagraph-capture-size 8`, `-cc.x=8`) or as
+    the key `json_key` inside a config flag's JSON (`-cc '{"max_cudagraph_capture_size": 8}'`)."""
+
+    arg: Arg
+    json_key: str | None = None
+
+    @property
+    def value(self) -> Any:
+        return (self.arg.json or {}).get(self.json_key) if self.json_key is not None else self.arg.value
+
+    @property
+    def spelling(self) -> str:
+        return "json" if self.json_key is not None else "dotted" if self.arg.key is not None else "flag"
+
+
+def _dotted(value: Any) -> str:
+    """A value as a dotted config key takes it (`-cc.cudagraph_mode=NONE`, `-cc.max_cudagraph_capture_size=8`)."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _json_or_text(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return text
 
 
 @dataclass(frozen=True)
@@ -276,6 +372,7 @@ class VllmCommand:
     def parsed(self) -> tuple[list[Arg], list[int]]:
         """The options as written, and the positions of bare words (the model tag of `vllm serve`)."""
         spec = self.spec()
+        words = spellings()
         items: list[Arg] = []
         bare: list[int] = []
         args = self.args
@@ -287,6 +384,26 @@ class VllmCommand:
                 i += 1
                 continue
             name, eq, inline = word.partition("=")
+            short = next((s for s in words.short if name.startswith(s) and not name.startswith("--")), None)
+            base, dot, key = name.partition(".")
+            if short and spec and words.short[short] in spec.options:  # -O3, -O=3, -O 3
+                dest = spec.options[words.short[short]].dest
+                rest = word[len(short):].removeprefix("=")
+                if rest:
+                    values, width = (rest,), 1
+                elif i + 1 < len(args) and args[i + 1] in ("0", "1", "2", "3"):
+                    values, width = (args[i + 1],), 2
+                else:
+                    values, width = (), 1
+                items.append(Arg(i, width, short, dest, values, setting=dest))
+                i += width
+                continue
+            if dot and normalize_flag(base) in words.config_dests:  # -cc.cudagraph_mode=NONE, --x.key value
+                dest = words.config_dests[normalize_flag(base)]
+                values, width = ((inline,), 1) if eq else ((args[i + 1],), 2) if i + 1 < len(args) else ((), 1)
+                items.append(Arg(i, width, base, dest, values, key=key, setting=words.setting_of_key(dest, key)))
+                i += width
+                continue
             found = spec.find(word) if spec else None
             if found:
                 opt = found[1]
@@ -295,12 +412,12 @@ class VllmCommand:
                 many = opt.many
                 dest = opt.dest
             else:  # not in the option list: a value follows unless the next word is an option
-                key = normalize_flag(name).lstrip("-").replace("-", "_")
-                takes, many, negated, dest = True, False, False, key
+                dest = normalize_flag(name).lstrip("-").replace("-", "_")
+                takes, many, negated = True, False, False
                 if not eq and (i + 1 >= len(args) or args[i + 1].startswith("--")):
                     takes = False
             if eq:
-                values: tuple[str, ...] = (inline,) if takes else ()
+                values = (inline,) if takes else ()
                 width = 1
             elif takes:
                 j = i + 1
@@ -310,19 +427,42 @@ class VllmCommand:
                 values, width = tuple(args[i + 1:j]), j - i
             else:
                 values, width = (), 1
-            items.append(Arg(i, width, name, dest, values, negated, bool(found)))
+            items.append(Arg(i, width, name, dest, values, negated, bool(found), setting=dest))
             i += width
         return items, bare
 
-    def occurrences(self, flag: str) -> list[Arg]:
-        """Every place the setting `flag` sets is given, whatever the spelling (alias, negation, underscores)."""
-        dest = self._dest(flag)
-        return [a for a in self.parsed[0] if a.dest == dest]
+    def setting(self, flag: str) -> str:
+        """The setting a flag or config key sets, whatever the spelling: `--max_num_seqs`, `-tp`, `-O`,
+        `--compilation-config.cudagraph_mode`, `-cc.max_cudagraph_capture_size` (the same setting as
+        `--max-cudagraph-capture-size`) or a setting's own name (`cudagraph_mode`)."""
+        words = spellings()
+        if flag in words.settings:
+            return flag
+        name = flag.split("=", 1)[0]
+        base, dot, key = name.partition(".")
+        if dot and normalize_flag(base) in words.config_dests:
+            return words.setting_of_key(words.config_dests[normalize_flag(base)], key)
+        spec = self.spec()
+        if name in words.short and spec and words.short[name] in spec.options:
+            return spec.options[words.short[name]].dest
+        found = spec.find(name) if spec else None
+        return found[1].dest if found else normalize_flag(name).lstrip("-").replace("-", "_")
+
+    def occurrences(self, flag: str) -> list[Occurrence]:
+        """Every place the setting `flag` sets is given, whatever the spelling (alias, negation, underscores, a
+        config flag's dotted key or JSON key)."""
+        target = self.setting(flag)
+        words = spellings()
+        out = []
+        for a in self.parsed[0]:
+            if a.setting == target:
+                out.append(Occurrence(a))
+            elif (doc := a.json) is not None:
+                out += [Occurrence(a, k) for k in doc if words.setting_of_key(a.dest, k) == target]
+        return out
 
     def _dest(self, flag: str) -> str:
-        spec = self.spec()
-        found = spec.find(flag) if spec else None
-        return found[1].dest if found else normalize_flag(flag).lstrip("-").replace("-", "_")
+        return self.setting(flag)
 
     def value(self, flag: str, default: Any = None) -> Any:
         """The value the command gives a setting (the last one given, as argparse keeps), typed; `default`
@@ -333,14 +473,37 @@ class VllmCommand:
     def given(self, flag: str) -> str | None:
         """The setting's value exactly as written (the last one given), or None."""
         found = self.occurrences(flag)
-        return " ".join(found[-1].values) if found else None
+        if not found:
+            return None
+        last = found[-1]
+        return " ".join(last.arg.values) if last.json_key is None else json.dumps(last.value)
 
     def flags(self) -> dict[str, Any]:
-        """Every setting the command gives, by name (`{'max_num_seqs': 64, 'enforce_eager': True}`)."""
+        """Every setting the command gives, by name (`{'max_num_seqs': 64, 'enforce_eager': True}`); a config
+        flag's JSON keys also under their setting's name (`cudagraph_mode`, `compilation_config.mode`)."""
         out: dict[str, Any] = {}
+        words = spellings()
         for a in self.parsed[0]:
-            out[a.dest] = a.value
+            out[a.setting] = a.value
+            for key, value in (a.json or {}).items():
+                out[words.setting_of_key(a.dest, key)] = value
         return out
+
+    def shared_prefixes(self) -> bool | None:
+        """Do the benchmark's prompts share prefixes (what the prefix cache can serve)? False for the random
+        dataset without --random-prefix-len; True for a prefix length or the prefix_repetition dataset; None
+        where the command (not a benchmark) or the dataset (real text) does not tell."""
+        if self.role not in ("client", "offline"):
+            return None
+        spec = self.spec()
+        default = spec.options["--dataset-name"].default if spec and "--dataset-name" in spec.options else None
+        dataset = self.value("--dataset-name", default)
+        if dataset == "prefix_repetition":
+            return True
+        if dataset == "random":
+            prefix = self.value("--random-prefix-len", 0)
+            return bool(prefix) if isinstance(prefix, int) else None
+        return None
 
     @property
     def model(self) -> str | None:
@@ -355,61 +518,149 @@ class VllmCommand:
         return VllmCommand(self.program, self.subcommand, args)
 
     def without(self, *flags: str) -> VllmCommand:
-        """The command without these settings (each occurrence with its value)."""
-        drop = {self._dest(f) for f in flags}
-        gone = {i for a in self.parsed[0] if a.dest in drop for i in range(a.at, a.at + a.width)}
-        return self.with_args([w for i, w in enumerate(self.args) if i not in gone])
+        """The command without these settings (each occurrence, in every spelling, with its value)."""
+        cmd = self
+        for flag in flags:
+            cmd = cmd.apply(flag, None)[0]
+        return cmd
 
     def apply(self, flag: str, to: Any) -> tuple[VllmCommand, str, str]:
-        """(new command, action, note) for one change: the setting's every occurrence goes, whatever its
-        spelling, and the new value stands where the last one stood (argparse keeps the last); the user's other
-        arguments keep their order. `to` None removes the setting; action is edit | add | remove | none."""
+        """(new command, action, note) for one change to a setting: every occurrence of it goes, whatever its
+        spelling, and the new value is given once, in the spelling the user gave it last, where it stood (argparse
+        keeps the last); the user's other arguments keep their order. Never a second spelling of one setting: a
+        key of a config flag's JSON is edited inside that JSON, a dotted key stays dotted, an alias stays the
+        alias. `to` None removes the setting; action is edit | add | remove | none."""
         spec = self.spec()
-        opt = spec.options.get(flag) if spec else None
-        negation = f"--no-{flag[2:]}"
-        negatable = bool(spec and negation in spec.options)
-        is_switch = isinstance(to, bool) or (opt is not None and not opt.takes_value)
+        words = spellings()
+        target = self.setting(flag)
+        record = words.settings.get(target) or {}
+        name = flag.split("=", 1)[0]
+        flat = (name if spec and name in spec.options else record.get("flag") if "flag" in record
+                else spec.long_flags.get(target) if spec else None)
+        if flat is None and not record and "." not in name:
+            flat = normalize_flag(name)  # an option this vLLM does not list: as written
+        opt = spec.options.get(flat) if spec and flat else None
         where = self.occurrences(flag)
-        args = list(self.args)
-        at = where[-1].at if where else None
-        for a in reversed(where):
-            del args[a.at:a.at + a.width]
-            if at is not None and a.at < at:
-                at -= a.width
-        if to is None:
-            new, action = [], "remove" if where else "none"
-        elif is_switch:
-            default = effective_default(opt)
-            if bool(to) == bool(default):
-                if not where:
-                    return self, "none", f"{flag} is already at vLLM's default ({default})"
-                new, action = [], "remove"  # back to vLLM's default: the flag is simply not given
-            elif bool(to):
-                new, action = [flag], "edit" if where else "add"
-            elif negatable:
-                new, action = [negation], "edit" if where else "add"
+        last = where[-1] if where else None
+        slots: list[str | None] = list(self.args)
+        documents: dict[int, dict[str, Any]] = {}  # a config flag's JSON as edited, by the arg's position
+        for o in where:
+            if o.json_key is not None:
+                documents.setdefault(o.arg.at, dict(o.arg.json or {})).pop(o.json_key, None)
             else:
-                return self, "none", f"{flag} cannot be switched off on the command line"
-        else:
-            new, action = [flag, str(to)], "edit" if where else "add"
-        if at is None:
-            at = len(args)
-        args[at:at] = new
-        return self.with_args(args), action, ""
+                for i in range(o.arg.at, o.arg.at + o.arg.width):
+                    slots[i] = None
+        inserts: dict[int, list[str]] = {}
+        action = "edit" if where else "add"
+        if to is None:
+            action = "remove" if where else "none"
+        elif last is not None and last.json_key is not None:
+            documents[last.arg.at][last.json_key] = to
+        elif last is not None and last.arg.key is not None:
+            inserts[last.arg.at] = [f"{last.arg.name}.{last.arg.key}={_dotted(to)}"]
+        elif last is not None and last.arg.name in words.short:
+            inserts[last.arg.at] = [f"{last.arg.name}{to}"]
+        elif flat is not None:
+            is_switch = isinstance(to, bool) or (opt is not None and not opt.takes_value)
+            if is_switch:
+                default = effective_default(opt)
+                negation = f"--no-{flat[2:]}"
+                if bool(to) == bool(default):
+                    if not where:
+                        return self, "none", f"{flag} is already at vLLM's default ({default})"
+                    action = "remove"  # back to vLLM's default: the flag is simply not given
+                    new = []
+                elif bool(to):
+                    new = [flat]
+                elif spec and negation in spec.options:
+                    new = [negation]
+                else:
+                    return self, "none", f"{flag} cannot be switched off on the command line"
+            else:
+                # a short alias stays (`-tp 4`); a long name is written as vLLM spells it (`--max-num-seqs`)
+                short_alias = last is not None and not last.arg.name.startswith("--")
+                spelled = last.arg.name if short_alias else flat
+                new = [spelled, str(to)]
+            inserts[last.arg.at if last is not None else len(slots)] = new
+        else:  # a key only a config flag sets, not given yet: into the user's JSON or dotted keys of that flag
+            config_dest = words.config_dests.get(record.get("config", ""), target.partition(".")[0])
+            key = record.get("key") or target.partition(".")[2]
+            mine = [a for a in self.parsed[0] if a.dest == config_dest]
+            host = next((a for a in reversed(mine) if a.json is not None), None)
+            dotted = next((a for a in reversed(mine) if a.key is not None), None)
+            if host is not None:
+                documents.setdefault(host.at, dict(host.json or {}))[key] = to
+            elif dotted is not None:
+                inserts[len(slots)] = [f"{dotted.name}.{key}={_dotted(to)}"]
+            else:
+                inserts[len(slots)] = [words.config_flag.get(config_dest, flag), json.dumps({key: to})]
+        for at, doc in documents.items():
+            arg = next(a for a in self.parsed[0] if a.at == at)
+            if not doc:
+                for i in range(arg.at, arg.at + arg.width):
+                    slots[i] = None
+            elif arg.width == 1:  # --compilation-config={...}
+                slots[at] = f"{self.args[at].split('=', 1)[0]}={json.dumps(doc)}"
+            else:
+                slots[at + 1] = json.dumps(doc)
+        out: list[str] = []
+        for i, word in enumerate([*slots, None]):
+            out += inserts.get(i, [])
+            if word is not None and i < len(slots):
+                out.append(word)
+        return self.with_args(out), action, ""
+
+    def spelling_problems(self) -> list[str]:
+        """One setting given two ways: the pairs vLLM refuses at start-up although argparse accepts them (a flag
+        and the same key of a config flag: its `exclusive` record), and spellings that silently replace each
+        other (a config flag's JSON and its dotted keys, `-cc.x` and `--compilation-config.x`)."""
+        words = spellings()
+        problems: list[str] = []
+        seen: dict[str, set[str]] = {}
+        for a in self.parsed[0]:
+            seen.setdefault(a.setting, set()).add("dotted" if a.key is not None else f"flag:{a.setting}")
+            for key in a.json or {}:
+                seen.setdefault(words.setting_of_key(a.dest, key), set()).add("json")
+        for setting, kinds in seen.items():
+            if len(kinds) < 2:
+                continue
+            error = words.exclusive.get(setting)
+            problems.append(f"{setting} given {len(kinds)} ways: " + (f"vLLM {words.version} refuses it ({error})"
+                            if error and any(k.startswith("flag:") for k in kinds)
+                            else "one spelling silently replaces the other"))
+        bases = {}
+        for a in self.parsed[0]:
+            if a.dest in words.config_flag:
+                bases.setdefault(a.dest, set()).add(a.name if a.key is not None else "json")
+        for dest, spelled in bases.items():
+            if len(spelled) > 1:
+                problems.append(f"{words.config_flag[dest]} given as {' and '.join(sorted(spelled))}: vLLM keeps "
+                                "only the last of them")
+        return problems
 
     # checks -----------------------------------------------------------------------------------------------------
     def check(self) -> CheckResult:
-        """Does the command parse? With vLLM's own parser where vLLM is importable, else the recorded options.
-        A bare flag list is checked as engine flags."""
+        """Would vLLM start with it? The parse, with vLLM's own parser and EngineArgs where vLLM is importable,
+        else against the recorded option list; and one spelling per setting, against the record of the spellings
+        vLLM refuses together at start-up although its parser accepts them. A bare flag list is checked as engine
+        flags."""
         words = ["serve", *self.args] if not self.subcommand else [*self.subcommand, *self.args]
+        result = None
         if vllm_importable():
             try:
-                return check_with_vllm(words)
-            except ImportError as exc:  # vLLM present but broken here: fall back to the recorded list
-                fallback = check_recorded(words)
-                fallback.by += f" (vLLM not importable: {exc})"
-                return fallback
-        return check_recorded(words)
+                result = check_with_vllm(words)
+            except Exception as exc:  # noqa: BLE001 - vLLM present but broken here: the recorded list still serves
+                result = check_recorded(words)
+                result.by += f" (vLLM's parser not usable here: {type(exc).__name__})"
+        if result is None:
+            result = check_recorded(words)
+        record = spellings()
+        result.by += f"; one spelling per setting ({len(record.exclusive)} pairs vLLM {record.version} refuses)"
+        problems = self.spelling_problems()
+        if problems:
+            result.ok = False
+            result.problems += problems
+        return result
 
 
 def effective_default(opt: Option | None) -> Any:
@@ -466,9 +717,11 @@ def effective_config(flags: dict[str, Any], logged: dict[str, Any], gpu: str | N
     """Every setting rules may name: its value and where it came from (given / vLLM log / vLLM 0.26 default).
     `flags`: the settings the command gave; `logged`: what the log says the run set (its non-default args and the
     values vLLM logs it chose)."""
-    out = {}
+    out: dict[str, dict[str, Any]] = {}
     defaults = {**VLLM_DEFAULTS, "max_num_seqs": default_max_num_seqs(gpu)}
     for key, default in defaults.items():
+        if key == "max_cudagraph_capture_size" and out["max_num_seqs"]["value"] is not None:
+            default = min(2 * out["max_num_seqs"]["value"], 512)
         if key in flags:
             out[key] = {"value": flags[key], "source": "given"}
         elif logged.get(key) is not None:
@@ -522,8 +775,16 @@ def check_recorded(words: list[str]) -> CheckResult:
     return CheckResult(not problems, by, problems)
 
 
-def _vllm_parser(words: list[str]):  # pragma: no cover - needs vLLM (GPU box)
-    """vLLM's own top-level parser, built as `vllm.entrypoints.cli.main.main` builds it."""
+def _vllm_parser(words: list[str]):  # pragma: no cover - needs vLLM (the GPU box)
+    """vLLM's own top-level parser, built as `vllm.entrypoints.cli.main.main` builds it. Without a GPU its
+    platform is unspecified and the engine arguments cannot be built: the CPU platform stands in, as
+    `vllm bench` does (entrypoints/cli/main.py), before the engine arguments are imported."""
+    from vllm import platforms
+
+    if platforms.current_platform.is_unspecified():
+        from vllm.platforms.cpu import CpuPlatform
+
+        platforms.current_platform = CpuPlatform()
     import vllm.entrypoints.cli.benchmark.main
     import vllm.entrypoints.cli.serve
     from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -543,10 +804,12 @@ def _vllm_parser(words: list[str]):  # pragma: no cover - needs vLLM (GPU box)
     return parser, cmds
 
 
-def check_with_vllm(words: list[str]) -> CheckResult:  # pragma: no cover - needs vLLM (GPU box)
+def check_with_vllm(words: list[str]) -> CheckResult:  # pragma: no cover - needs vLLM (the GPU box)
+    """vLLM's own parser, then its EngineArgs (which checks the flags against each other as far as it can
+    without a model: quantization and its config, the config flags' JSON)."""
     import vllm
 
-    by = f"vLLM {vllm.__version__} parser"
+    by = f"vLLM {vllm.__version__} parser and EngineArgs"
     parser, cmds = _vllm_parser(words)
     err = io.StringIO()
     try:
@@ -554,10 +817,14 @@ def check_with_vllm(words: list[str]) -> CheckResult:  # pragma: no cover - need
             args = parser.parse_args(words)
             if args.subparser in cmds:
                 cmds[args.subparser].validate(args)
+            if words[:1] == ["serve"] or words[:2] in (["bench", "throughput"], ["bench", "latency"]):
+                from vllm.engine.arg_utils import AsyncEngineArgs, EngineArgs
+
+                (EngineArgs if words[:2] == ["bench", "latency"] else AsyncEngineArgs).from_cli_args(args)
     except SystemExit:
         lines = [line for line in err.getvalue().splitlines() if line.strip()]
         return CheckResult(False, by, [lines[-1] if lines else "rejected by vLLM's parser"])
-    except Exception as exc:  # noqa: BLE001 - vLLM's validate raises various types for bad values
+    except Exception as exc:  # noqa: BLE001 - vLLM raises various types for bad values
         return CheckResult(False, by, [f"{type(exc).__name__}: {exc}"])
     return CheckResult(True, by)
 

@@ -21,6 +21,7 @@ from profkit.analysis.sections import TraceSections
 from profkit.capture.folder import CaptureFolder
 from profkit.diagnose.engine import evaluate, load_rules
 from profkit.diagnose.facts import compute_facts
+from profkit.diagnose.priority import order_findings
 from profkit.diagnose.suggestion import suggest, user_command
 from profkit.diagnose.vllm_command import UserCommand, VllmCommand
 from profkit.diagnose.vllm_run import NOT_VLLM_NOTE, vllm_run_evidence, vllm_section
@@ -102,9 +103,12 @@ def build_report(path: str | os.PathLike | list | tuple | None, window: str = "a
                         is_vllm=bool(shown))
     ranks = [p.entry for p in rank_parts] if rank_parts else None
     imbalance = rank_imbalance(rank_parts) if rank_parts else None
-    facts = compute_facts(part, vllm, host_part, ranks, imbalance)
+    bench_cmd = (command.role("client") or command.role("offline")) if command else None
+    facts = compute_facts(part, vllm, host_part, ranks, imbalance,
+                          {"shared_prefixes": bench_cmd.shared_prefixes() if bench_cmd else None})
     # Not shown to be vLLM's: the findings say what the trace shows, and no vLLM flag is proposed.
     findings, skipped = evaluate(rules, facts, propose_changes=bool(shown))
+    findings = order_findings(findings, vllm.defaults.get("gpu"))  # the user's missteps first, then the gain
     suggestion = suggest(command, [c for f in findings for c in f.changes])
     empty: dict[str, Any] = {"timeline": [], "kernels": [], "categories": [], "memops": [], "memory_kinds": [],
                              "api": [], "sync": [], "nvtx": [], "cpu_ops": [], "gaps": [], "gap_classes": {},

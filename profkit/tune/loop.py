@@ -23,11 +23,12 @@ from typing import Any
 
 from profkit.capture.plan import CaptureOptions, Plan, plan
 from profkit.compare import metrics as m
-from profkit.compare.diff import Side, diff_reports
+from profkit.compare.diff import Side, diff_reports, prefix_cache_differs
 from profkit.compare.diff import spread as replicate_spread
 from profkit.compare.gate import Condition, parse_condition
+from profkit.diagnose.priority import candidate_key, priority
 from profkit.diagnose.suggestion import suggest
-from profkit.diagnose.vllm_command import UserCommand, normalize_flag, spec_for
+from profkit.diagnose.vllm_command import UserCommand, normalize_flag, spec_for, takes
 from profkit.errors import ProfkitError
 
 SCHEMA = "profkit.tune/1"
@@ -45,7 +46,9 @@ class TuneOptions:
     slos: list[Condition] = field(default_factory=list)
     profile: str = "first"
     replicates: int = 2  # runs of the baseline that measure the noise
-    candidate_runs: int = 1  # runs of each candidate (1: a second only when the first lands near the threshold)
+    # runs of each candidate; None: as many as the baseline's replicates (1: a second only when the first lands near
+    # the threshold)
+    candidate_runs: int | None = None
     patience: int = 2  # stop after this many candidates in a row that did not help
     nsys: str = "nsys"
     timeout_s: float = 3600.0
@@ -60,11 +63,13 @@ class Run:
     profiled: bool
     report: dict[str, Any] | None = None
     error: str | None = None
+    server: str | None = None  # the server lifetime it ran against (a session folder), shared by its runs
+    seed: int | None = None
 
     def to_json(self, objective: str) -> dict[str, Any]:
         metrics = m.run_metrics(self.report) if self.report else {}
         return {"folder": str(self.folder), "status": self.status, "profiled": self.profiled, "error": self.error,
-                "objective": metrics.get(objective), "metrics": metrics}
+                "objective": metrics.get(objective), "metrics": metrics, "server": self.server, "seed": self.seed}
 
 
 def parse_slo(text: str) -> Condition:
@@ -82,7 +87,7 @@ def allowed_flags(rules_dirs: list[Path] | None = None) -> list[str]:
 
     server = spec_for(["serve"])
     flags = {normalize_flag(c.flag) for r in load_rules(rules_dirs) for c in r.changes}
-    return sorted(f for f in flags if server is None or f in server.options)
+    return sorted(f for f in flags if server is None or takes(server, f))
 
 
 # --- one run ------------------------------------------------------------------------------------------
@@ -93,11 +98,21 @@ def plan_for(user: UserCommand, out: Path, tool: str, opts: TuneOptions) -> Plan
                                health_timeout_s=opts.health_timeout_s))
 
 
-def execute(plan: Plan, rules_dirs: list[Path], say: Say) -> Run:
-    """Capture, then report on the folder; a failed run is data (the loop reverts it), Ctrl-C is not."""
-    from profkit.capture.run import CaptureError, run_capture
+def report_run(folder: Path, profiled: bool, rules_dirs: list[Path], **extra: Any) -> Run:
+    """The report of a captured run, kept in its folder (report.json)."""
+    from profkit.capture.folder import CaptureFolder
     from profkit.render import render
     from profkit.report import build_report
+
+    report = build_report(folder, rules_dirs=rules_dirs).document()
+    CaptureFolder(folder).write_report(render(report, "json"))
+    return Run(folder, "ok", profiled, report=report, **extra)
+
+
+def execute(plan: Plan, rules_dirs: list[Path], say: Say) -> Run:
+    """One capture with its own start-up, then its report; a failed run is data (the loop reverts it), Ctrl-C is
+    not."""
+    from profkit.capture.run import CaptureError, run_capture
 
     profiled = plan.nsys_exe is not None
     try:
@@ -106,9 +121,67 @@ def execute(plan: Plan, rules_dirs: list[Path], say: Say) -> Run:
         if exc.interrupted:
             raise KeyboardInterrupt from None
         return Run(plan.out, "failed", profiled, error=str(exc))
-    report = build_report(plan.out, rules_dirs=rules_dirs).document()
-    plan.folder.write_report(render(report, "json"))
-    return Run(plan.out, "ok", profiled, report=report)
+    return report_run(plan.out, profiled, rules_dirs)
+
+
+class Session:
+    """The runs of one configuration. A served configuration that is not profiled shares one server lifetime (a
+    `ServerSession`: one start-up, a warm-up batch, each run its own --seed); otherwise each run is a capture of
+    its own (an offline benchmark starts its engine every time; a profiled server is traced alone). The runs'
+    folders are `folder`/r1, r2, ..."""
+
+    def __init__(self, user: UserCommand, folder: Path, profiled: bool, opts: TuneOptions, say: Say,
+                 executor: Callable[[Plan, list[Path], Say], Run] | None = None) -> None:
+        self.user, self.folder, self.profiled, self.opts, self.say = user, folder, profiled, opts, say
+        self.executor = executor
+        self.shared = executor is None and not profiled and user.role("server") is not None
+        self.server: Any = None
+        self.count = 0
+        self.startup_s: float | None = None
+
+    def __enter__(self) -> Session:
+        if self.shared:
+            from profkit.capture.run import CaptureError, ServerSession
+
+            server = ServerSession(plan_for(self.user, self.folder, "none", self.opts), self.say)
+            try:
+                self.server = server.__enter__()
+            except CaptureError as exc:
+                if exc.interrupted:
+                    raise KeyboardInterrupt from None
+                raise SessionFailed(str(exc)) from None
+            self.startup_s = server.startup_s
+        return self
+
+    def run(self) -> Run:
+        self.count += 1
+        name = f"r{self.count}"
+        tool = "nsys" if self.profiled else "none"
+        if not self.shared:
+            if self.executor is not None:
+                return self.executor(plan_for(self.user, self.folder / name, tool, self.opts), self.opts.rules_dirs,
+                                     self.say)
+            return execute(plan_for(self.user, self.folder / name, tool, self.opts), self.opts.rules_dirs, self.say)
+        from profkit.capture.run import CaptureError
+
+        try:
+            folder = self.server.run(name)
+        except CaptureError as exc:
+            return Run(self.folder / name, "failed", False, error=str(exc), server=self.folder.name)
+        seed = (self.server.runs[-1] or {}).get("seed")
+        return report_run(folder, False, self.opts.rules_dirs, server=self.folder.name, seed=seed)
+
+    def __exit__(self, kind: type | None, exc: BaseException | None, tb: object) -> None:
+        if self.server is not None:
+            self.server.__exit__(kind, exc, tb)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"folder": self.folder.name, "shared": self.shared, "profiled": self.profiled, "runs": self.count,
+                "startup_s": self.startup_s, "commands": [c.shell() for c in self.user.commands]}
+
+
+class SessionFailed(ProfkitError):
+    """The configuration's server did not start (the runs it would have served are failed runs)."""
 
 
 # --- the loop -------------------------------------------------------------------------------------------
@@ -127,17 +200,24 @@ class Config:
 
 
 def candidates(best: Config, history: list[dict[str, Any]], allowed: set[str]) -> list[dict[str, Any]]:
-    """One candidate per finding, most severe first: the best config's own findings, then earlier ones."""
+    """One candidate per finding (its changes to flags tune may change), in the order to try them: the user's own
+    missteps first, then the larger expected gain (`profkit.diagnose.priority`); the best config's findings
+    before earlier ones among equals."""
     seen: set[str] = set()
     out = []
     for report in [*best.diagnosis, *history]:
+        gpu = ((report.get("vllm") or {}).get("defaults") or {}).get("gpu")
         for finding in report.get("findings", []):
-            changes = [{"flag": normalize_flag(c["flag"]), "to": c.get("to"), "from_source": c.get("from_source")}
-                       for c in finding.get("changes", []) if normalize_flag(c["flag"]) in allowed]
-            if finding["rule"] in seen or not changes:
+            kept = [c for c in finding.get("changes", []) if normalize_flag(c["flag"]) in allowed]
+            if finding["rule"] in seen or not kept:
                 continue
             seen.add(finding["rule"])
-            out.append({"rule": finding["rule"], "severity": finding["severity"], "changes": changes})
+            p = priority(finding, kept, gpu)
+            out.append({"rule": finding["rule"], "severity": finding["severity"],
+                        "changes": [{"flag": normalize_flag(c["flag"]), "to": c.get("to"),
+                                     "from_source": c.get("from_source")} for c in kept],
+                        "gain": p.gain, "undoes": p.undo, "order": p.reason, "_key": candidate_key(p)})
+    out.sort(key=lambda c: c.pop("_key"))
     return out
 
 
@@ -145,7 +225,7 @@ class Tuner:
     """The loop's state; `run()` drives it and always leaves tune.json describing what happened."""
 
     def __init__(self, opts: TuneOptions, say: Say = lambda _m: None,
-                 executor: Callable[[Plan, list[Path], Say], Run] = execute) -> None:
+                 executor: Callable[[Plan, list[Path], Say], Run] | None = None) -> None:
         if opts.profile not in PROFILE_MODES:
             raise ProfkitError(f"--profile must be one of {', '.join(PROFILE_MODES)}")
         if opts.budget < opts.replicates + (1 if opts.profile == "first" else 0):
@@ -163,17 +243,47 @@ class Tuner:
         self.stopped = ""
         self.started = time.time()
         self.pending: list[Run] = []  # the baseline's runs until its step is written
+        self.sessions: list[Session] = []  # each configuration's runs: one server lifetime where they share one
 
     # runs ----------------------------------------------------------------------------------------------
-    def _run(self, user: UserCommand, label: str, profiled: bool) -> Run:
-        self.used += 1
-        folder = self.opts.out / "runs" / f"{self.used:02d}-{re.sub(r'[^A-Za-z0-9_.-]+', '-', label)}"
-        self.say(f"run {self.used}/{self.opts.budget}: {label}")
-        run = self.executor(plan_for(user, folder, "nsys" if profiled else "none", self.opts),
-                            self.opts.rules_dirs, self.say)
-        if run.status != "ok":
-            self.say(f"run {self.used} failed: {run.error}")
-        return run
+    def _session(self, user: UserCommand, label: str, profiled: bool) -> Session:
+        folder = self.opts.out / "runs" / f"{self.used + 1:02d}-{re.sub(r'[^A-Za-z0-9_.-]+', '-', label)}"
+        session = Session(user, folder, profiled, self.opts, self.say, self.executor)
+        self.sessions.append(session)
+        return session
+
+    def _runs(self, session: Session, n: int, into: Config | None = None) -> list[Run]:
+        """Up to `n` runs of an open session (within the budget), stopping at the first that fails."""
+        runs: list[Run] = []
+        for _ in range(n):
+            if self.used >= self.opts.budget:
+                break
+            self.used += 1
+            self.say(f"run {self.used}/{self.opts.budget}: {session.folder.name}/r{session.count + 1}")
+            run = session.run()
+            runs.append(run)
+            if run.status != "ok":
+                self.say(f"run {self.used} failed: {run.error}")
+                break
+            if into is not None:
+                into.runs.append(run)
+                into.diagnosis.append(run.report)
+        return runs
+
+    def _measure(self, user: UserCommand, label: str, profiled: bool, n: int, into: Config | None = None,
+                 judge: Callable[[], bool] | None = None) -> list[Run]:
+        """`n` runs of one configuration in one session; while it is open, `judge()` may ask for one more (a result
+        near the threshold is measured again against the same server)."""
+        session = self._session(user, label, profiled)
+        try:
+            with session:
+                runs = self._runs(session, n, into)
+                if judge is not None and runs and runs[-1].status == "ok" and judge():
+                    runs += self._runs(session, 1, into)
+                return runs
+        except SessionFailed as exc:
+            self.used += 1
+            return [Run(session.folder, "failed", profiled, error=str(exc), server=session.folder.name)]
 
     def _objective(self, config: Config) -> float | None:
         return _mean_metric(config.reports(), self.opts.objective)
@@ -209,21 +319,19 @@ class Tuner:
         base = Config(opts.user)
         self.tried.add(base.key())
         if opts.profile == "first":
-            run = self._run(opts.user, "baseline-profiled", profiled=True)
+            run = self._measure(opts.user, "baseline-profiled", True, 1)[0]
             if run.report:
                 base.diagnosis.append(run.report)
             self._step("profile", base, [run], "diagnose", "profiled once for diagnosis; its figures are "
                        "perturbed by the profiler and do not count toward the objective")
-        for i in range(opts.replicates):
-            run = self._run(opts.user, "baseline" if i == 0 else f"baseline-replicate-{i}",
-                            profiled=opts.profile == "always")
-            if run.status != "ok":
-                self._step("baseline", base, [*base.runs, run], "failed", f"the baseline run failed: {run.error}")
-                self.stopped = "the baseline did not run"
-                return
-            base.runs.append(run)
-            self.pending = list(base.runs)
-            base.diagnosis.append(run.report)
+        self.pending = base.runs  # the baseline's runs so far, should the loop stop inside it
+        runs = self._measure(opts.user, "baseline", opts.profile == "always", opts.replicates, into=base)
+        if not runs or runs[-1].status != "ok":
+            failed = runs[-1] if runs else None
+            self._step("baseline", base, runs, "failed",
+                       f"the baseline run failed: {failed.error if failed else 'no run'}")
+            self.stopped = "the baseline did not run"
+            return
         if self._objective(base) is None:
             self.stopped = f"the baseline's benchmark has no {opts.objective!r}"
             self._step("baseline", base, base.runs, "failed", self.stopped)
@@ -239,6 +347,10 @@ class Tuner:
         self._step("baseline", base, base.runs, "baseline",
                    f"{len(values)} run(s); objective {opts.objective} = {mean:.4g}"
                    + (f", spread {100 * spread:.1f} %" if spread is not None else ""))
+
+    def _candidate_runs(self) -> int:
+        """Runs per candidate: as many as the baseline's replicates unless told (they share one server)."""
+        return self.opts.candidate_runs if self.opts.candidate_runs is not None else self.opts.replicates
 
     def _threshold(self) -> float:
         spread = self.noise.get("spread_pct")
@@ -260,26 +372,22 @@ class Tuner:
                 return
             self.tried.add(tuple(tuple(c.argv()) for c in user.commands))
             config = Config(user)
-            failed = None
-            for i in range(max(1, min(opts.candidate_runs, opts.budget - self.used))):
-                run = self._run(user, cand["rule"] if i == 0 else f"{cand['rule']}-replicate-{i}",
-                                profiled=opts.profile == "always")
-                if run.status != "ok":
-                    failed = run
-                    break
-                config.runs.append(run)
-                config.diagnosis.append(run.report)
+            verdict: dict[str, Any] = {}
+
+            def near_threshold(config: Config = config, verdict: dict[str, Any] = verdict) -> bool:
+                verdict["result"] = self._judge(config)
+                return verdict["result"][0] == "close" and len(config.runs) == 1
+
+            runs = self._measure(user, cand["rule"], opts.profile == "always",
+                                 max(1, min(self._candidate_runs(), opts.budget - self.used)), into=config,
+                                 judge=near_threshold)
+            failed = next((r for r in runs if r.status != "ok"), None)
             if failed is not None:
-                self._step("candidate", config, [*config.runs, failed], "revert",
-                           f"the run failed ({failed.error}); reverted", candidate=cand)
+                self._step("candidate", config, runs, "revert", f"the run failed ({failed.error}); reverted",
+                           candidate=cand)
                 misses += 1
                 continue
             decision, why, comparison = self._judge(config)
-            if decision == "close" and self.used < opts.budget:  # near the threshold: measure it again
-                again = self._run(user, f"{cand['rule']}-replicate", profiled=opts.profile == "always")
-                if again.status == "ok":
-                    config.runs.append(again)
-                decision, why, comparison = self._judge(config)
             if decision == "keep":
                 self.history = [*self.best.diagnosis, *self.history]
                 self.best = config
@@ -290,18 +398,26 @@ class Tuner:
             self._step("candidate", config, config.runs, decision, why, candidate=cand, comparison=comparison)
 
     def _next_candidate(self) -> tuple[dict[str, Any] | None, UserCommand]:
+        """The first candidate in order whose command is new and passes the checks; the ones passed over, and the
+        order of those still waiting, ride along into tune.json."""
         assert self.best is not None
-        for cand in candidates(self.best, self.history, self.allowed):
+        queue = candidates(self.best, self.history, self.allowed)
+        passed: list[dict[str, Any]] = []
+        for i, cand in enumerate(queue):
             sug = suggest(self.best.user, cand["changes"])
             applied = [a for a in sug.applied if a.action != "none"]
             if not applied or not sug.commands:
                 continue
-            if sug.checks and not all(c.ok for c in sug.checks):
-                continue  # never run a command vLLM's parser rejects
+            failed = [p for c in sug.checks if not c.ok for p in c.problems]
+            if failed:  # never run a command vLLM would refuse
+                passed.append({"rule": cand["rule"], "why": "; ".join(failed)})
+                continue
             user = UserCommand(sug.commands, self.best.user.source)
             if tuple(tuple(c.argv()) for c in user.commands) in self.tried:
                 continue
-            cand = {**cand, "changes": [{"flag": a.flag, "to": a.to, "action": a.action} for a in applied]}
+            cand = {**cand, "changes": [{"flag": a.flag, "to": a.to, "action": a.action} for a in applied],
+                    "checked": [c.by for c in sug.checks][:1], "passed_over": passed,
+                    "waiting": [{"rule": c["rule"], "order": c["order"]} for c in queue[i + 1:]]}
             return cand, user
         return None, self.best.user
 
@@ -319,7 +435,11 @@ class Tuner:
         gain = change if better == "higher" else -change
         comparison = {"objective": self.opts.objective, "best": row["before"], "candidate": row["after"],
                       "change_pct": row["change_pct"], "threshold_pct": 100 * threshold,
-                      "findings": doc["findings"]}
+                      "findings": doc["findings"], "comparability": doc["comparability"]["differs"]}
+        cache = prefix_cache_differs(Side("best", self.best.reports()), Side("candidate", config.reports()),
+                                     doc["comparability"]["prefix_cache_hit_rate"])
+        if cache:  # the prefix cache measured, not the change: never kept
+            return "revert", "not comparable: " + "; ".join(cache), comparison
         broken = [c.text for c in self.opts.slos if not c.holds(_mean_metric(config.reports(), c.metric))]
         if broken:
             return "revert", f"SLO not met: {', '.join(broken)}", comparison
@@ -359,7 +479,7 @@ class Tuner:
             "objective": {"name": opts.objective, "better": m.direction(opts.objective) or "higher"},
             "slos": [c.text for c in opts.slos],
             "budget": opts.budget, "runs_used": self.used, "profile": opts.profile,
-            "replicates": opts.replicates, "candidate_runs": opts.candidate_runs,
+            "replicates": opts.replicates, "candidate_runs": self._candidate_runs(),
             "allowed_flags": sorted(self.allowed),
             "baseline_commands": [c.shell() for c in opts.user.commands],
             "noise": self.noise,
@@ -367,6 +487,9 @@ class Tuner:
             "best": summary,
             "stopped": self.stopped or "running",
             "diff": diff_doc,
+            # Which runs shared a server: one entry per configuration measured (a server lifetime where shared)
+            "servers": [s.to_json() for s in self.sessions],
+            "start_ups": sum(1 if s.shared else s.count for s in self.sessions),
             "seconds": round(time.time() - self.started, 1),
         }
 
@@ -378,15 +501,47 @@ def _mean_metric(reports: list[dict[str, Any]], name: str) -> float | None:
 
 
 def dry_run_lines(opts: TuneOptions) -> list[str]:
-    """What `--dry-run` prints: the baseline's exact commands, the loop's settings and the allow-list."""
+    """What `--dry-run` prints: the baseline's exact commands, the loop's settings, the allow-list, and the order
+    candidates will be tried in."""
+    from profkit.diagnose.priority import default_of
+    from profkit.diagnose.vllm_command import dest_of
+
+    per_candidate = opts.candidate_runs if opts.candidate_runs is not None else opts.replicates
+    served = opts.user.role("server") is not None
     lines = [f"objective: {opts.objective} ({m.direction(opts.objective) or 'higher'} is better)",
              f"budget: {opts.budget} runs (baseline x{opts.replicates}"
              + (" + 1 profiled for diagnosis" if opts.profile == "first" else "")
-             + (f", then {opts.candidate_runs} runs per candidate)" if opts.candidate_runs > 1
+             + (f", then {per_candidate} runs per candidate)" if per_candidate > 1
                 else ", then one run per candidate)"),
-             f"profile: {opts.profile}", f"SLOs: {', '.join(c.text for c in opts.slos) or 'none'}",
-             "baseline run:"]
-    plan = plan_for(opts.user, opts.out / "runs" / "01-baseline", "nsys" if opts.profile == "always" else "none", opts)
-    lines += ["  " + line for line in plan.commands()]
-    lines.append("flags tune may change (named by the rules): " + " ".join(allowed_flags(opts.rules_dirs)))
+             f"profile: {opts.profile}", f"SLOs: {', '.join(c.text for c in opts.slos) or 'none'}"]
+    if served and opts.profile != "always":
+        lines.append("start-ups: one server per configuration; a warm-up batch, then its runs against it, each with "
+                     "its own --seed (the prefix cache cannot serve one run's prompts to the next)")
+    lines.append("baseline:")
+    tool = "nsys" if opts.profile == "always" else "none"
+    first = 2 if opts.profile == "first" else 1  # the profiled run comes first
+    plan = plan_for(opts.user, opts.out / "runs" / f"{first:02d}-baseline", tool, opts)
+    if served and tool == "none":
+        lines += ["  " + line for line in plan.session_commands(opts.replicates)]
+    else:
+        lines += ["  " + line for line in plan.commands()]
+    allowed = allowed_flags(opts.rules_dirs)
+    lines.append("flags tune may change (named by the rules): " + " ".join(allowed))
+    engine = opts.user.role("server") or opts.user.role("offline")
+    mine = [f"{flag} {value}" for flag, value in _given(engine, allowed)
+            if default_of(dest_of(flag), None) != value]
+    lines.append("order: first a change that undoes a flag you set away from vLLM's default"
+                 + (f" (yours: {', '.join(mine)})" if mine else " (none in this command)")
+                 + "; then by expected gain (each finding's gain over the diagnosed run); tune.json says why each "
+                   "candidate came when it did")
     return lines
+
+
+def _given(cmd: Any, allowed: list[str]) -> list[tuple[str, Any]]:
+    """The settings `cmd` gives that a rule may change, as (flag, value)."""
+    if cmd is None:
+        return []
+    from profkit.diagnose.vllm_command import dest_of
+
+    by_setting = {dest_of(f): f for f in allowed}
+    return [(by_setting[a.setting], a.value) for a in cmd.parsed[0] if a.setting in by_setting]
