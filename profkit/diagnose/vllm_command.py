@@ -752,6 +752,21 @@ def check_recorded(words: list[str]) -> CheckResult:
             if positionals > spec.positionals:
                 problems.append(f"unexpected argument {word!r}")
             continue
+        name = word.split("=", 1)[0]
+        base, dot, _ = name.partition(".")
+        words_ = spellings()
+        if dot and normalize_flag(base) in words_.config_dests and normalize_flag(base) in spec.options:
+            if "=" not in word:  # --compilation-config.mode 3: the value is the next word
+                if i >= len(rest) or _looks_like_option(rest[i]):
+                    problems.append(f"{name} needs a value")
+                else:
+                    i += 1
+            continue
+        short = next((s for s in words_.short if name.startswith(s) and not name.startswith("--")), None)
+        if short and words_.short[short] in spec.options:  # -O3, -O=3, -O 3 (vLLM rewrites them)
+            if word == short and i < len(rest) and rest[i] in ("0", "1", "2", "3"):
+                i += 1
+            continue
         found = spec.find(word)
         if not found:
             problems.append(f"unknown option {word.split('=', 1)[0]!r} for `vllm {' '.join(sub)}`")
