@@ -122,7 +122,7 @@ def test_capture_folder_html(sqlite_path, tmp_path: Path) -> None:
     assert "from the vLLM log&#39;s non-default args" in html
     assert "<del>--kv-cache-memory-bytes</del> <del>300000000</del>" in html
     assert "<pre>vllm serve /tmp/tiny --port 8011 --max-model-len 2048</pre>" in html
-    assert "parses</p>" in html
+    assert "refuses): ok</p>" in html
 
 
 def test_markdown_for_a_ticket(sqlite_path) -> None:

@@ -5,7 +5,8 @@ options from vLLM's own parsers where vLLM is importable (the GPU box) and other
 recorded from vLLM 0.26.0 (`vllm_options/0.26.0.json`, written by `dump_options()`; the raw `--help` texts
 are kept in tests/data/vllm_0.26.0_help/). It answers `.value(flag)`, `.flags()`, `.model`; edits with
 `.apply(flag, to)` (the user's own spelling of a setting is edited in place, an alias included) and
-`.without(flag, ...)`; and checks that a command parses. It also holds what vLLM does when a flag is not
+`.without(flag, ...)`; and checks that vLLM would start with a command (its parser, and one spelling per setting:
+`vllm_options/0.26.0.spellings.json`). It also holds what vLLM does when a flag is not
 given (`VLLM_DEFAULTS`, `default_max_num_seqs`) and where each setting's value came from
 (`effective_config`). Capture, tune, report, diff and the rules all go through it, with one coercer
 (`coerce`) for values given as text.

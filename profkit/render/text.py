@@ -37,7 +37,7 @@ def command_lines(report: dict[str, Any]) -> list[str]:
     for before, after in zip(cmd["original"], cmd["suggested"], strict=True):
         out += [f"  before: {before}", f"  after:  {after}"]
     for check in cmd.get("checks", []):
-        verdict = "parses" if check["ok"] else "DOES NOT PARSE: " + "; ".join(check["problems"])
+        verdict = "ok" if check["ok"] else "WOULD NOT START: " + "; ".join(check["problems"])
         out.append(f"  checked with {check['by']}: {verdict}")
     return out + [""]
 
