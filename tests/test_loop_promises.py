@@ -106,7 +106,10 @@ def test_the_users_misstep_goes_first_whatever_its_severity(tmp_path: Path) -> N
     assert first["order"].startswith("first: removes --max-cudagraph-capture-size 16, which the run set")
     waiting = first["waiting"][0]
     assert waiting["rule"] == "frontend-bound" and "expected gain up to 60 %" in waiting["order"]
-    assert doc["steps"][2]["candidate"]["rule"] == "frontend-bound"
+    # measured the same as the user's setting (10 req/s either way): back to vLLM's default is kept
+    assert doc["steps"][1]["decision"] == "keep" and doc["steps"][1]["why"].startswith("back to vLLM's default")
+    assert doc["steps"][2]["candidate"]["rule"] == "frontend-bound" and doc["steps"][2]["decision"] == "revert"
+    assert "--max-cudagraph-capture-size" not in doc["best"]["commands"][0]
 
 
 def test_findings_of_equal_severity_put_the_misstep_first(sqlite_path) -> None:

@@ -374,8 +374,9 @@ class Tuner:
             config = Config(user)
             verdict: dict[str, Any] = {}
 
-            def near_threshold(config: Config = config, verdict: dict[str, Any] = verdict) -> bool:
-                verdict["result"] = self._judge(config)
+            def near_threshold(config: Config = config, verdict: dict[str, Any] = verdict,
+                               cand: dict[str, Any] = cand) -> bool:
+                verdict["result"] = self._judge(config, cand)
                 return verdict["result"][0] == "close" and len(config.runs) == 1
 
             runs = self._measure(user, cand["rule"], opts.profile == "always",
@@ -387,7 +388,7 @@ class Tuner:
                            candidate=cand)
                 misses += 1
                 continue
-            decision, why, comparison = self._judge(config)
+            decision, why, comparison = self._judge(config, cand)
             if decision == "keep":
                 self.history = [*self.best.diagnosis, *self.history]
                 self.best = config
@@ -421,7 +422,10 @@ class Tuner:
             return cand, user
         return None, self.best.user
 
-    def _judge(self, config: Config) -> tuple[str, str, dict[str, Any]]:
+    def _judge(self, config: Config, cand: dict[str, Any] | None = None) -> tuple[str, str, dict[str, Any]]:
+        """keep, revert or close (near the threshold: measure once more). A change that undoes the user's own
+        misstep (back to vLLM's default) is kept unless it measures worse: the user's setting had no measured
+        benefit either, and vLLM's default is the configuration its developers tune."""
         assert self.best is not None
         threshold = self._threshold()
         doc = diff_reports(Side("best", self.best.reports()), Side("candidate", config.reports()), noise=threshold)
@@ -448,6 +452,9 @@ class Tuner:
                 comparison
         if gain > 50 * threshold and len(config.runs) == 1:
             return "close", "", comparison
+        if cand and cand.get("undoes") and gain >= -100 * threshold:
+            return "keep", (f"back to vLLM's default ({cand['undoes']}): {self.opts.objective} {change:+.1f} %, "
+                            f"not worse beyond the noise ({100 * threshold:.1f} %)"), comparison
         return "revert", f"{self.opts.objective} {change:+.1f} %: within the noise ({100 * threshold:.1f} %)" \
             if abs(gain) <= 100 * threshold else f"{self.opts.objective} {change:+.1f} %: worse", comparison
 
