@@ -58,6 +58,8 @@ def cli() -> None:
 @click.option("--vllm-args", help='the flags vLLM ran with, e.g. "--max-num-seqs 64 --enforce-eager"')
 @click.option("--host", "host_json", type=click.Path(dir_okay=False, path_type=Path),
               help="per-process CPU samples (host.json, written by profkit capture)")
+@click.option("--model-config", type=click.Path(dir_okay=False, path_type=Path),
+              help="the model's config.json (its shape: FLOPs and bytes per token, for MFU and MBU)")
 @click.option("--rules", "rules_dirs", type=click.Path(file_okay=False, path_type=Path), multiple=True,
               help="extra folder of rule YAML files")
 @click.option("--save", "save_db", type=click.Path(dir_okay=False, path_type=Path),
@@ -69,7 +71,8 @@ def cli() -> None:
               help="analyse each trace as a task on this Dask scheduler (pip install 'profkit[dask]')")
 def report(traces: tuple[Path, ...], window: str, fmt: str, output: Path | None, gap_threshold: str, top: int,
            progress: bool | None, bench: Path | None, vllm_log: Path | None, metrics: tuple[Path, ...],
-           vllm_args: str | None, host_json: Path | None, rules_dirs: tuple[Path, ...], save_db: Path | None,
+           vllm_args: str | None, host_json: Path | None, model_config: Path | None, rules_dirs: tuple[Path, ...],
+           save_db: Path | None,
            label: str | None, jobs: int | None, dask_address: str | None) -> None:
     """Analyse TRACE and print the report.
 
@@ -94,10 +97,10 @@ def report(traces: tuple[Path, ...], window: str, fmt: str, output: Path | None,
         doc = build_report(trace, window=window, gap_threshold_ns=parse_duration(gap_threshold),
                            progress=steps.step, bench=bench, vllm_log=vllm_log, metrics=list(metrics) or None,
                            vllm_args=vllm_args, rules_dirs=list(rules_dirs), host=host_json, jobs=jobs,
-                           dask=dask_address)
+                           dask=dask_address, model_config=model_config)
     from profkit.capture.folder import PROTECTED
 
-    inputs = [p for p in (*traces, bench, vllm_log, host_json, *metrics) if p is not None]
+    inputs = [p for p in (*traces, bench, vllm_log, host_json, model_config, *metrics) if p is not None]
     document = doc.document()
     if output:
         refuse_overwrite(output, inputs, protected=PROTECTED)
@@ -222,11 +225,15 @@ def serve_run_options(fn: Callable) -> Callable:
               help="nsys also traces the process tree's CPU context switches (per-process CPU time in the trace)")
 @click.option("--nsys", "nsys_exe", default="nsys", show_default=True, help="nsys executable")
 @click.option("--vllm", "vllm_exe", default="vllm", show_default=True, help="vllm executable")
+@click.option("--gpu-metrics", is_flag=True,
+              help="nsys samples the GPU's counters (SM, tensor-core, DRAM activity) at 1 kHz: in the trace, or "
+                   "with --tool none around the benchmark client (serve)")
 @click.option("--replicates", type=click.IntRange(min=1, max=100), default=1, show_default=True,
               help="serve, unprofiled: this many benchmark runs against one server (a warm-up first, each run "
                    "its own --seed), into OUT/r1, OUT/r2, ...")
 @serve_run_options
 def capture(tool: str, out: Path | None, dry_run: bool, capture_range: bool, delay: float | None, replicates: int,
+            gpu_metrics: bool,
             duration: float | None, cpu_switches: bool, nsys_exe: str, vllm_exe: str, timeout: float,
             model: str | None, server_args: str, bench_args: str, port: int, health_timeout: float,
             command: tuple[str, ...]) -> None:
@@ -246,7 +253,7 @@ def capture(tool: str, out: Path | None, dry_run: bool, capture_range: bool, del
     user = commands_from_cli(list(command), model, server_args, bench_args, port, vllm=vllm_exe, verb="capture")
     plan = make_plan(CaptureOptions(out=folder, user=user, tool=tool, nsys=nsys_exe, capture_range=capture_range,
                                     delay_s=delay, duration_s=duration, cpu_switches=cpu_switches, timeout_s=timeout,
-                                    health_timeout_s=health_timeout))
+                                    health_timeout_s=health_timeout, gpu_metrics=gpu_metrics))
     if dry_run:
         for line in plan.commands() if replicates == 1 else plan.session_commands(replicates):
             click.echo(line)
@@ -280,12 +287,17 @@ def capture(tool: str, out: Path | None, dry_run: bool, capture_range: bool, del
 @click.option("--dry-run", is_flag=True, help="print the baseline run, the settings and the flags tune may change")
 @click.option("--nsys", "nsys_exe", default="nsys", show_default=True)
 @click.option("--rules", "rules_dirs", type=click.Path(file_okay=False, path_type=Path), multiple=True)
+@click.option("--allow-precision-changes", "allow_precision", is_flag=True,
+              help="also try changes that alter the model's numerics (FP8 weights or KV cache, quantization); "
+                   "check accuracy before shipping what it finds")
+@click.option("--gpu-metrics", is_flag=True, help="nsys samples the GPU's counters around each benchmark run")
 @serve_run_options
 def tune(budget: int, objective: str, slos: tuple[str, ...], profile: str, replicates: int,
          candidate_runs: int | None,
          patience: int, out: Path | None,
          dry_run: bool, nsys_exe: str, timeout: float, model: str | None, server_args: str, bench_args: str,
-         port: int, health_timeout: float, rules_dirs: tuple[Path, ...], command: tuple[str, ...]) -> None:
+         port: int, health_timeout: float, rules_dirs: tuple[Path, ...], allow_precision: bool, gpu_metrics: bool,
+         command: tuple[str, ...]) -> None:
     """Diagnose, apply the suggested flag changes, re-run, keep what is measured to help.
 
     \b
@@ -303,7 +315,8 @@ def tune(budget: int, objective: str, slos: tuple[str, ...], profile: str, repli
                        budget=budget, objective=objective, slos=[parse_slo(s) for s in slos], profile=profile,
                        replicates=replicates, candidate_runs=candidate_runs, patience=patience, nsys=nsys_exe,
                        timeout_s=timeout,
-                       health_timeout_s=health_timeout, rules_dirs=list(rules_dirs))
+                       health_timeout_s=health_timeout, rules_dirs=list(rules_dirs), allow_precision=allow_precision,
+                       gpu_metrics=gpu_metrics)
     if dry_run:
         for line in dry_run_lines(opts):
             click.echo(line)

@@ -16,7 +16,7 @@ from profkit.escape import one_line
 
 MiB = 1 << 20
 LIMITS = {"rule file": 1 * MiB, "benchmark JSON": 16 * MiB, "vLLM log": 512 * MiB, "metrics file": 64 * MiB,
-          "capture manifest": 4 * MiB, "report JSON": 512 * MiB, "host samples": 64 * MiB}
+          "capture manifest": 4 * MiB, "report JSON": 512 * MiB, "host samples": 64 * MiB, "model config": 4 * MiB}
 
 def require_file(path: Path, what: str) -> int:
     """The size of `path`, which must be a regular file (a symlink to one is fine); else one clear error."""

@@ -57,7 +57,7 @@ def host_section(samples: HostSamples, bench_seconds: float | None = None) -> di
     return {"file": samples.path, "cores": samples.cores, "duration_s": samples.duration_s,
             "interval_s": samples.interval_s, "window_s": list(window) if window else None, "processes": procs,
             "roles": roles, "gpu_util_mean": sum(gpu) / len(gpu) if gpu else None,
-            "skipped_samples": samples.skipped_samples}
+            "skipped_samples": samples.skipped_samples, "gpus": samples.gpu_names}
 
 
 def bench_window(processes: list[ProcessSamples], bench_seconds: float | None) -> tuple[float, float] | None:

@@ -53,3 +53,4 @@ class TraceSections(msgspec.Struct, kw_only=True, frozen=True):
     sched: dict[str, Any] | None
     launch: dict[str, Any]
     ranks: list[RankPart] | None = None  # the per-GPU parts (several GPUs, or one rank of several)
+    gpu_metrics: dict[str, Any] | None = None  # the trace's nsys GPU metrics, by phase and kernel category

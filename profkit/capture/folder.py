@@ -31,6 +31,7 @@ from profkit.evidence.bench import BenchResult, read_bench
 from profkit.evidence.host import HostSamples, read_host
 from profkit.evidence.manifest import CaptureManifest, read_manifest
 from profkit.evidence.metrics import MetricsScrape, read_metrics
+from profkit.evidence.model_config import ModelShape, read_model_config
 from profkit.evidence.vllm_log import VllmLog, read_log
 
 MANIFEST = "manifest.json"
@@ -48,13 +49,18 @@ METRICS_BEFORE = "metrics-before.txt"
 METRICS_AFTER = "metrics-after.txt"
 HOST = "host.json"
 REPORT = "report.json"
+MODEL_CONFIG = "model-config.json"  # the served model's config.json, copied (its shape: FLOPs and bytes per token)
+# The GPU's own counters (nsys --gpu-metrics-devices) sampled while the benchmark ran, device-wide, without tracing
+# the server: an nsys export of the benchmark client with `-t none`.
+GPU_METRICS_BASE = "gpu-metrics"
+GPU_METRICS = "gpu-metrics.sqlite"
 # A server lifetime with several benchmark runs (replicates): its own record and the warm-up batch's result; each
 # run is a capture folder of its own inside it (r1, r2, ...), so the session folder is a folder of replicates.
 SESSION = "session.json"
 WARMUP = "warmup.json"
 WARMUP_LOG = "warmup.log"
 # The files an output must never replace when the folder itself is the input.
-PROTECTED = (TRACE, MANIFEST, BENCH)
+PROTECTED = (TRACE, MANIFEST, BENCH, GPU_METRICS)
 # What `profkit capture` adds to the user's commands for the profiler and the folder, taken off again when a
 # report quotes the command back (older manifests recorded only the command lines as run).
 PROFILER_ONLY_WITH_VALUE = ("--profiler-config",)
@@ -102,6 +108,14 @@ class CaptureFolder:
     def host_path(self) -> Path | None:
         return self._existing(HOST)
 
+    @property
+    def model_config_path(self) -> Path | None:
+        return self._existing(MODEL_CONFIG)
+
+    @property
+    def gpu_metrics_path(self) -> Path | None:
+        return self._existing(GPU_METRICS)
+
     def manifest(self) -> CaptureManifest | None:
         return self._manifest
 
@@ -121,6 +135,9 @@ class CaptureFolder:
 
     def host(self) -> HostSamples | None:
         return read_host(self.host_path) if self.host_path else None
+
+    def model_config(self) -> ModelShape | None:
+        return read_model_config(self.model_config_path) if self.model_config_path else None
 
     def has_evidence(self) -> bool:
         return bool(self.bench_path or self.log_path or self.metrics_paths or self.host_path
@@ -160,6 +177,15 @@ class CaptureFolder:
     def write_metrics(self, which: str, text: str) -> None:
         """`which`: before | after."""
         (self.path / {"before": METRICS_BEFORE, "after": METRICS_AFTER}[which]).write_text(text, encoding="utf-8")
+
+    def write_model_config(self, model: str) -> bool:
+        """Copy the served model's config.json (a local model folder's) into the folder; False when there is none
+        to copy (a hub id: give `profkit report --model-config` the file)."""
+        source = Path(model) / "config.json"
+        if not source.is_file() or source.stat().st_size > 4 << 20:
+            return False
+        (self.path / MODEL_CONFIG).write_bytes(source.read_bytes())
+        return True
 
     def write_report(self, text: str) -> Path:
         path = self.path / REPORT

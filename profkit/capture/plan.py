@@ -24,6 +24,10 @@ NSYS_TRACE_FLAGS = ["-t", "cuda,nvtx,osrt", "--sample=none", "--cpuctxsw=none", 
                     "--cuda-graph-trace=node"]
 OFFLINE_BENCHES = ("throughput", "latency")
 NSYS_FLUSH_MS = 500  # serve under nsys: CUDA buffers saved this often (nsys --cuda-flush-interval)
+# GPU metrics at 1 kHz: ~32k rows a second on an H100 (set gh100, nsys's default there); 10 kHz, nsys's own default,
+# makes a minute of serving a 20M-row table.
+GPU_METRICS_FLAGS = ["--gpu-metrics-devices=all", "--gpu-metrics-frequency=1000"]
+MFU_FLAG = "--enable-mfu-metrics"  # vLLM >= 0.26: per-step FLOPs and bytes estimates as /metrics counters
 DEFAULT_PORT = 8000
 
 
@@ -54,6 +58,9 @@ class CaptureOptions:
     # nsys also records the OS scheduler's context switches of the process tree: each process's CPU time,
     # exact, in the trace (SCHED_EVENTS); off by default as vLLM's threads switch often
     cpu_switches: bool = False
+    # nsys samples the GPU's own counters (SM, tensor-core and DRAM activity) while the benchmark runs; unprofiled
+    # serve runs record them around the benchmark client (`-t none`: no trace, no perturbed server)
+    gpu_metrics: bool = False
     timeout_s: float = 3600.0
     health_timeout_s: float = 600.0
 
@@ -75,6 +82,8 @@ class Plan:
     client: VllmCommand | None = None  # serve: the benchmark client as the user gave it
     torch: bool = False  # serve: the server takes torch.profiler's config; each benchmark starts and stops it
     timeout_s: float | None = None
+    gpu_metrics: str | None = None  # the nsys that samples GPU metrics around each benchmark (unprofiled serve)
+    model: str | None = None  # the served model (its config.json goes into the folder)
 
     @property
     def folder(self) -> CaptureFolder:
@@ -94,7 +103,20 @@ class Plan:
         argv = [*client.argv(), "--save-result", "--result-dir", str(folder), "--result-filename", result]
         if self.torch:
             argv.append("--profile")  # asks the server to start/stop its torch profiler around the run
+        if self.gpu_metrics and result == files.BENCH:
+            argv = [self.gpu_metrics, "profile", "-t", "none", "--sample=none", "--cpuctxsw=none", *GPU_METRICS_FLAGS,
+                    "--force-overwrite=true", "-o", str(Path(folder) / files.GPU_METRICS_BASE), *argv]
         return Step(name, argv, log=log, timeout_s=self.timeout_s)
+
+    def gpu_metrics_export(self, folder: Path) -> Step | None:
+        """The export of a benchmark's GPU metrics to SQLite (None when the plan samples none)."""
+        if not self.gpu_metrics:
+            return None
+        rep = Path(folder) / (files.GPU_METRICS_BASE + ".nsys-rep")
+        return Step("nsys export (GPU metrics)", [self.gpu_metrics, "export", "--type", "sqlite",
+                                                  "--force-overwrite=true", "--output",
+                                                  str(Path(folder) / files.GPU_METRICS), str(rep)],
+                    log=files.EXPORT_LOG, timeout_s=self.timeout_s)
 
     def session_commands(self, replicates: int) -> list[str]:
         """The command lines of `replicates` runs against one server lifetime (see capture.run.ServerSession):
@@ -126,6 +148,8 @@ class Plan:
             lines.append(self.server.shell() + "   # until /health answers; stopped with SIGINT after the bench")
         if self.bench:
             lines.append(self.bench.shell())
+            if (export := self.gpu_metrics_export(self.out)) is not None:
+                lines.append(export.shell())
         lines += [s.shell() for s in self.exports]
         return lines
 
@@ -160,7 +184,8 @@ def _nsys_profile(opts: CaptureOptions, output: Path, flush_ms: int | None = Non
     flags = [("--cpuctxsw=process-tree" if f == "--cpuctxsw=none" and opts.cpu_switches else f)
              for f in NSYS_TRACE_FLAGS]
     flush = [f"--cuda-flush-interval={flush_ms}"] if flush_ms else []
-    argv = [opts.nsys, "profile", *flush, *flags, "--force-overwrite=true", "-o", str(output)]
+    metrics = GPU_METRICS_FLAGS if opts.gpu_metrics else []
+    argv = [opts.nsys, "profile", *flush, *flags, *metrics, "--force-overwrite=true", "-o", str(output)]
     if opts.capture_range:
         argv += ["--capture-range=cudaProfilerApi", "--capture-range-end=stop"]
     if opts.delay_s is not None:
@@ -208,7 +233,7 @@ def plan_offline(opts: CaptureOptions) -> Plan:
         runs[0].append(exports.pop())
     return Plan(kind="offline", out=opts.out, user=opts.user, runs=runs, exports=exports, vllm_args=bench.args,
                 vllm_exe=bench.program[0] if bench.program else "vllm",
-                nsys_exe=opts.nsys if opts.tool in ("nsys", "both") else None)
+                nsys_exe=opts.nsys if opts.tool in ("nsys", "both") else None, model=bench.model)
 
 
 def plan_serve(opts: CaptureOptions) -> Plan:
@@ -220,6 +245,9 @@ def plan_serve(opts: CaptureOptions) -> Plan:
         raise ProfkitError("capture serve records one profiler at a time: --tool nsys or --tool torch")
     folder = CaptureFolder(opts.out)
     argv = server.argv()
+    spec = server.spec()
+    if spec and MFU_FLAG in spec.options and not server.occurrences(MFU_FLAG):
+        argv.append(MFU_FLAG)  # vLLM's own FLOPs and bytes estimates; not in the command the report quotes back
     if opts.tool == "torch":
         argv += _torch_profile_flags(folder)[1:]  # the server takes the config; `bench serve --profile` starts it
     exports = []
@@ -235,6 +263,7 @@ def plan_serve(opts: CaptureOptions) -> Plan:
                 exports=exports, vllm_args=server.args[1:], port=port if isinstance(port, int) else DEFAULT_PORT,
                 health_timeout_s=opts.health_timeout_s, vllm_exe=server.program[0] if server.program else "vllm",
                 nsys_exe=opts.nsys if opts.tool == "nsys" else None, client=client, torch=opts.tool == "torch",
-                timeout_s=opts.timeout_s)
+                timeout_s=opts.timeout_s, model=server.model,
+                gpu_metrics=opts.nsys if opts.gpu_metrics and opts.tool == "none" else None)
     plan.bench = plan.bench_step(opts.out)
     return plan

@@ -63,6 +63,7 @@ def run_capture(plan: Plan, say: Callable[[str], None] = lambda _m: None) -> Pat
     preflight(plan)
     folder = plan.folder
     manifest = folder.start(plan)
+    _model_config(plan, folder, manifest)
     server: subprocess.Popen | None = None
     try:
         if plan.kind == "offline":
@@ -87,6 +88,8 @@ def run_capture(plan: Plan, say: Callable[[str], None] = lambda _m: None) -> Pat
             finally:
                 _write_host(sampler, folder)
             _scrape(plan, "after", manifest)
+            if (export := plan.gpu_metrics_export(plan.out)) is not None:
+                _run_step(export, plan.out, manifest, say)
             if plan.nsys_exe:  # let nsys save the CUDA records of the benchmark's last moments before the stop
                 time.sleep(3 * NSYS_FLUSH_MS / 1000)
             _stop(server, manifest, say)
@@ -198,6 +201,9 @@ class ServerSession:
                 _write_host(sampler, folder)
                 self._slice_log(folder, start)
             _scrape(plan, "after", manifest, folder)
+            _model_config(plan, folder, manifest)
+            if (export := plan.gpu_metrics_export(folder.path)) is not None:
+                _run_step(export, folder.path, manifest, self.say)
             manifest.finish("ok")
             entry["status"] = "ok"
         except KeyboardInterrupt:
@@ -253,6 +259,13 @@ def run_replicates(plan: Plan, replicates: int, say: Callable[[str], None] = lam
             return [session.run(f"r{i + 1}") for i in range(replicates)]
     except KeyboardInterrupt:
         raise CaptureError(f"interrupted; partial session kept in {plan.out}", interrupted=True) from None
+
+
+def _model_config(plan: Plan, folder: CaptureFolder, manifest: Manifest) -> None:
+    """The served model's config.json beside the run (its shape: FLOPs and bytes per token)."""
+    if plan.model and not folder.write_model_config(plan.model):
+        manifest.note(f"{files.MODEL_CONFIG} not written: {plan.model} is no local folder with a config.json "
+                      "(give profkit report --model-config)")
 
 
 def _sampler(manifest: Manifest) -> HostSampler | None:

@@ -21,7 +21,7 @@ import simpleeval
 import yaml
 
 from profkit import units
-from profkit.diagnose.vllm_command import coerce, dest_of
+from profkit.diagnose.vllm_command import changes_precision, coerce, dest_of
 from profkit.errors import ProfkitError
 from profkit.escape import one_line
 from profkit.inputs import read_text
@@ -317,6 +317,8 @@ class ProposedChange(msgspec.Struct, kw_only=True, frozen=True):
     why: str
     action: str | msgspec.UnsetType = msgspec.UNSET
     note: str | msgspec.UnsetType = msgspec.UNSET
+    # it changes the model's numerics (FP8 weights or KV cache, any quantization): check accuracy before shipping
+    changes_precision: bool | msgspec.UnsetType = msgspec.UNSET
 
 
 class Finding(msgspec.Struct, kw_only=True, frozen=True):
@@ -390,7 +392,8 @@ def _change(c: Change, facts: dict[str, Any], env: jinja2.sandbox.SandboxedEnvir
     source = facts.get(f"config_source.{key}") or ("unknown" if current is None else None)
     to = coerce(render_template(env, c.to, facts)) if isinstance(c.to, str) else c.to
     return ProposedChange(flag=c.flag, from_=current, from_source=source, to=to,
-                          why=render_template(env, c.why, facts))
+                          why=render_template(env, c.why, facts),
+                          **({"changes_precision": True} if changes_precision(c.flag) else {}))
 
 
 def explain(rule: Rule) -> str:

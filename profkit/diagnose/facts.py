@@ -22,7 +22,7 @@ UNITS = {
     "ns": "nanoseconds", "ms": "milliseconds", "share": "0..1", "count": "count", "bytes": "bytes",
     "cores": "CPU cores (1.0 = one core busy)", "req/s": "requests per second", "tok/s": "tokens per second",
     "tokens": "tokens", "rank": "a rank's label", "value": "the flag's value", "text": "text",
-    "bool": "true or false",
+    "bool": "true or false", "bits": "bits",
 }
 
 
@@ -112,6 +112,29 @@ def _declare() -> dict[str, Fact]:
         ("vllm.kv_cache_memory_bytes", "bytes", "GPU memory the KV cache got (log: reserved or available KV cache "
                                                 "memory)"),
         ("vllm.model_memory_bytes", "bytes", "GPU memory the model weights took (log)"),
+        ("workload.tokens_per_request", "tokens", "prompt and output tokens of a request, on average (benchmark "
+                                                  "result, else its command's random lengths)"),
+        ("workload.max_tokens_per_request", "tokens", "the most tokens a request of the benchmark needs (random "
+                                                      "dataset: (input + output) x (1 + range ratio))"),
+        ("vllm.kv_capacity_requests", "count", "requests the KV cache holds at once at the workload's tokens per "
+                                               "request (vllm.kv_cache_tokens / workload.tokens_per_request)"),
+        ("efficiency.mfu", "share", "achieved FLOP/s over the GPU's dense peak for the GEMMs' precision, over the "
+                                    "benchmark (vLLM's counters, else the model's shape)"),
+        ("efficiency.mbu", "share", "achieved memory bytes/s over the GPU's peak bandwidth, over the benchmark "
+                                    "(vLLM's counters, else the model's shape)"),
+        ("efficiency.counters_mbu", "share", "MBU from vLLM's own counters (--enable-mfu-metrics)"),
+        ("efficiency.shape_mbu", "share", "MBU from the model's shape (config.json) and the tokens and steps run"),
+        ("model.weight_bits", "bits", "bits per weight the GEMMs read (--quantization, the checkpoint's, else its "
+                                      "dtype)"),
+        ("gpu.fp8", "bool", "the GPU has FP8 tensor cores (Hopper, Ada, Blackwell: the peak table)"),
+        ("gpu.count", "count", "GPUs on the machine that ran the benchmark (NVML samples, else the trace)"),
+        ("gpu_metrics.sm_active", "share", "SMs active over the window (nsys GPU metrics, sample mean)"),
+        ("gpu_metrics.tensor_active", "share", "tensor pipes active over the window (nsys GPU metrics, sample "
+                                               "mean): busy, not the share of the peak"),
+        ("gpu_metrics.dram_bandwidth", "share", "DRAM read + write bandwidth over the window, of the peak (nsys "
+                                                "GPU metrics)"),
+        ("gpu_metrics.prefill_tensor_active", "share", "tensor pipes active during prefill-bearing engine steps"),
+        ("gpu_metrics.decode_dram_bandwidth", "share", "DRAM bandwidth during decode-only engine steps"),
         ("workload.shared_prefixes", "bool", "whether the benchmark's prompts share prefixes (False: the random "
                                              "dataset without --random-prefix-len; None: not told)"),
         ("vllm.default_max_num_seqs", "count", "vLLM 0.26's --max-num-seqs for this GPU when not given (1024 on "
@@ -184,11 +207,13 @@ def _only_declared(facts: dict[str, Any]) -> dict[str, Any]:
 # --- derived from the sections ------------------------------------------------------------------------------------
 
 def compute_facts(trace: TraceSections | None, vllm: Any, host: dict[str, Any] | None, ranks: list[Rank] | None,
-                  imbalance: dict[str, Any] | None, workload: dict[str, Any] | None = None) -> dict[str, Any]:
+                  imbalance: dict[str, Any] | None, workload: dict[str, Any] | None = None,
+                  efficiency: dict[str, Any] | None = None) -> dict[str, Any]:
     """Every declared fact: from one trace's sections (None: the run has no trace), the `vllm` section (a
     `profkit.diagnose.vllm_run.VllmSection`), the host section, the ranks and what the benchmark command says of
     its workload (`workload.*`). Unknown ones are None."""
     workload = {f"workload.{k}": v for k, v in (workload or {}).items()}
+    workload.update(efficiency_facts(efficiency, vllm, workload, host, trace))
     if trace is None:  # no trace: only vLLM's evidence (and the host samples) are known
         facts: dict[str, Any] = {k: None for k in FACTS if not k.startswith(("vllm.", "config", "host.", "steps."))}
         facts.update(workload)
@@ -386,6 +411,40 @@ def vllm_facts(vllm: Any) -> dict[str, Any]:
         facts[f"config.{key}"] = entry["value"]
     facts["vllm.default_max_num_seqs"] = (vllm.defaults or {}).get("max_num_seqs") if vllm is not None else None
     return facts
+
+
+def efficiency_facts(eff: dict[str, Any] | None, vllm: Any, workload: dict[str, Any], host: dict[str, Any] | None,
+                     trace: TraceSections | None) -> dict[str, Any]:
+    """How far from the hardware's peak, and what the GPU and the model are (see analysis/efficiency.py)."""
+    eff = eff or {}
+    window = eff.get("window") or {}
+    metrics = ((eff.get("gpu_metrics") or {}).get("window")) or {}
+    phases = {p["phase"]: p for p in (eff.get("gpu_metrics") or {}).get("phases") or []}
+
+    def share(d: dict[str, Any], key: str) -> float | None:
+        value = d.get(key)
+        return value / 100 if isinstance(value, (int, float)) else None
+
+    dram = [share(metrics, k) for k in ("dram_read", "dram_write")]
+    decode = phases.get("decode-only") or {}
+    decode_dram = [share(decode, k) for k in ("dram_read", "dram_write")]
+    kv_tokens = (vllm.log.kv_cache_tokens if vllm is not None and vllm.log is not None else None)
+    per_request = workload.get("workload.tokens_per_request")
+    gpus = [g for g in ((host or {}).get("gpus") or [])]
+    return {
+        "vllm.kv_capacity_requests": kv_tokens / per_request if kv_tokens and per_request else None,
+        "efficiency.mfu": window.get("mfu"), "efficiency.mbu": window.get("mbu"),
+        "efficiency.counters_mbu": (eff.get("vllm_counters") or {}).get("mbu"),
+        "efficiency.shape_mbu": (eff.get("model_shape") or {}).get("mbu"),
+        "model.weight_bits": (eff.get("precision") or {}).get("weight_bits"),
+        "gpu.fp8": bool((eff.get("gpu") or {}).get("fp8_tflops")) if (eff.get("gpu") or {}).get("source") else None,
+        "gpu.count": len(gpus) or (len(trace.gpu["devices"]) if trace is not None else None) or None,
+        "gpu_metrics.sm_active": share(metrics, "sm_active"),
+        "gpu_metrics.tensor_active": share(metrics, "tensor_active"),
+        "gpu_metrics.dram_bandwidth": sum(dram) if None not in dram else None,
+        "gpu_metrics.prefill_tensor_active": share(phases.get("prefill-bearing") or {}, "tensor_active"),
+        "gpu_metrics.decode_dram_bandwidth": sum(decode_dram) if None not in decode_dram else None,
+    }
 
 
 def host_facts(host: dict[str, Any] | None) -> dict[str, Any]:

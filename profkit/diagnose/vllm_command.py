@@ -58,6 +58,8 @@ VLLM_DEFAULTS: dict[str, Any] = {
     # CUDA graphs are captured for batch sizes up to min(2 x max_num_seqs, 512) (config/vllm.py:1791-1798)
     "max_cudagraph_capture_size": None,
     "cudagraph_mode": "FULL_AND_PIECEWISE",  # -O2, vLLM 0.26's default level (config/vllm.py:205-303, 381)
+    "quantization": None,  # the checkpoint's own (none: its dtype)
+    "speculative_config": None,
 }
 # vLLM 0.26 sizes --max-num-seqs by the GPU (EngineArgs._set_default_max_num_seqs_and_batched_tokens_args):
 # 1024 on GPUs with 70 GiB or more that are not A100s (H100, H200, MI300x, ...), 256 elsewhere.
@@ -195,6 +197,11 @@ def dest_of(flag: str) -> str:
     return VllmCommand([], ["serve"], []).setting(flag)
 
 
+def changes_precision(flag: str) -> bool:
+    """Does a change to this flag change the model's numerics (quantization, KV-cache dtype, dtype)?"""
+    return dest_of(flag) in spellings().precision
+
+
 def takes(spec: Spec | None, flag: str) -> bool:
     """Is `flag` one of the subcommand's spellings: an option, a config flag's dotted key, a short option (-O)?"""
     if spec is None:
@@ -222,6 +229,7 @@ class Spellings:
     exclusive: dict[str, str]  # setting -> vLLM's error when its flag and its config key are both given
     short: dict[str, str]  # "-O" -> "--optimization-level"
     version: str = RECORDED_VERSION
+    precision: frozenset[str] = frozenset()  # settings that change the model's numerics
 
     def setting_of_key(self, dest: str, key: str) -> str:
         return self.by_key.get((dest, key), f"{dest}.{key}")
@@ -240,7 +248,8 @@ def spellings() -> Spellings:
         by_key={(config[v["config"]]["dest"], v["key"]): k for k, v in settings.items() if v.get("config")},
         exclusive={e["setting"]: e["error"] for e in data.get("exclusive", [])},
         short={k: v["flag"] for k, v in data.get("short_options", {}).items()},
-        version=data.get("vllm_version", RECORDED_VERSION))
+        version=data.get("vllm_version", RECORDED_VERSION),
+        precision=frozenset(data.get("precision", {}).get("settings", [])))
 
 
 def _looks_like_option(word: str) -> bool:
@@ -505,6 +514,21 @@ class VllmCommand:
             prefix = self.value("--random-prefix-len", 0)
             return bool(prefix) if isinstance(prefix, int) else None
         return None
+
+    def prompt_lengths(self) -> tuple[int, int, float] | None:
+        """The random dataset's (input, output, range ratio) tokens per request (vLLM 0.26's defaults 1024, 128,
+        0.0), or None for another dataset or a command that is no benchmark."""
+        if self.role not in ("client", "offline") or self.shared_prefixes() is None:
+            return None
+        spec = self.spec()
+
+        def given(flag: str, fallback: Any) -> Any:
+            default = spec.options[flag].default if spec and flag in spec.options else fallback
+            value = self.value(flag, default)
+            return value if isinstance(value, (int, float)) and not isinstance(value, bool) else fallback
+
+        return int(given("--random-input-len", 1024)), int(given("--random-output-len", 128)), \
+            float(given("--random-range-ratio", 0.0))
 
     @property
     def model(self) -> str | None:
@@ -836,6 +860,8 @@ def check_with_vllm(words: list[str]) -> CheckResult:  # pragma: no cover - need
             if words[:1] == ["serve"] or words[:2] in (["bench", "throughput"], ["bench", "latency"]):
                 from vllm.engine.arg_utils import AsyncEngineArgs, EngineArgs
 
+                if getattr(args, "model_tag", None):  # as `vllm serve` itself does before building its engine
+                    args.model = args.model_tag
                 (EngineArgs if words[:2] == ["bench", "latency"] else AsyncEngineArgs).from_cli_args(args)
     except SystemExit:
         lines = [line for line in err.getvalue().splitlines() if line.strip()]

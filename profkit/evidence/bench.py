@@ -31,6 +31,8 @@ class BenchResult(msgspec.Struct, omit_defaults=True, frozen=True):
     max_concurrency: float | None = None
     request_rate: float | None = None
     peak_concurrent_requests: float | None = None  # requests in flight, client side
+    input_tokens: float | None = None  # all prompts' tokens (vllm bench serve)
+    output_tokens: float | None = None  # all generated tokens
 
 
 # field -> the keys `vllm bench throughput` and `vllm bench serve` write it under, first found wins
@@ -45,6 +47,7 @@ KEYS: dict[str, tuple[str, ...]] = {
     "itl_mean_ms": ("mean_itl_ms",), "itl_p99_ms": ("p99_itl_ms",),
     "max_concurrency": ("max_concurrency",), "request_rate": ("request_rate",),
     "peak_concurrent_requests": ("max_concurrent_requests",),
+    "input_tokens": ("total_input_tokens",), "output_tokens": ("total_output_tokens",),
 }
 
 

@@ -32,6 +32,7 @@ class HostSamples(msgspec.Struct, frozen=True):
     processes: list[ProcessSamples]
     gpu_util: list[tuple[float, float]]  # (seconds, 0..1), every GPU's samples together
     skipped_samples: int
+    gpu_names: list[str] = []  # every GPU NVML saw on the machine
 
 
 def number_pair(pair: Any) -> bool:
@@ -57,8 +58,9 @@ def parse_host(data: Any, path: str) -> HostSamples:
     util = [(pair[0], pair[1]) for g in gpus if isinstance(g, dict) and isinstance(g.get("util"), list)
             for pair in g["util"] if number_pair(pair) and 0 <= pair[1] <= 1]
     cores = data.get("cores")
+    names = [str(g.get("name"))[:100] for g in gpus if isinstance(g, dict) and g.get("name") is not None][:64]
     return HostSamples(path, cores if isinstance(cores, int) and not isinstance(cores, bool) and 0 < cores < 1 << 20
-                       else None, data.get("duration_s"), data.get("interval_s"), processes, util, skipped)
+                       else None, data.get("duration_s"), data.get("interval_s"), processes, util, skipped, names)
 
 
 def read_host(path: Path) -> HostSamples:

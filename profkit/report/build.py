@@ -16,6 +16,7 @@ from typing import Any
 
 from profkit import __version__
 from profkit.analysis.communication import rank_imbalance
+from profkit.analysis.efficiency import efficiency_section
 from profkit.analysis.host import host_section
 from profkit.analysis.sections import TraceSections
 from profkit.capture.folder import CaptureFolder
@@ -26,9 +27,10 @@ from profkit.diagnose.suggestion import suggest, user_command
 from profkit.diagnose.vllm_command import UserCommand, VllmCommand
 from profkit.diagnose.vllm_run import NOT_VLLM_NOTE, vllm_run_evidence, vllm_section
 from profkit.errors import ProfkitError, TraceError
-from profkit.evidence.bench import read_bench
+from profkit.evidence.bench import BenchResult, read_bench
 from profkit.evidence.host import read_host
 from profkit.evidence.metrics import read_metrics
+from profkit.evidence.model_config import read_model_config
 from profkit.evidence.vllm_log import read_log
 from profkit.report.model import SCHEMA, Report, RunSection
 from profkit.report.trace_part import trace_sections
@@ -40,7 +42,7 @@ def build_report(path: str | os.PathLike | list | tuple | None, window: str = "a
                  gap_threshold_ns: int = 100_000, buckets: int = 100, progress: Progress | None = None,
                  bench: Path | None = None, vllm_log: Path | None = None, metrics: list[Path] | None = None,
                  vllm_args: str | None = None, rules_dirs: list[Path] | None = None, host: Path | None = None,
-                 jobs: int | None = None, dask: str | None = None) -> Report:
+                 jobs: int | None = None, dask: str | None = None, model_config: Path | None = None) -> Report:
     """Analyse one trace (or capture folder), join vLLM's evidence, run the rules; return the report.
 
     `path` may also be a list of traces (one per rank of a multi-GPU run), or a folder holding several: one
@@ -67,6 +69,7 @@ def build_report(path: str | os.PathLike | list | tuple | None, window: str = "a
     except ValueError as exc:  # shlex: an unclosed quote
         raise ProfkitError(f"--vllm-args: {exc}") from None
     host_file = host or (folder.host_path if folder else None)
+    model = read_model_config(model_config) if model_config else folder.model_config() if folder else None
     folder_evidence = folder is not None and bool(
         folder.bench_path or folder.log_path or folder.host_path or folder.metrics_paths
         or (manifest and (manifest.vllm_args or from_folder or manifest.environment is not None)))
@@ -104,8 +107,14 @@ def build_report(path: str | os.PathLike | list | tuple | None, window: str = "a
     ranks = [p.entry for p in rank_parts] if rank_parts else None
     imbalance = rank_imbalance(rank_parts) if rank_parts else None
     bench_cmd = (command.role("client") or command.role("offline")) if command else None
-    facts = compute_facts(part, vllm, host_part, ranks, imbalance,
-                          {"shared_prefixes": bench_cmd.shared_prefixes() if bench_cmd else None})
+    workload = _workload(bench_cmd, bench_rec)
+    gpu_name = source.get("gpu") or (environment or {}).get("gpu") or next(iter((host_part or {}).get("gpus") or []),
+                                                                          None)
+    efficiency = efficiency_section(gpu_name, model, vllm.config, vllm.metrics_delta or {},
+                                    bench_rec.elapsed_s if bench_rec else None,
+                                    bench_rec.num_requests if bench_rec else None,
+                                    gpu_metrics=gpu_metrics_section(part, folder))
+    facts = compute_facts(part, vllm, host_part, ranks, imbalance, workload, efficiency)
     # Not shown to be vLLM's: the findings say what the trace shows, and no vLLM flag is proposed.
     findings, skipped = evaluate(rules, facts, propose_changes=bool(shown))
     findings = order_findings(findings, vllm.defaults.get("gpu"))  # the user's missteps first, then the gain
@@ -128,8 +137,36 @@ def build_report(path: str | os.PathLike | list | tuple | None, window: str = "a
         **extra,
         run=RunSection(shown) if shown else RunSection(shown, note=NOT_VLLM_NOTE),
         host=host_part,
+        efficiency=efficiency,
         facts=facts,
         rules_skipped=skipped,
         command=suggestion.section(),
         suggested_command=suggestion.text(),
     )
+
+
+def _workload(bench_cmd: VllmCommand | None, bench: BenchResult | None) -> dict[str, Any]:
+    """What the benchmark's command and result say of its workload (`workload.*` facts)."""
+    lengths = bench_cmd.prompt_lengths() if bench_cmd else None
+    per_request = None
+    if bench and bench.input_tokens is not None and bench.output_tokens is not None and bench.num_requests:
+        per_request = (bench.input_tokens + bench.output_tokens) / bench.num_requests
+    elif lengths:
+        per_request = float(lengths[0] + lengths[1])
+    return {"shared_prefixes": bench_cmd.shared_prefixes() if bench_cmd else None,
+            "tokens_per_request": per_request,
+            "max_tokens_per_request": int((lengths[0] + lengths[1]) * (1 + lengths[2])) if lengths else None}
+
+
+def gpu_metrics_section(part: TraceSections | None, folder: CaptureFolder | None) -> dict[str, Any] | None:
+    """The GPU's own counters: the trace's (with engine steps and kernels to split them by), else the capture's
+    GPU metrics export (the benchmark's whole span)."""
+    if part is not None and part.gpu_metrics is not None:
+        return part.gpu_metrics
+    path = folder.gpu_metrics_path if folder else None
+    if path is None:
+        return None
+    from profkit.analysis.gpu_metrics import metrics_section
+    from profkit.traces.gpu_metrics import open_gpu_metrics
+
+    return metrics_section(open_gpu_metrics(path), source=str(path))

@@ -51,6 +51,7 @@ class Report(msgspec.Struct, kw_only=True, frozen=True):
     environment: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET  # the capture's GPU, driver, versions
     run: RunSection
     host: dict[str, Any] | None
+    efficiency: dict[str, Any] | None  # how far from the GPU's peak: MFU, MBU, GPU metrics (analysis/efficiency.py)
     facts: dict[str, Any]
     rules_skipped: list[dict[str, Any]]
     command: CommandSection

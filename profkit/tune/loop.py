@@ -28,7 +28,7 @@ from profkit.compare.diff import spread as replicate_spread
 from profkit.compare.gate import Condition, parse_condition
 from profkit.diagnose.priority import candidate_key, priority
 from profkit.diagnose.suggestion import suggest
-from profkit.diagnose.vllm_command import UserCommand, normalize_flag, spec_for, takes
+from profkit.diagnose.vllm_command import UserCommand, changes_precision, normalize_flag, spec_for, takes
 from profkit.errors import ProfkitError
 
 SCHEMA = "profkit.tune/1"
@@ -54,6 +54,10 @@ class TuneOptions:
     timeout_s: float = 3600.0
     health_timeout_s: float = 600.0
     rules_dirs: list[Path] = field(default_factory=list)
+    # changes that alter the model's numerics (FP8 weights or KV cache, any quantization) only when the user
+    # allows them: a faster model that answers differently is the user's call, after an accuracy check
+    allow_precision: bool = False
+    gpu_metrics: bool = False  # nsys samples the GPU's counters around each unprofiled benchmark
 
 
 @dataclass
@@ -80,14 +84,16 @@ def parse_slo(text: str) -> Condition:
     return cond
 
 
-def allowed_flags(rules_dirs: list[Path] | None = None) -> list[str]:
+def allowed_flags(rules_dirs: list[Path] | None = None, allow_precision: bool = True) -> list[str]:
     """Every server flag a rule can change: the only flags tune may ever apply. Benchmark-client flags
-    (--max-concurrency, --request-rate) are left out: changing them changes the workload, not the server."""
+    (--max-concurrency, --request-rate) are left out: changing them changes the workload, not the server; so are
+    flags that change the model's numerics unless `allow_precision`."""
     from profkit.diagnose.engine import load_rules
 
     server = spec_for(["serve"])
     flags = {normalize_flag(c.flag) for r in load_rules(rules_dirs) for c in r.changes}
-    return sorted(f for f in flags if server is None or takes(server, f))
+    return sorted(f for f in flags if (server is None or takes(server, f))
+                  and (allow_precision or not changes_precision(f)))
 
 
 # --- one run ------------------------------------------------------------------------------------------
@@ -95,7 +101,7 @@ def allowed_flags(rules_dirs: list[Path] | None = None) -> list[str]:
 def plan_for(user: UserCommand, out: Path, tool: str, opts: TuneOptions) -> Plan:
     """The capture that runs `user`'s commands (offline: the bench command; serve: server and client)."""
     return plan(CaptureOptions(out=out, user=user, tool=tool, nsys=opts.nsys, timeout_s=opts.timeout_s,
-                               health_timeout_s=opts.health_timeout_s))
+                               health_timeout_s=opts.health_timeout_s, gpu_metrics=opts.gpu_metrics))
 
 
 def report_run(folder: Path, profiled: bool, rules_dirs: list[Path], **extra: Any) -> Run:
@@ -232,7 +238,7 @@ class Tuner:
             raise ProfkitError(f"--budget {opts.budget} leaves no run for a candidate after the baseline's "
                                f"{opts.replicates} runs{' and its profiled run' if opts.profile == 'first' else ''}")
         self.opts, self.say, self.executor = opts, say, executor
-        self.allowed = set(allowed_flags(opts.rules_dirs))
+        self.allowed = set(allowed_flags(opts.rules_dirs, opts.allow_precision))
         self.steps: list[dict[str, Any]] = []
         self.used = 0
         self.tried: set[tuple[tuple[str, ...], ...]] = set()
@@ -487,7 +493,7 @@ class Tuner:
             "slos": [c.text for c in opts.slos],
             "budget": opts.budget, "runs_used": self.used, "profile": opts.profile,
             "replicates": opts.replicates, "candidate_runs": self._candidate_runs(),
-            "allowed_flags": sorted(self.allowed),
+            "allowed_flags": sorted(self.allowed), "allow_precision": opts.allow_precision,
             "baseline_commands": [c.shell() for c in opts.user.commands],
             "noise": self.noise,
             "steps": self.steps,
@@ -532,8 +538,12 @@ def dry_run_lines(opts: TuneOptions) -> list[str]:
         lines += ["  " + line for line in plan.session_commands(opts.replicates)]
     else:
         lines += ["  " + line for line in plan.commands()]
-    allowed = allowed_flags(opts.rules_dirs)
+    allowed = allowed_flags(opts.rules_dirs, opts.allow_precision)
     lines.append("flags tune may change (named by the rules): " + " ".join(allowed))
+    numerics = [f for f in allowed_flags(opts.rules_dirs) if changes_precision(f)]
+    lines.append(("changes of model precision, allowed (--allow-precision-changes): " if opts.allow_precision else
+                  "changes of model precision, tried only with --allow-precision-changes: ") + " ".join(numerics)
+                 + " (check accuracy before shipping)")
     engine = opts.user.role("server") or opts.user.role("offline")
     mine = [f"{flag} {value}" for flag, value in _given(engine, allowed)
             if default_of(dest_of(flag), None) != value]

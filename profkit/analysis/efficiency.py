@@ -1,0 +1,159 @@
+"""How far the GPU's work is from what the hardware can do: achieved FLOP/s and bytes/s as shares of the GPU's
+peak (MFU, MBU), and the peaks themselves.
+
+Busy is not efficient: a GPU busy 96 % of the time can do a small fraction of its peak arithmetic (decode reads
+every weight once per step for a few tokens) or be near its memory bandwidth. Two estimates, over the benchmark:
+
+* vLLM's own counters, where the run had them (`--enable-mfu-metrics`, vLLM 0.26:
+  `vllm:estimated_flops_per_gpu_total`, `vllm:estimated_read_bytes_per_gpu_total`,
+  `vllm:estimated_write_bytes_per_gpu_total`, increased once per engine step by that step's estimate from the
+  model's config; v1/metrics/perf.py). They read 0 without the flag: only a non-zero change counts.
+* the model's shape (its config.json) and the tokens the run processed: 2 x the weights multiplied per token, plus
+  attention; every weight read once per engine step, each generated token reading its context's KV cache
+  (the same terms as vLLM's estimate, and as the Databricks MBU definition: bytes moved / time / peak bandwidth).
+
+Peaks come from `gpu_peaks.json` (NVIDIA's dense figures, by GPU name; their sources listed there); FLOPs are
+compared with the peak of the precision the GEMMs run in (FP8 weights: the FP8 peak).
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from profkit.evidence.model_config import DTYPE_BYTES, ModelShape
+
+PEAKS = Path(__file__).resolve().parent / "gpu_peaks.json"
+FP8_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_per_token_head")
+# Quantization methods whose weights are 8-bit floats (the FP8 tensor-core peak applies) or fewer bits.
+EIGHT_BIT = ("fp8", "fp8_per_tensor", "fp8_per_block", "fp8_per_channel", "fbgemm_fp8", "modelopt", "mxfp8",
+             "compressed-tensors")
+FOUR_BIT = ("awq", "gptq", "awq_marlin", "gptq_marlin", "auto_gptq", "auto_awq", "mxfp4", "modelopt_fp4",
+            "nvfp4_per_token", "bitsandbytes")
+
+
+@lru_cache(maxsize=1)
+def _table() -> list[dict[str, Any]]:
+    return json.loads(PEAKS.read_text(encoding="utf-8"))["gpus"]
+
+
+def gpu_peak(name: str | None) -> dict[str, Any] | None:
+    """The GPU's dense peaks by its reported name (`NVIDIA H100 80GB HBM3`), or None when not in the table."""
+    if not name:
+        return None
+    key = name.lower().strip().removeprefix("nvidia ").strip()
+    for row in _table():
+        if any((key == m) if row.get("exact") else (m in key) for m in row["match"]):
+            return {"name": row["name"], "bf16_tflops": row["bf16_tflops"], "fp8_tflops": row["fp8_tflops"],
+                    "bandwidth_tbs": row["bandwidth_tbs"], "source": row["source"]}
+    return None
+
+
+def weight_bits(model: ModelShape | None, quantization: Any) -> int | None:
+    """Bits per weight the GEMMs read: the run's --quantization, else the checkpoint's, else its dtype."""
+    method = quantization if isinstance(quantization, str) and quantization else (model.quantization if model
+                                                                                  else None)
+    if method:
+        return 8 if method in EIGHT_BIT else 4 if method in FOUR_BIT else None
+    if model is None or model.dtype is None:
+        return None
+    size = DTYPE_BYTES.get(model.dtype)
+    return 8 * size if size else None
+
+
+def kv_bytes(kv_cache_dtype: Any, model: ModelShape | None) -> int | None:
+    """Bytes per KV-cache element: --kv-cache-dtype, `auto` meaning the model's dtype."""
+    if isinstance(kv_cache_dtype, str) and kv_cache_dtype in FP8_DTYPES:
+        return 1
+    if isinstance(kv_cache_dtype, str) and kv_cache_dtype in ("bfloat16", "float16"):
+        return 2
+    return DTYPE_BYTES.get(model.dtype) if model and model.dtype else None
+
+
+def _delta(metrics: dict[str, float], name: str) -> float | None:
+    value = metrics.get(name)
+    return value if isinstance(value, (int, float)) else None
+
+
+def efficiency_section(gpu_name: str | None, model: ModelShape | None, config: dict[str, Any],
+                       counters: dict[str, float], seconds: float | None, requests: float | None,
+                       gpu_metrics: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The report's `efficiency` section (None when neither a peak, a model nor GPU metrics are known).
+
+    `config`: the run's effective settings (`{name: {value, source}}`); `counters`: /metrics counters over the
+    benchmark; `seconds`: the benchmark's duration; `requests`: requests it completed."""
+    peak = gpu_peak(gpu_name)
+    value = {k: (v or {}).get("value") for k, v in config.items()}
+    tp = value.get("tensor_parallel_size") or 1
+    bits = weight_bits(model, value.get("quantization"))
+    kv = kv_bytes(value.get("kv_cache_dtype"), model)
+    compute_peak = None
+    if peak:
+        compute_peak = peak["fp8_tflops"] if bits is not None and bits <= 8 and peak["fp8_tflops"] else \
+            peak["bf16_tflops"]
+    if peak is None and model is None and not gpu_metrics:
+        return None
+    out: dict[str, Any] = {
+        "gpu": {"name": gpu_name, **(peak or {})} if peak else {"name": gpu_name, "source": None},
+        "precision": {"weight_bits": bits, "kv_cache_bytes": kv, "compute_peak_tflops": compute_peak,
+                      "peak_is": "fp8" if compute_peak and peak and compute_peak == peak["fp8_tflops"] else "bf16"},
+        "model": None, "vllm_counters": None, "model_shape": None, "gpu_metrics": gpu_metrics,
+    }
+    if model is not None:
+        out["model"] = {"path": model.path, "architecture": model.architecture, "matmul_params": model.matmul_params,
+                        "weight_bytes": model.matmul_params * bits // 8 // tp if bits else None,
+                        "kv_bytes_per_token": model.kv_bytes_per_token(kv) // tp if kv else None,
+                        "dense": model.dense}
+    ok = seconds is not None and seconds > 0
+    flops, read, write = (_delta(counters, f"vllm:estimated_{k}_per_gpu_total")
+                          for k in ("flops", "read_bytes", "write_bytes"))
+    if ok and flops and read is not None:  # 0 without --enable-mfu-metrics: only a change counts
+        out["vllm_counters"] = _rates(flops, read + (write or 0.0), seconds, compute_peak, peak)
+        out["vllm_counters"].update(read_bytes=read, write_bytes=write)
+    shape = _shape_estimate(model, counters, requests, bits, kv, tp) if ok and model and model.dense else None
+    if shape:
+        out["model_shape"] = {**shape, **_rates(shape["flops"], shape["bytes"], seconds, compute_peak, peak)}
+    best = out["vllm_counters"] or out["model_shape"]
+    out["window"] = {"seconds": seconds, "from": "vLLM's counters" if out["vllm_counters"] else
+                     "the model's shape" if out["model_shape"] else None,
+                     **({k: best[k] for k in ("tflops", "tbs", "mfu", "mbu", "intensity")} if best else {})}
+    return out
+
+
+def _rates(flops: float, moved: float, seconds: float, compute_peak: float | None,
+           peak: dict[str, Any] | None) -> dict[str, Any]:
+    tflops, tbs = flops / seconds / 1e12, moved / seconds / 1e12
+    return {"flops": flops, "bytes": moved, "tflops": tflops, "tbs": tbs,
+            "mfu": tflops / compute_peak if compute_peak else None,
+            "mbu": tbs / peak["bandwidth_tbs"] if peak else None,
+            "intensity": flops / moved if moved else None}
+
+
+def _shape_estimate(model: ModelShape, counters: dict[str, float], requests: float | None, bits: int | None,
+                    kv: int | None, tp: int) -> dict[str, Any] | None:
+    """FLOPs and bytes of the run from the model's shape and vLLM's token and step counters:
+    steps (`vllm:iteration_tokens_total` histogram count), prompt tokens computed (`prompt_tokens` less those
+    served from the prefix cache) and generated tokens, requests."""
+    steps = _delta(counters, "vllm:iteration_tokens_total_count")
+    prompt = _delta(counters, "vllm:prompt_tokens_total")
+    cached = _delta(counters, "vllm:prompt_tokens_cached_total") or 0.0
+    generated = _delta(counters, "vllm:generation_tokens_total")
+    done = _delta(counters, "vllm:request_success_total") or requests
+    if not (steps and prompt is not None and generated and done and bits and kv):
+        return None
+    computed = max(0.0, prompt - cached)
+    prompt_len, out_len = prompt / done, generated / done  # per request, on average
+    kv_token = model.kv_bytes_per_token(kv) / tp
+    # attention: a prompt's computed tokens over the prompt (causal: half of it on average), each generated
+    # token over its context
+    attention = (model.attention_flops(computed, prompt_len / 2)
+                 + done * model.attention_flops(out_len, prompt_len + out_len / 2))
+    flops = (2.0 * model.matmul_params * (computed + generated) + attention) / tp
+    weights = steps * model.matmul_params * bits / 8 / tp
+    kv_read = done * (out_len * prompt_len + out_len * out_len / 2) * kv_token
+    kv_write = (computed + generated) * kv_token
+    return {"steps": steps, "tokens": {"prompt_computed": computed, "generated": generated, "requests": done},
+            "flops": flops, "bytes": weights + kv_read + kv_write,
+            "parts": {"weights_bytes": weights, "kv_read_bytes": kv_read, "kv_write_bytes": kv_write}}

@@ -1,0 +1,86 @@
+"""A model's Hugging Face `config.json` (capture copies the served model's into the folder; `--model-config` gives
+one for a bare trace) -> `ModelShape`: what a step of the model computes and reads.
+
+Dense decoder-only transformers (Llama, Qwen, Mistral and the like: attention with grouped KV heads and a gated
+MLP of three matrices) are modelled; a mixture-of-experts config is read but not modelled (`dense` False)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from profkit.errors import ProfkitError
+from profkit.inputs import read_json
+
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "float8_e4m3fn": 1, "fp8": 1}
+
+
+class ModelShape(msgspec.Struct, frozen=True):
+    path: str
+    architecture: str | None
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    dtype: str | None  # the checkpoint's torch_dtype
+    quantization: str | None  # quantization_config.quant_method of a quantized checkpoint
+    dense: bool  # False: experts (MoE); the per-step model below is a dense one's
+
+    @property
+    def matmul_params(self) -> int:
+        """Weights every token multiplies (per layer q, k, v, o and the gated MLP's three matrices; the LM head):
+        what a step reads once and what 2 x params FLOPs per token come from. The embedding table is looked up,
+        not multiplied."""
+        per_layer = (self.hidden * (self.heads + 2 * self.kv_heads) * self.head_dim
+                     + self.heads * self.head_dim * self.hidden + 3 * self.hidden * self.intermediate)
+        return self.layers * per_layer + self.hidden * self.vocab
+
+    def kv_bytes_per_token(self, kv_bytes: int) -> int:
+        """K and V of one token in every layer."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * kv_bytes
+
+    def attention_flops(self, query_tokens: float, context: float) -> float:
+        """QK^T and PV for `query_tokens` tokens each attending to `context` tokens, in every layer."""
+        return 4.0 * self.layers * self.heads * self.head_dim * query_tokens * context
+
+
+def _int(data: dict[str, Any], *keys: str) -> int | None:
+    for key in keys:
+        value = data.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 1 << 40:
+            return value
+    return None
+
+
+def parse_model_config(data: Any, path: str) -> ModelShape:
+    if not isinstance(data, dict):
+        raise ProfkitError(f"{path}: not a model config (expected a JSON object)")
+    text = data.get("text_config") if isinstance(data.get("text_config"), dict) else data  # multimodal wrappers
+    hidden = _int(text, "hidden_size", "n_embd", "d_model")
+    layers = _int(text, "num_hidden_layers", "n_layer", "num_layers")
+    heads = _int(text, "num_attention_heads", "n_head")
+    vocab = _int(text, "vocab_size")
+    intermediate = _int(text, "intermediate_size", "ffn_dim", "n_inner")
+    if None in (hidden, layers, heads, vocab, intermediate):
+        raise ProfkitError(f"{path}: not a decoder model config this profkit reads (needs hidden_size, "
+                           "num_hidden_layers, num_attention_heads, intermediate_size, vocab_size)")
+    kv_heads = _int(text, "num_key_value_heads", "num_kv_heads") or heads
+    head_dim = _int(text, "head_dim") or hidden // heads
+    archs = data.get("architectures")
+    quant = data.get("quantization_config")
+    dtype = text.get("torch_dtype", data.get("torch_dtype", text.get("dtype")))
+    experts = _int(text, "num_local_experts", "num_experts", "n_routed_experts")
+    return ModelShape(path=path, architecture=str(archs[0]) if isinstance(archs, list) and archs else None,
+                      layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+                      intermediate=intermediate, vocab=vocab, dtype=dtype if isinstance(dtype, str) else None,
+                      quantization=str(quant.get("quant_method")) if isinstance(quant, dict) else None,
+                      dense=experts is None)
+
+
+def read_model_config(path: Path) -> ModelShape:
+    return parse_model_config(read_json(Path(path), "model config"), str(path))
