@@ -79,18 +79,27 @@ def _delta(metrics: dict[str, float], name: str) -> float | None:
 
 def efficiency_section(gpu_name: str | None, model: ModelShape | None, config: dict[str, Any],
                        counters: dict[str, float], seconds: float | None, requests: float | None,
-                       gpu_metrics: dict[str, Any] | None = None) -> dict[str, Any] | None:
+                       gpu_metrics: dict[str, Any] | None = None,
+                       export_bandwidth: Any = None) -> dict[str, Any] | None:
     """The report's `efficiency` section (None when neither a peak, a model nor GPU metrics are known).
 
     `config`: the run's effective settings (`{name: {value, source}}`); `counters`: /metrics counters over the
-    benchmark; `seconds`: the benchmark's duration; `requests`: requests it completed."""
+    benchmark; `seconds`: the benchmark's duration; `requests`: requests it completed; `export_bandwidth`: the
+    trace's TARGET_INFO_GPU.memoryBandwidth (bytes/s), the bandwidth peak of a GPU not in the table."""
     peak = gpu_peak(gpu_name)
+    if isinstance(export_bandwidth, (int, float)) and not isinstance(export_bandwidth, bool) \
+            and 1e10 < export_bandwidth < 1e14:
+        if peak is None:
+            peak = {"name": gpu_name, "bf16_tflops": None, "fp8_tflops": None,
+                    "bandwidth_tbs": export_bandwidth / 1e12, "source": "the trace's TARGET_INFO_GPU.memoryBandwidth"}
+        else:
+            peak["export_bandwidth_tbs"] = export_bandwidth / 1e12  # the table's figure, checked by the export
     value = {k: (v or {}).get("value") for k, v in config.items()}
     tp = value.get("tensor_parallel_size") or 1
     bits = weight_bits(model, value.get("quantization"))
     kv = kv_bytes(value.get("kv_cache_dtype"), model)
     compute_peak = None
-    if peak:
+    if peak and peak["bf16_tflops"]:
         compute_peak = peak["fp8_tflops"] if bits is not None and bits <= 8 and peak["fp8_tflops"] else \
             peak["bf16_tflops"]
     if peak is None and model is None and not gpu_metrics:
@@ -135,25 +144,34 @@ def _shape_estimate(model: ModelShape, counters: dict[str, float], requests: flo
                     kv: int | None, tp: int) -> dict[str, Any] | None:
     """FLOPs and bytes of the run from the model's shape and vLLM's token and step counters:
     steps (`vllm:iteration_tokens_total` histogram count), prompt tokens computed (`prompt_tokens` less those
-    served from the prefix cache) and generated tokens, requests."""
+    served from the prefix cache) and generated tokens, requests, preemptions. A preempted request is recomputed
+    (vLLM 0.26 preempts by recomputation): its prompt and what it had generated, half its output on average; the
+    token counters count them once."""
     steps = _delta(counters, "vllm:iteration_tokens_total_count")
     prompt = _delta(counters, "vllm:prompt_tokens_total")
     cached = _delta(counters, "vllm:prompt_tokens_cached_total") or 0.0
     generated = _delta(counters, "vllm:generation_tokens_total")
     done = _delta(counters, "vllm:request_success_total") or requests
+    preempted = _delta(counters, "vllm:num_preemptions_total") or 0.0
     if not (steps and prompt is not None and generated and done and bits and kv):
         return None
     computed = max(0.0, prompt - cached)
     prompt_len, out_len = prompt / done, generated / done  # per request, on average
     kv_token = model.kv_bytes_per_token(kv) / tp
+    recomputed = preempted * (prompt_len + out_len / 2)
     # attention: a prompt's computed tokens over the prompt (causal: half of it on average), each generated
     # token over its context
     attention = (model.attention_flops(computed, prompt_len / 2)
-                 + done * model.attention_flops(out_len, prompt_len + out_len / 2))
-    flops = (2.0 * model.matmul_params * (computed + generated) + attention) / tp
+                 + done * model.attention_flops(out_len, prompt_len + out_len / 2)
+                 + model.attention_flops(recomputed, (prompt_len + out_len / 2) / 2))
+    flops = (2.0 * model.matmul_params * (computed + generated + recomputed) + attention) / tp
     weights = steps * model.matmul_params * bits / 8 / tp
     kv_read = done * (out_len * prompt_len + out_len * out_len / 2) * kv_token
-    kv_write = (computed + generated) * kv_token
-    return {"steps": steps, "tokens": {"prompt_computed": computed, "generated": generated, "requests": done},
-            "flops": flops, "bytes": weights + kv_read + kv_write,
-            "parts": {"weights_bytes": weights, "kv_read_bytes": kv_read, "kv_write_bytes": kv_write}}
+    kv_write = (computed + generated + recomputed) * kv_token
+    # each GEMM reads its input and writes its output once per token (fused kernels move less, unfused more)
+    activations = (computed + generated + recomputed) * model.activation_bytes_per_token() / tp
+    return {"steps": steps, "tokens": {"prompt_computed": computed, "generated": generated, "requests": done,
+                                       "recomputed": recomputed},
+            "flops": flops, "bytes": weights + kv_read + kv_write + activations,
+            "parts": {"weights_bytes": weights, "kv_read_bytes": kv_read, "kv_write_bytes": kv_write,
+                      "activation_bytes": activations}}

@@ -11,13 +11,20 @@ no Python loop over samples or kernels.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
-from profkit.traces.gpu_metrics import METRICS, GpuMetrics, MetricSeries
+from profkit.analysis.categories import categorize
+from profkit.analysis.steps import step_spans
+from profkit.analysis.window import Window
+from profkit.traces.columns import read_columns
+from profkit.traces.gpu_metrics import METRICS, GpuMetrics, MetricSeries, gpu_ids_of_cuda_devices, read_gpu_metrics
+from profkit.traces.model import Trace
 
+MEMORY_OPERATION = "memory copy/set"  # trace_gpu_metrics: samples under a memcpy/memset
 NO_KERNEL = "no kernel"  # samples taken while no kernel of the device ran (by_category)
 P90 = 90
 
@@ -160,3 +167,86 @@ def by_category(metrics: GpuMetrics, device: int, starts: np.ndarray, ends: np.n
             out.setdefault(labels[code], {})[metric] = {"samples": int(counts[code]),
                                                          "mean": float(sums[code] / counts[code])}
     return out
+
+
+def metrics_section(metrics: GpuMetrics | None, source: str | None = None, device: int | None = None,
+                    phases: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None,
+                    kernels: tuple[np.ndarray, np.ndarray, np.ndarray, Sequence[str]] | None = None
+                    ) -> dict[str, Any] | None:
+    """The report's GPU-metrics section (None without metrics), plain JSON values:
+
+    - `window`: {metric: mean %} over every sample read, the GPUs pooled (or GPU `device`'s alone): at one
+      sampling rate each GPU weighs the same, so a tensor-parallel run reads as the average of its GPUs;
+    - `gpus`: [{gpu, name, metrics: summary()}] per GPU;
+    - `phases`: [{phase, metric: mean %, samples: {metric: n}}] for named time ranges of GPU `device` (the first
+      GPU when None), e.g. {"prefill-bearing": (starts, ends), "decode-only": (starts, ends)} of engine steps;
+    - `categories`: by_category() for `kernels` = (starts, ends, category codes, category names) of that GPU;
+    - `left_out`, `said`: the rows the reader could not use."""
+    if metrics is None:
+        return None
+    gpus = [g for g in metrics.gpus if device is None or g == device]
+    window: dict[str, float | None] = {}
+    for metric in METRICS:
+        pooled = [s.values for g in gpus if (s := metrics.get(g, metric)) is not None]
+        window[metric] = stats(np.concatenate(pooled) if pooled else np.empty(0))["mean"]
+    phase_gpu = device if device is not None else (gpus[0] if gpus else None)
+    phase_rows = []
+    for phase, (starts, ends) in (phases or {}).items():
+        if phase_gpu is None:
+            break
+        inside_phase = summary(within(metrics, starts, ends, phase_gpu), phase_gpu)
+        phase_rows.append({"phase": phase, **{m: s["mean"] for m, s in inside_phase.items()},
+                           "samples": {m: s["samples"] for m, s in inside_phase.items()}})
+    categories = (by_category(metrics, phase_gpu, *kernels) if kernels is not None and phase_gpu is not None
+                  else None)
+    return {"source": source, "window": window,
+            "gpus": [{"gpu": g, "name": metrics.gpu_names.get(g), "metrics": summary(metrics, g)} for g in gpus],
+            "phases": phase_rows, "categories": categories, "left_out": dict(metrics.left_out),
+            "said": metrics.said(), "start_ns": metrics.start_ns, "end_ns": metrics.end_ns}
+
+
+def trace_gpu_metrics(trace: Trace, win: Window) -> dict[str, Any] | None:
+    """The report's GPU-metrics section from an nsys trace recorded with `--gpu-metrics-devices` (None without
+    them): the samples of the window, split by engine-step phase (prefill-bearing / decode-only, where the trace
+    shows steps) and by the category of the kernel running at each sample, on the first GPU with kernels."""
+    if trace.kind != "nsys-sqlite" or not trace.conn.execute(
+            "SELECT 1 FROM main.sqlite_master WHERE type = 'table' AND name = 'GPU_METRICS'").fetchone():
+        return None
+    lo, hi = (win.start_ns, win.end_ns) if win.bounded else (None, None)
+    metrics = read_gpu_metrics(trace.conn, lo, hi)
+    if metrics is None:
+        return None
+    spans = step_spans(trace, win)
+    devices = [d for (d,) in trace.query(f"SELECT DISTINCT device FROM kernels WHERE {win.where('kernels')}",
+                                         win.params)]
+    cuda = spans[0] if spans else min(devices) if devices else None
+    if cuda is None:
+        return metrics_section(metrics, source=str(trace.path))
+    # the kernels' CUDA device is the process's; the metrics are keyed by the GPU (CUDA_VISIBLE_DEVICES renumbers)
+    gpu_of = {c: g for (_pid, c), g in gpu_ids_of_cuda_devices(trace.conn).items()}
+    gpu = gpu_of.get(cuda, cuda)
+    gpu = gpu if gpu in metrics.gpus else (metrics.gpus[0] if metrics.gpus else None)
+    where = f"{win.where('kernels')} AND device = {int(cuda)}"
+    cols = read_columns(trace, "kernels", {"s": "start", "e": "end", "n": "name_id"}, where, win.params)
+    ids, inverse = np.unique(cols["n"], return_inverse=True)
+    names = trace.strings(int(i) for i in ids)
+    by_id = [categorize(names.get(int(i)) or "") for i in ids]
+    # memory copies and sets hold the GPU too (a device-to-device copy reads and writes DRAM at full rate)
+    ops = trace.query(f"SELECT start, end FROM memops WHERE {win.where('memops')} AND device = {int(cuda)}",
+                      win.params) if "memops" in trace.present else []
+    categories = sorted(set(by_id) | ({MEMORY_OPERATION} if ops else set()))
+    codes = np.array([categories.index(c) for c in by_id], dtype=np.int64)[inverse] if len(ids) else \
+        np.empty(0, np.int64)
+    starts, ends = cols["s"], cols["e"]
+    if ops:
+        o = np.array(ops, dtype=np.int64).reshape(-1, 2)
+        starts, ends = np.concatenate([starts, o[:, 0]]), np.concatenate([ends, o[:, 1]])
+        codes = np.concatenate([codes, np.full(len(o), categories.index(MEMORY_OPERATION), np.int64)])
+        order = np.argsort(starts, kind="stable")
+        starts, ends, codes = starts[order], ends[order], codes[order]
+    kernels = (starts, ends, codes, categories)
+    section = metrics_section(metrics, source=str(trace.path), device=None,
+                              phases=spans[1] if spans else None, kernels=kernels if gpu is not None else None)
+    if section is not None:
+        section["device"] = {"cuda": int(cuda), "gpu": gpu}
+    return section

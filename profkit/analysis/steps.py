@@ -40,20 +40,45 @@ def _quantile(values: list[int], q: float) -> int | None:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def engine_steps(trace: Trace, win: Window) -> dict[str, Any] | None:
-    """The step view, or None when the trace shows no step boundaries (then the report says so)."""
+def _steps(trace: Trace, win: Window) -> tuple[DeviceGaps, list[tuple[int, int, int, int, int]], str] | None:
+    """The first GPU's gaps, the window's steps and where they came from; None without steps."""
     lo, hi = (win.start_ns, win.end_ns) if win.bounded else (-(1 << 62), 1 << 62)  # `all`: every step
     all_gaps = gpu_gaps(trace)
     if not all_gaps.devices:
         return None
     gaps = all_gaps.devices[min(all_gaps.devices)]
-    device, first, last = gaps.device, gaps.first, gaps.last
     steps, source = _nvtx_steps(trace, lo, hi), NVTX_SOURCE
     if not steps:
         steps, source = _kernel_steps(trace, lo, hi, gaps), KERNEL_SOURCE
-    if not steps:
+    return (gaps, steps, source) if steps else None
+
+
+def _bounds(steps: list[tuple[int, int, int, int, int]]) -> list[tuple[int, int]]:
+    """Each step from its start to the next step's start (the last one to its own end)."""
+    return [(s[0], steps[i + 1][0] if i + 1 < len(steps) else max(s[1], s[0] + 1)) for i, s in enumerate(steps)]
+
+
+def step_spans(trace: Trace, win: Window) -> tuple[int, dict[str, tuple[np.ndarray, np.ndarray]]] | None:
+    """(GPU, {"prefill-bearing": (starts, ends), "decode-only": (starts, ends)}): the engine steps as engine_steps
+    cuts them, to split per-sample data (nsys GPU metrics) by phase; None when the trace shows no steps."""
+    found = _steps(trace, win)
+    if found is None:
         return None
-    bounds = [(s[0], steps[i + 1][0] if i + 1 < len(steps) else max(s[1], s[0] + 1)) for i, s in enumerate(steps)]
+    gaps, steps, _ = found
+    bounds = np.array(_bounds(steps), dtype=np.int64).reshape(-1, 2)
+    prefill = np.array([s[2] > 0 for s in steps], dtype=bool)
+    return gaps.device, {"prefill-bearing": (bounds[prefill, 0], bounds[prefill, 1]),
+                         "decode-only": (bounds[~prefill, 0], bounds[~prefill, 1])}
+
+
+def engine_steps(trace: Trace, win: Window) -> dict[str, Any] | None:
+    """The step view, or None when the trace shows no step boundaries (then the report says so)."""
+    found = _steps(trace, win)
+    if found is None:
+        return None
+    gaps, steps, source = found
+    device, first, last = gaps.device, gaps.first, gaps.last
+    bounds = _bounds(steps)
     # The gap table holds idle time between GPU operations only: clip each step to the GPU's active span.
     clipped = [(max(a, first), max(max(a, first), min(b, last))) for a, b in bounds]
     ca = np.array([c[0] for c in clipped], dtype=np.int64)

@@ -145,11 +145,13 @@ class CaptureFolder:
 
     def traces(self) -> list[Path]:
         """The traces: trace.sqlite alone when it is there, else every nsys export, else every torch trace
-        (torch.profiler writes one per rank: a folder of rank traces reads the same way)."""
+        (torch.profiler writes one per rank: a folder of rank traces reads the same way). The GPU-metrics export
+        of an unprofiled benchmark is not a trace (no CUDA activity): `gpu_metrics_path` reads it."""
         preferred = self.path / TRACE
         if preferred.is_file():
             return [preferred]
-        return (sorted(self.path.glob("*.sqlite")) or sorted(self.path.glob("*.pt.trace.json*"))
+        exports = [p for p in sorted(self.path.glob("*.sqlite")) if p.name != GPU_METRICS]
+        return (exports or sorted(self.path.glob("*.pt.trace.json*"))
                 or sorted(self.path.glob(f"{TORCH_DIR}/*.pt.trace.json*")) or sorted(self.path.glob("*rank*.json*")))
 
     def user_command(self) -> UserCommand | None:

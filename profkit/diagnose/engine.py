@@ -249,6 +249,8 @@ def _num(value: Any, digits: int = 3) -> str:
     if isinstance(value, float):
         if value.is_integer() and abs(value) < 1e15:  # a count that arrived as a float (JSON, metrics)
             return f"{int(value):,}"
+        if abs(value) >= 10 ** digits:  # no exponent for numbers a person reads whole (198 requests, not 2e+02)
+            return f"{value:,.0f}"
         return f"{value:.{digits}g}"
     return f"{value:,}" if isinstance(value, int) else str(value)
 

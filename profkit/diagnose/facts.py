@@ -177,6 +177,8 @@ def _declare() -> dict[str, Fact]:
         ("steps.prefill_share", "share", "share of steps that carry prefill (context) tokens"),
         ("gpu.busy", "share", "share of the run the GPU was busy: NVML samples (host.json) if taken, else "
                               "gpu.utilization"),
+        ("vllm.speculative_decoding", "bool", "the run speculates (--speculative-config given or logged); false "
+                                              "where vLLM's default (none) applies"),
     ]
     for key in VLLM_DEFAULTS:
         rows.append((f"config.{key}", "value", f"the run's --{key.replace('_', '-')} (given, logged, or the vLLM "
@@ -410,6 +412,9 @@ def vllm_facts(vllm: Any) -> dict[str, Any]:
     for key, entry in (vllm.config if vllm is not None else {}).items():
         facts[f"config.{key}"] = entry["value"]
     facts["vllm.default_max_num_seqs"] = (vllm.defaults or {}).get("max_num_seqs") if vllm is not None else None
+    spec = (vllm.config if vllm is not None else {}).get("speculative_config") or {}
+    known = spec.get("source") not in (None, "unknown")
+    facts["vllm.speculative_decoding"] = (spec.get("value") is not None) if known else None
     return facts
 
 

@@ -61,6 +61,8 @@ VLLM_DEFAULTS: dict[str, Any] = {
     "quantization": None,  # the checkpoint's own (none: its dtype)
     "speculative_config": None,
 }
+# Settings whose default is "none" (not unknown): no quantization beyond the checkpoint's, no speculative decoding.
+DEFAULT_IS_NONE = frozenset({"quantization", "speculative_config"})
 # vLLM 0.26 sizes --max-num-seqs by the GPU (EngineArgs._set_default_max_num_seqs_and_batched_tokens_args):
 # 1024 on GPUs with 70 GiB or more that are not A100s (H100, H200, MI300x, ...), 256 elsewhere.
 BIG_GPU_MAX_NUM_SEQS, SMALL_GPU_MAX_NUM_SEQS = 1024, 256
@@ -752,7 +754,8 @@ def effective_config(flags: dict[str, Any], logged: dict[str, Any], gpu: str | N
         elif logged.get(key) is not None:
             out[key] = {"value": logged[key], "source": "vLLM log"}
         else:
-            out[key] = {"value": default, "source": "vLLM 0.26 default" if default is not None else "unknown"}
+            known = default is not None or key in DEFAULT_IS_NONE
+            out[key] = {"value": default, "source": "vLLM 0.26 default" if known else "unknown"}
     return out
 
 

@@ -40,6 +40,14 @@ class ModelShape(msgspec.Struct, frozen=True):
                      + self.heads * self.head_dim * self.hidden + 3 * self.hidden * self.intermediate)
         return self.layers * per_layer + self.hidden * self.vocab
 
+    def activation_bytes_per_token(self, act_bytes: int = 2) -> int:
+        """What one token's GEMMs read (their inputs) and write (their outputs) in every layer: the qkv, o,
+        gate-up and down projections; 16-bit activations unless told."""
+        qkv = (self.heads + 2 * self.kv_heads) * self.head_dim
+        inputs = self.hidden + self.heads * self.head_dim + self.hidden + self.intermediate
+        outputs = qkv + self.hidden + 2 * self.intermediate + self.hidden
+        return act_bytes * self.layers * (inputs + outputs)
+
     def kv_bytes_per_token(self, kv_bytes: int) -> int:
         """K and V of one token in every layer."""
         return 2 * self.layers * self.kv_heads * self.head_dim * kv_bytes

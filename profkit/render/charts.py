@@ -167,3 +167,28 @@ def steps_chart(report: dict[str, Any]) -> str:
     ax.set_xlabel("engine step (in order)")
     ax.legend(loc="upper right", frameon=False)
     return _svg(fig)
+
+
+def roofline_chart(chart: dict[str, Any]) -> str:
+    """The GPU's roofline (attainable TFLOP/s = min(compute peak, bandwidth x FLOP/byte), bf16 and fp8 roofs)
+    with the run's achieved point from each estimate, log-log."""
+    bw = chart["bandwidth_tbs"]
+    xs_points = [p["intensity"] for p in chart["points"]]
+    top = max(r["tflops"] for r in chart["roofs"])
+    lo = min([1.0, *(x / 4 for x in xs_points)])
+    hi = max([4 * top / bw, *(4 * x for x in xs_points)])
+    fig, ax = plt.subplots(figsize=(6.5, 3.2))
+    for roof, style in zip(chart["roofs"], ("-", "--"), strict=False):
+        ridge = roof["tflops"] / bw
+        ax.plot([lo, ridge, hi], [bw * lo, roof["tflops"], roof["tflops"]], style, color=BUSY, linewidth=1.2,
+                label=f"{roof['label']} roof ({roof['tflops']:,.0f} TFLOP/s, {bw:g} TB/s)")
+    for point, color in zip(chart["points"], (IDLE, ACCENT), strict=False):
+        ax.plot([point["intensity"]], [point["tflops"]], "o", color=color, markersize=7,
+                label=f"{point['label']}: {point['tflops']:,.0f} TFLOP/s at {point['intensity']:,.0f} FLOP/B")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_xlabel("arithmetic intensity (FLOP per byte moved)")
+    ax.set_ylabel("TFLOP/s")
+    ax.legend(loc="lower right", frameon=False, fontsize=7)
+    return _svg(fig)

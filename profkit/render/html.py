@@ -8,6 +8,7 @@ import jinja2
 
 from profkit import escape, units
 from profkit.render import charts, cmdline
+from profkit.render.efficiency import PRECISION_NOTE, efficiency_view
 from profkit.render.ranks import rank_table
 from profkit.resources import shipped_dir
 
@@ -36,8 +37,10 @@ def environment() -> jinja2.Environment:
 def render_html(report: dict[str, Any]) -> str:
     # Charts are made here, not in the template: a template never computes anything.
     pairs = cmdline.command_pairs(report)
-    if report.get("gpu") is None:  # evidence only: no trace, no charts
-        return _page(report, {}, pairs)
+    eff = efficiency_view(report)
+    roofline = jinja2.filters.Markup(charts.roofline_chart(eff["chart"])) if eff and eff["chart"] else ""
+    if report.get("gpu") is None:  # evidence only: no trace, no charts but the roofline
+        return _page(report, {"roofline": roofline}, pairs, eff)
     svgs = {
         "timeline": charts.timeline_chart(report),
         "categories": charts.category_chart(report) if report["categories"] else "",
@@ -48,10 +51,12 @@ def render_html(report: dict[str, Any]) -> str:
         "ranks": charts.ranks_chart(report) if report.get("ranks") else "",
     }
     svgs = {k: jinja2.filters.Markup(v) for k, v in svgs.items()}  # matplotlib escaped the labels
-    return _page(report, svgs, pairs)
+    return _page(report, {**svgs, "roofline": roofline}, pairs, eff)
 
 
-def _page(report: dict[str, Any], svgs: dict[str, Any], pairs: list[dict[str, Any]]) -> str:
+def _page(report: dict[str, Any], svgs: dict[str, Any], pairs: list[dict[str, Any]],
+          eff: dict[str, Any] | None) -> str:
     page = environment().get_template("report.html.j2").render(r=report, charts=svgs, commands=pairs,
-                                                                  ranks=rank_table(report))
+                                                                  ranks=rank_table(report), eff=eff,
+                                                                  precision_note=PRECISION_NOTE)
     return escape.document(page)  # trace strings may carry control characters; no HTML needs them

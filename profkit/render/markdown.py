@@ -7,6 +7,7 @@ from typing import Any
 import jinja2
 
 from profkit import escape, units
+from profkit.render.efficiency import PRECISION_NOTE, efficiency_view
 from profkit.render.ranks import rank_table
 from profkit.resources import shipped_dir
 
@@ -43,5 +44,5 @@ def environment() -> jinja2.Environment:
 
 
 def render_markdown(report: dict[str, Any], top: int = 10) -> str:
-    return escape.document(environment().get_template("report.md.j2").render(r=report, top=top,
-                                                                                  ranks=rank_table(report)))
+    return escape.document(environment().get_template("report.md.j2").render(
+        r=report, top=top, ranks=rank_table(report), eff=efficiency_view(report), precision_note=PRECISION_NOTE))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from profkit.escape import document, terminal
+from profkit.render.efficiency import PRECISION_NOTE, efficiency_view
 from profkit.render.ranks import rank_table
 from profkit.units import change_from, change_to, clip, ns, pct, size
 
@@ -73,6 +74,30 @@ def host_lines(report: dict[str, Any]) -> list[str]:
                              "process": lambda r: clip(terminal(r["name"]), 60)}, 8))
     if host.get("gpu_util_mean") is not None:
         out.append(f"  GPU utilization (NVML): {pct(host['gpu_util_mean'])}")
+    return out + [""]
+
+
+def efficiency_lines(report: dict[str, Any]) -> list[str]:
+    """How far the run is from the GPU's peaks (MFU, MBU) and what the GPU's own counters say."""
+    view = efficiency_view(report)
+    if view is None:
+        return []
+    out = [view["title"], f"  {view['peaks']}; {view['compared_with']}"
+           + (f"; ridge at {view['ridge']} FLOP/byte" if view["ridge"] else "")]
+    if view["estimates"]:
+        out.append(_table(view["estimates"], {
+            "estimate from": lambda r: r["from"], "TFLOP/s": lambda r: r["tflops"], "MFU": lambda r: r["mfu"],
+            "TB/s": lambda r: r["tbs"], "MBU": lambda r: r["mbu"], "FLOP/byte": lambda r: r["intensity"],
+            "roofline": lambda r: r["side"]}, 4))
+    if view["reading"]:
+        out.append(f"  {view['reading']}")
+    m = view["metrics"]
+    if m:
+        out.append(f"  GPU metrics (nsys, mean % of peak; {terminal(str(m['source']))}):")
+        columns: dict[str, Any] = {"over": lambda r: terminal(r["scope"])}
+        for key, title in zip(m["metric_keys"], m["columns"], strict=True):
+            columns[title] = lambda r, key=key: r[key]
+        out.append(_table(m["rows"], columns, 12))
     return out + [""]
 
 
@@ -154,6 +179,7 @@ def render_text(report: dict[str, Any], top: int = 10, name_width: int = 70) -> 
         "",
     ]
     out += _findings(report)
+    out += efficiency_lines(report)
     out += rank_lines(report)
     out += step_lines(report)
     out += host_lines(report)
@@ -215,6 +241,8 @@ def _findings(report: dict[str, Any]) -> list[str]:
             for c in f.get("changes", []):
                 action = f" [{c['action']}]" if c.get("action") else ""
                 out.append(f"      {c['flag']}: {change_from(c)} -> {change_to(c)}{action}  ({c.get('why', '')})")
+                if c.get("changes_precision"):
+                    out.append(f"        ! {PRECISION_NOTE}")
         out.append("")
     return out + command_lines(report)
 
@@ -224,6 +252,7 @@ def _render_evidence_only(report: dict[str, Any]) -> str:
     out = [f"profkit report: {src['path'] or 'vLLM evidence'} (no trace: vLLM's own evidence only)",
            *outcome_lines(report), ""]
     out += _findings(report)
+    out += efficiency_lines(report)
     out += host_lines(report)
     skipped = report.get("rules_skipped") or []
     if skipped:

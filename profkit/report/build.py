@@ -113,7 +113,9 @@ def build_report(path: str | os.PathLike | list | tuple | None, window: str = "a
     efficiency = efficiency_section(gpu_name, model, vllm.config, vllm.metrics_delta or {},
                                     bench_rec.elapsed_s if bench_rec else None,
                                     bench_rec.num_requests if bench_rec else None,
-                                    gpu_metrics=gpu_metrics_section(part, folder))
+                                    gpu_metrics=gpu_metrics_section(part, folder),
+                                    export_bandwidth=next((g.get("memory_bandwidth") for g in source.get("gpus") or []
+                                                           if isinstance(g, dict)), None))
     facts = compute_facts(part, vllm, host_part, ranks, imbalance, workload, efficiency)
     # Not shown to be vLLM's: the findings say what the trace shows, and no vLLM flag is proposed.
     findings, skipped = evaluate(rules, facts, propose_changes=bool(shown))

@@ -14,6 +14,7 @@ from profkit.analysis import timeline
 from profkit.analysis.categories import category_breakdown
 from profkit.analysis.communication import DeviceKernels, per_device
 from profkit.analysis.cpu import cpu_op_summary
+from profkit.analysis.gpu_metrics import trace_gpu_metrics
 from profkit.analysis.kernels import kernel_summary
 from profkit.analysis.launch import launch_latency
 from profkit.analysis.nvtx import nvtx_summary
@@ -65,6 +66,7 @@ def _build(path: str | os.PathLike, window: str, gap_threshold_ns: int, buckets:
             tl = timeline.gpu_timeline(trace, win, gap_threshold_ns=gap_threshold_ns, n_buckets=buckets)
             steps = engine_steps(trace, win)  # the gap table lives on this connection
             sched = process_cpu(trace, win)
+            gpu_metrics = trace_gpu_metrics(trace, win)  # nsys --gpu-metrics-devices: by phase and kernel category
             step("kernels")
             kernels, memops, kinds, nvtx, launch = gpu_side.result()
             step("CUDA API")
@@ -88,6 +90,7 @@ def _build(path: str | os.PathLike, window: str, gap_threshold_ns: int, buckets:
         gaps=tl.gaps,
         gap_classes=tl.gap_classes,
         steps=steps,
+        gpu_metrics=gpu_metrics,
         sched=sched,
         launch=launch,
         ranks=_rank_parts(source, devices, tl.devices, win.duration_ns) if devices is not None else None,

@@ -2,9 +2,12 @@
 
 The export holds one row per metric per sample: `GPU_METRICS(timestamp, typeId, metricId, value)`, named by
 `TARGET_INFO_GPU_METRICS(typeId, metricId, metricName)` and joined on both ids (metricId alone is not unique
-across GPUs). The GPU's index is `typeId & 0xFF`, as nsys's own recipes read it; it is the GPU id of
-`TARGET_INFO_GPU.id` and `TARGET_INFO_CUDA_DEVICE.gpuId` (a process's CUDA device `cudaId` maps to it).
-Timestamps are nanoseconds on the session clock, the clock of the CUPTI kernel table.
+across GPUs). The GPU's index is `typeId & 0xFF`, as nsys's own recipes read it: `gpu_metric_util_sum
+--per-kernel` matches it with `TARGET_INFO_CUDA_DEVICE.gpuId`, to which a process's CUDA device (`cudaId`, the
+kernels' `deviceId`) maps (`gpu_ids_of_cuda_devices`). The GPU's name is taken from the TARGET_INFO_GPU row whose
+`id` is that index (on the one-GPU H100 exports here `id`, `pwGpuId` and `cuDevice` are all 0; which of them the
+index equals on a multi-GPU export is not verified here). Timestamps are nanoseconds on the session clock, the
+clock of the CUPTI kernel table.
 
 Only the five metrics profkit uses are read, each as two numpy columns per GPU (sample times, int64 ascending;
 values, float64 percent), filtered to the time window inside SQLite. Names are matched as nsys's recipes match
@@ -182,6 +185,8 @@ def open_gpu_metrics(path: str | Path, start_ns: int | None = None,
             folder = Path(tempfile.mkdtemp(prefix="profkit-gpu-metrics-"))
             source = _checkpointed_copy(p, wal, folder)
         conn = sqlite3.connect(f"file:{quote(str(source.resolve()))}?mode=ro&immutable=1", uri=True)
+        # text is UTF-8 by contract; a name in other bytes becomes U+FFFD rather than failing the read (as open_nsys)
+        conn.text_factory = lambda b: b.decode("utf-8", "replace")
         try:
             tables = {r[0] for r in conn.execute("SELECT name FROM main.sqlite_master WHERE type = 'table'")}
             if not tables & NSYS_TABLES:
@@ -191,6 +196,8 @@ def open_gpu_metrics(path: str | Path, start_ns: int | None = None,
             conn.close()
     except sqlite3.DatabaseError as exc:
         raise TraceError(f"{p}: damaged or unreadable SQLite file ({one_line(exc, 120)})") from None
+    except OSError as exc:  # copying an export with its -wal file: the disk, the permissions
+        raise TraceError(f"{p}: {one_line(exc.strerror or exc, 120)}") from None
     finally:
         if folder is not None:
             shutil.rmtree(folder, ignore_errors=True)
