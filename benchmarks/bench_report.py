@@ -1,8 +1,13 @@
 """Time `profkit report` on multi-million-kernel nsys traces against a raw-SQL floor.
 
-The traces are built from the real vLLM fixture (thr_graphs: 59k kernels, 193k CUDA API calls) in
-a temp copy by replicating every CUDA table's rows with shifted times and correlation ids, so the
-data has real names, real duration distributions and real API/kernel ratios.
+Two shapes, each grown from a real H100 trace in a temp copy by replicating every CUDA (and OS) table's rows
+with shifted times and correlation ids, so the data has real names, real duration distributions and real
+API/kernel ratios:
+- `throughput` (default): vLLM's offline throughput benchmark with CUDA graphs (thr_graphs: 59k kernels, 193k
+  CUDA API calls in 12 s; long busy stretches);
+- `serve`: 1 s of `vllm serve` under a rate-inf client, frontend-bound (tests/data/h100_serve_frontend_slice:
+  4,704 kernels, 13,378 CUDA API calls, ~700 engine steps, context switches and OS runtime calls): many short
+  steps and host gaps, the shape of a real serve trace. 213 copies: 1.0M kernels over 213 s.
 
 For each size the floor is one raw `SELECT demangledName, count(*), sum(end-start) ... GROUP BY
 demangledName` over the kernel table, measured in the same run; the report is the full CLI
@@ -26,9 +31,11 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-DEFAULT_FIXTURE = REPO.parent / "shared" / "fixtures" / "h100_vllm" / "thr_graphs.sqlite.xz"
+SHAPES = {"throughput": (REPO.parent / "shared" / "fixtures" / "h100_vllm" / "thr_graphs.sqlite.xz", "17,68,272"),
+          "serve": (REPO / "tests" / "data" / "h100_serve_frontend_slice.sqlite.xz", "213")}
 TABLES = ["CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_MEMCPY",
-          "CUPTI_ACTIVITY_KIND_MEMSET", "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", "NVTX_EVENTS"]
+          "CUPTI_ACTIVITY_KIND_MEMSET", "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", "NVTX_EVENTS", "SCHED_EVENTS",
+          "OSRT_API", "CUDA_GRAPH_NODE_EVENTS"]
 FLOOR_SQL = ("SELECT demangledName, count(*), sum(end - start) FROM CUPTI_ACTIVITY_KIND_KERNEL "
              "GROUP BY demangledName")
 
@@ -41,11 +48,15 @@ def build_replicated(base: Path, copies: int, out: Path) -> int:
     conn.execute("PRAGMA synchronous = OFF")
     # Shift each copy past the end of every table's events, so each table stays in start order
     # (nsys writes rows sorted by start, and profkit relies on that for the API table).
-    lo = min(conn.execute(f"SELECT min(start) FROM {t}").fetchone()[0] for t in TABLES)
-    hi = max(conn.execute(f"SELECT max(max(start), max(coalesce(end, 0))) FROM {t}").fetchone()[0] for t in TABLES)
+    present = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    tables = [t for t in TABLES if t in present and conn.execute(f"SELECT 1 FROM {t} LIMIT 1").fetchone()]
+    ends = {t: "end" in {r[1] for r in conn.execute(f"PRAGMA table_info({t})")} for t in tables}
+    lo = min(conn.execute(f"SELECT min(start) FROM {t}").fetchone()[0] for t in tables)
+    hi = max(conn.execute(f"SELECT max(max(start), max(coalesce(end, 0))) FROM {t}" if ends[t] else
+                          f"SELECT max(start) FROM {t}").fetchone()[0] for t in tables)
     span = hi - lo + 1_000_000
     corr = conn.execute("SELECT max(correlationId) + 1 FROM CUPTI_ACTIVITY_KIND_RUNTIME").fetchone()[0]
-    for table in TABLES:
+    for table in tables:
         cols = [r[1] for r in conn.execute(f"PRAGMA table_info({table})")]
         n0 = conn.execute(f"SELECT max(rowid) FROM {table}").fetchone()[0] or 0
         for k in range(1, copies):
@@ -89,7 +100,7 @@ def prepare(fixture: Path, workdir: Path | None) -> tuple[Path, Path]:
     """(work folder, the decompressed fixture in it): reused when the folder already holds it."""
     work = workdir or Path(tempfile.mkdtemp(prefix="profkit-bench-"))
     work.mkdir(parents=True, exist_ok=True)
-    base = work / "base.sqlite"
+    base = work / (fixture.name.removesuffix(".xz").removesuffix(".sqlite") + ".base.sqlite")
     if not base.exists():
         with lzma.open(fixture) as src, base.open("wb") as dst:
             shutil.copyfileobj(src, dst, 1 << 20)
@@ -98,20 +109,26 @@ def prepare(fixture: Path, workdir: Path | None) -> tuple[Path, Path]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--fixture", type=Path, default=DEFAULT_FIXTURE)
-    ap.add_argument("--scales", default="17,68,272", help="copies of the fixture per size (17 -> 1.0M kernels)")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="throughput")
+    ap.add_argument("--fixture", type=Path, default=None, help="the trace to grow (default: the shape's)")
+    ap.add_argument("--scales", default=None, help="copies of the fixture per size (throughput: 17 -> 1.0M "
+                                                    "kernels; serve: 213 -> 1.0M)")
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--keep", action="store_true", help="keep the grown traces in the work folder (for profiling)")
     ap.add_argument("--baseline", type=Path, default=None,
                     help="another profkit source tree (e.g. a worktree of an earlier commit) measured alongside")
     args = ap.parse_args()
+    fixture, scales = SHAPES[args.shape]
+    args.fixture, args.scales = args.fixture or fixture, args.scales or scales
     work, base = prepare(args.fixture, args.workdir)
 
     rows = []
     for copies in (int(s) for s in args.scales.split(",")):
-        path = work / f"x{copies}.sqlite"
+        path = work / f"{args.shape}_x{copies}.sqlite"
         t0 = time.perf_counter()
-        kernels = build_replicated(base, copies, path)
+        kernels = build_replicated(base, copies, path) if not path.exists() else \
+            sqlite3.connect(path).execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
         built = time.perf_counter() - t0
         floor = min(run_measured(floor_cmd(path))[0] for _ in range(args.repeat))
         size_mb = path.stat().st_size / 1e6
@@ -125,7 +142,8 @@ def main() -> None:
             rss = max(r for _, r in report_runs)
             rows.append((label, copies, kernels, size_mb, floor, wall, wall / floor, rss))
         print(f"built x{copies}: {kernels:,} kernels, {size_mb:.0f} MB in {built:.0f} s", file=sys.stderr)
-        path.unlink()
+        if not args.keep:
+            path.unlink()
 
     print("| profkit | copies | kernels | SQLite MB | floor s | report s | report / floor | peak RSS MiB |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")

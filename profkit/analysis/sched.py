@@ -10,41 +10,51 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from profkit.analysis.window import Window
 from profkit.traces import Trace
+from profkit.traces.columns import read_columns
 
 TOP = 10  # processes listed
-
-ON_CPU = """
-WITH ev AS (
-  SELECT tid, pid, start, sched_in,
-         LEAD(start) OVER (PARTITION BY tid ORDER BY start) AS nxt,
-         ROW_NUMBER() OVER (PARTITION BY tid ORDER BY start) AS rn
-  FROM sched WHERE start >= :a AND start < :b),
-spans AS (
-  SELECT tid, pid, start AS s, coalesce(nxt, :b) AS e FROM ev WHERE sched_in
-  UNION ALL
-  SELECT tid, pid, :a, start FROM ev WHERE NOT sched_in AND rn = 1),
-threads AS (
-  SELECT pid, tid, ns, ROW_NUMBER() OVER (PARTITION BY pid ORDER BY ns DESC) AS rank
-  FROM (SELECT pid, tid, sum(max(e - s, 0)) AS ns FROM spans GROUP BY tid))
-SELECT pid, sum(ns), count(*), max(ns), max(CASE WHEN rank = 1 THEN tid & 16777215 END)
-FROM threads GROUP BY pid ORDER BY sum(ns) DESC LIMIT :top
-"""
+SOURCE = "nsys context switches (SCHED_EVENTS)"
 
 
 def process_cpu(trace: Trace, win: Window) -> dict[str, Any] | None:
     """{"window_ns", "processes": [{pid, name, cores, threads, busiest_thread_cores, busiest_tid}]}, busiest
-    first; None without context-switch data."""
+    first; None without context-switch data.
+
+    The window's switches are read once as columns and sorted by (thread, time); each switch-in lasts to the
+    thread's next event (or the window's end), a thread whose first event is a switch-out was on a CPU since the
+    window's start; per-thread sums by bincount, per process the same (no SQL window function over millions)."""
     if "sched" not in trace.present:
         return None
     a, b = win.start_ns, win.end_ns  # `all` too: CPU over the same span as the GPU figures
     if b <= a:
         return None
-    rows = trace.query(ON_CPU, {"a": a, "b": b, "top": TOP})
-    names = dict(trace.query("SELECT pid, name FROM processes")) if rows else {}
+    ev = read_columns(trace, "sched", {"tid": "tid", "pid": "pid", "start": "start", "sin": "sched_in"},
+                      where=f"start >= {int(a)} AND start < {int(b)}")
+    if not len(ev["start"]):
+        return {"source": SOURCE, "window_ns": b - a, "processes": []}
+    order = np.lexsort((ev["start"], ev["tid"]))
+    tid, pid, start, sin = (ev[k][order] for k in ("tid", "pid", "start", "sin"))
+    new = np.concatenate([[True], tid[1:] != tid[:-1]])  # each thread's first event
+    nxt = np.concatenate([np.where(new[1:], b, start[1:]), [b]])  # the same thread's next event, else the end
+    on = np.where(sin != 0, np.maximum(nxt - start, 0), 0) + np.where(new & (sin == 0), start - a, 0)
+    thread = np.cumsum(new) - 1
+    per_thread = np.bincount(thread, weights=on).astype(np.int64)
+    t_tid, t_pid = tid[new], pid[new]
+    pids, p_index = np.unique(t_pid, return_inverse=True)
+    p_ns = np.bincount(p_index, weights=per_thread).astype(np.int64)
+    p_threads = np.bincount(p_index)
+    # the busiest thread of each process: threads by (process, time on CPU descending), the first of each
+    by = np.lexsort((-per_thread, p_index))
+    first = by[np.concatenate([[True], p_index[by][1:] != p_index[by][:-1]])]
+    top = np.argsort(-p_ns, kind="stable")[:TOP]
+    names = dict(trace.query("SELECT pid, name FROM processes"))
     span = b - a
-    return {"source": "nsys context switches (SCHED_EVENTS)", "window_ns": span, "processes": [
-        {"pid": int(pid), "name": str(names.get(pid) or ""), "cores": ns / span, "threads": int(n),
-         "busiest_thread_cores": top / span, "busiest_tid": int(tid)}
-        for pid, ns, n, top, tid in rows]}
+    return {"source": SOURCE, "window_ns": span, "processes": [
+        {"pid": int(pids[i]), "name": str(names.get(int(pids[i])) or ""), "cores": int(p_ns[i]) / span,
+         "threads": int(p_threads[i]), "busiest_thread_cores": int(per_thread[first[i]]) / span,
+         "busiest_tid": int(t_tid[first[i]]) & 0xFFFFFF}
+        for i in top.tolist()]}

@@ -14,15 +14,16 @@ primary-key ranges (the steps are disjoint, so all of them together read each ga
 
 from __future__ import annotations
 
-import bisect
 import re
 from typing import Any
 
 import numpy as np
 
 from profkit.analysis.gaps import DeviceGaps, gpu_gaps
+from profkit.analysis.seq import seq_bounds
 from profkit.analysis.window import Window
 from profkit.traces import Trace
+from profkit.traces.columns import read_columns
 
 STEP = re.compile(r"execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)")
 SERIES_MAX = 400  # steps kept for the chart (evenly spaced)
@@ -148,33 +149,59 @@ def _kernel_steps(trace: Trace, lo: int, hi: int, gaps: DeviceGaps) -> list[tupl
     if STEP_KERNEL not in ids:
         return []
 
-    def spans_of(name: str) -> list[tuple[int, int]]:  # (start, end) of that kernel's runs, start-ordered
-        return [(int(a), int(b)) for a, b in trace.query(
-            "SELECT start, end FROM kernels WHERE name_id = ? AND device = ? AND start >= ? AND start < ? "
-            "ORDER BY start", (ids.get(name, -1), device, lo, hi))]
-
-    marks = [a for a, _ in spans_of(STEP_KERNEL)]
+    # the three marker kernels of the window in one columnar read (no query per kernel name or per step)
+    wanted = [ids[n] for n in (STEP_KERNEL, PREFILL_KERNEL, END_KERNEL) if n in ids]
+    bounds = seq_bounds(trace, "kernels")
+    k = read_columns(trace, "kernels", {"n": "name_id", "s": "start", "e": "end"},
+                     where=f"name_id IN ({', '.join(str(int(i)) for i in wanted)}) AND device = {int(device)} "
+                           f"AND start >= {int(lo)} AND start < {int(hi)}", seq_span=bounds)
+    order = np.argsort(k["s"], kind="stable")
+    name, start, end = k["n"][order], k["s"][order], k["e"][order]
+    marks = start[name == ids[STEP_KERNEL]]
     if len(marks) < 2:
         return []
-    prefill = [a for a, _ in spans_of(PREFILL_KERNEL)]
-    ends = [b for _, b in spans_of(END_KERNEL)]
+    prefill = start[name == ids.get(PREFILL_KERNEL, -1)]
+    ends = end[name == ids.get(END_KERNEL, -1)]
     # the prefill-input kernel runs just before its step's kernel: it belongs to the next mark at or after it
-    flags = [0] * len(marks)
-    for t in prefill:
-        k = bisect.bisect_left(marks, t)
-        if k < len(marks):
-            flags[k] = 1
-    steps = []
-    for mark, flag in zip(marks, flags, strict=True):
-        k = bisect.bisect_left(ends, mark)
-        since = ends[k - 1] if k else mark  # the previous step's end (else only the gap right before)
-        gap = None
-        if since < mark:  # the longest gap starting between the previous step's end and the mark
-            a, b = np.searchsorted(gaps.start, [since, mark], side="left")
-            if b > a:
-                gap = int(gaps.start[a + int(np.argmax(gaps.end[a:b] - gaps.start[a:b]))])
-        if gap is None:  # the idle time straddling or ending at the mark
-            i = int(np.searchsorted(gaps.start, mark, side="left")) - 1
-            gap = int(gaps.start[i]) if i >= 0 and gaps.end[i] >= mark else None
-        steps.append((gap if gap is not None else mark, mark, flag, 0, 0))
-    return steps
+    flags = np.zeros(len(marks), dtype=np.int64)
+    owner = np.searchsorted(marks, prefill, side="left")
+    flags[owner[owner < len(marks)]] = 1
+    # the previous step's end (else the mark itself: only the gap right before it counts)
+    k_end = np.searchsorted(ends, marks, side="left")
+    since = np.where(k_end > 0, ends[np.maximum(k_end - 1, 0)] if len(ends) else marks, marks)
+    g_start, g_len = gaps.start, gaps.end - gaps.start
+    a = np.searchsorted(g_start, since, side="left")
+    b = np.searchsorted(g_start, marks, side="left")
+    chosen = np.full(len(marks), -1, dtype=np.int64)
+    # the longest gap starting between the previous step's end and the mark: a sparse-table range argmax
+    has = (since < marks) & (b > a)
+    if has.any() and len(g_len):
+        chosen[has] = _range_argmax(g_len, a[has], b[has])
+    # else the idle time straddling or ending at the mark
+    i = np.searchsorted(g_start, marks, side="left") - 1
+    straddle = (chosen < 0) & (i >= 0) & (gaps.end[np.maximum(i, 0)] >= marks if len(g_len) else False)
+    chosen[straddle] = i[straddle]
+    step_start = np.where(chosen >= 0, g_start[np.maximum(chosen, 0)] if len(g_len) else marks, marks)
+    return [(int(s0), int(m), int(f), 0, 0) for s0, m, f in zip(step_start.tolist(), marks.tolist(),
+                                                               flags.tolist(), strict=True)]
+
+
+def _range_argmax(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Index of the first maximum of values[lo:hi] for each (lo, hi), hi > lo: a sparse table of argmaxes,
+    O(n log n) to build and two lookups per range (the first maximum, as np.argmax gives)."""
+    n = len(values)
+    table = [np.arange(n, dtype=np.int64)]
+    width = 1
+    while 2 * width <= n:
+        prev = table[-1]
+        left, right = prev[: n - 2 * width + 1], prev[width: n - width + 1]
+        table.append(np.where(values[right] > values[left], right, left))
+        width *= 2
+    length = hi - lo
+    level = np.floor(np.log2(length)).astype(np.int64)
+    out = np.empty(len(lo), dtype=np.int64)
+    for lv in np.unique(level).tolist():
+        sel = level == lv
+        first, second = table[lv][lo[sel]], table[lv][hi[sel] - (1 << lv)]
+        out[sel] = np.where(values[second] > values[first], second, first)
+    return out
