@@ -15,7 +15,7 @@ import click
 
 from profkit import __version__
 from profkit.errors import ProfkitError
-from profkit.escape import one_line
+from profkit.escape import one_line, shell_word, terminal
 from profkit.inputs import refuse_overwrite
 from profkit.render import render
 
@@ -108,7 +108,7 @@ def report(traces: tuple[Path, ...], window: str, fmt: str, output: Path | None,
         from profkit.compare.history import save_run
 
         run_id = save_run(save_db, document, label=label, inputs=inputs)
-        click.echo(f"saved run {run_id} in {save_db}", err=True)
+        click.echo(f"saved run {run_id} in {terminal(save_db)}", err=True)
     emit(render(document, fmt, top), output)
 
 
@@ -144,7 +144,7 @@ def diff_cmd(before: str, after: str, fmt: str, output: Path | None, noise: str,
     emit(render(doc, fmt, top), output)
     if failed:
         for line in failed:
-            click.echo(f"profkit: gate failed: {line}", err=True)
+            click.echo(f"profkit: gate failed: {terminal(line)}", err=True)
         sys.exit(3)
 
 
@@ -192,7 +192,7 @@ def emit(text: str, output: Path | None) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    click.echo(f"wrote {output}", err=True)
+    click.echo(f"wrote {terminal(output)}", err=True)
 
 
 def serve_run_options(fn: Callable) -> Callable:
@@ -254,17 +254,18 @@ def capture(tool: str, out: Path | None, dry_run: bool, capture_range: bool, del
     plan = make_plan(CaptureOptions(out=folder, user=user, tool=tool, nsys=nsys_exe, capture_range=capture_range,
                                     delay_s=delay, duration_s=duration, cpu_switches=cpu_switches, timeout_s=timeout,
                                     health_timeout_s=health_timeout, gpu_metrics=gpu_metrics))
-    if dry_run:
+    if dry_run:  # each command one line, exactly as it runs (capture.plan quotes it: profkit.escape.shell)
         for line in plan.commands() if replicates == 1 else plan.session_commands(replicates):
-            click.echo(line)
+            click.echo(terminal(line))
         return
     done = main_interrupt_safe(lambda: capture_runs(plan, replicates,
-                                                    say=lambda m: click.echo(f"profkit: {m}", err=True)))
+                                                    say=lambda m: click.echo(f"profkit: {terminal(m)}", err=True)))
+    first, where = shell_word(str(done[0])), shell_word(str(folder))
     if len(done) == 1:
-        click.echo(f"profkit: capture complete: {done[0]} (profkit report {done[0]})", err=True)
+        click.echo(f"profkit: capture complete: {terminal(done[0])} (profkit report {first})", err=True)
     else:
-        click.echo(f"profkit: {len(done)} runs against one server in {folder} (profkit report {done[0]}; "
-                   f"profkit diff {folder} OTHER)", err=True)
+        click.echo(f"profkit: {len(done)} runs against one server in {terminal(folder)} (profkit report {first}; "
+                   f"profkit diff {where} OTHER)", err=True)
 
 
 @cli.command(context_settings={"ignore_unknown_options": True})
@@ -319,18 +320,18 @@ def tune(budget: int, objective: str, slos: tuple[str, ...], profile: str, repli
                        gpu_metrics=gpu_metrics)
     if dry_run:
         for line in dry_run_lines(opts):
-            click.echo(line)
+            click.echo(terminal(line))
         return
     if (folder / "tune.json").exists():
         raise ProfkitError(f"{folder} already holds a tune run: choose another --out")
     from profkit.capture.run import main_interrupt_safe
 
     # SIGTERM stops the loop like Ctrl-C: the run in flight is stopped cleanly and tune.json keeps the best so far
-    doc = main_interrupt_safe(Tuner(opts, say=lambda msg: click.echo(f"profkit: {msg}", err=True)).run)
+    doc = main_interrupt_safe(Tuner(opts, say=lambda msg: click.echo(f"profkit: {terminal(msg)}", err=True)).run)
     for fmt, name in (("md", "tune.md"), ("html", "tune.html")):
         (folder / name).write_text(render(doc, fmt), encoding="utf-8")
     click.echo(render(doc, "text"), nl=False)
-    click.echo(f"profkit: tune folder {folder} (tune.json, tune.md, tune.html, runs/)", err=True)
+    click.echo(f"profkit: tune folder {terminal(folder)} (tune.json, tune.md, tune.html, runs/)", err=True)
     if doc["stopped"].startswith("interrupted"):
         sys.exit(130)
     if doc["stopped"].startswith("error: "):
@@ -350,7 +351,7 @@ def rules_list(rules_dirs: tuple[Path, ...]) -> None:
     from profkit.diagnose.engine import load_rules
 
     for r in load_rules(list(rules_dirs)):
-        click.echo(f"{r.id:24} {r.severity:9} {r.title}")
+        click.echo(f"{terminal(r.id):24} {r.severity:9} {terminal(r.title)}")
 
 
 @rules.command("explain")
@@ -363,7 +364,7 @@ def rules_explain(rule_id: str, rules_dirs: tuple[Path, ...]) -> None:
     found = [r for r in load_rules(list(rules_dirs)) if r.id == rule_id]
     if not found:
         raise ProfkitError(f"no rule {rule_id!r}; see `profkit rules list`")
-    click.echo(explain(found[0]))
+    click.echo(explain(found[0]))  # terminal-safe line by line (engine.explain)
 
 
 @rules.command("facts")

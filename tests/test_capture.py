@@ -50,6 +50,13 @@ def report_json(folder: Path) -> dict:
     return json.loads(out.stdout)
 
 
+def log_facts(log: Path) -> dict:
+    """The facts a report takes from a vLLM log alone (no manifest, no flags)."""
+    out = profkit("report", "--vllm-log", log, "--format", "json")
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)["facts"]
+
+
 def test_dry_run_prints_the_exact_commands(env, tmp_path: Path) -> None:
     out = tmp_path / "c"
     r = capture(env, "--dry-run", "--out", str(out), "--capture-range", "--delay", "5", "--duration", "30", "--",
@@ -92,6 +99,9 @@ def test_offline_nsys_capture_then_report(env, tmp_path: Path) -> None:
     doc = report_json(out)
     assert doc["facts"]["vllm.requests_per_second"] == 21.3
     assert doc["facts"]["config.max_num_seqs"] == 4 and doc["facts"]["config_source.max_num_seqs"] == "given"
+    # the benchmark's log says the same ("non-default args"): the log alone gives the value
+    logged = log_facts(out / "bench.log")
+    assert (logged["config.max_num_seqs"], logged["config_source.max_num_seqs"]) == (4, "vLLM log")
 
 
 def test_offline_torch_capture_then_report(env, tmp_path: Path) -> None:
@@ -149,6 +159,10 @@ def test_unprofiled_captures_report_the_evidence(env, tmp_path: Path) -> None:
     assert doc["source"]["kind"] == "evidence" and doc["gpu"] is None
     assert doc["facts"]["vllm.requests_per_second"] == 21.3  # the fake bench's JSON
     assert doc["facts"]["config.enforce_eager"] is True
+    # its log names what the command set, and nothing it did not
+    logged = log_facts(out / "bench.log")
+    assert (logged["config.enforce_eager"], logged["config_source.enforce_eager"]) == (True, "vLLM log")
+    assert logged["config_source.max_num_seqs"] != "vLLM log"
     assert {"rule": "launch-overhead", "missing": ["gaps.host_idle_share", "gaps.sub_ms_idle_share", "gpu.busy",
                                                    "kernels.count", "kernels.graph_share",
                                                    "launch.latency_median_ns"]} in doc["rules_skipped"]

@@ -52,6 +52,11 @@ def test_saturated_api_server_is_named_with_its_change(env, tmp_path: Path) -> N
     roles = {p["role"] for p in host["processes"]}
     assert {"api_server", "bench_client", "profiler"} <= roles
     f = doc["facts"]
+    # the facts are the samples' over the benchmark's window, from bench.json's measured duration
+    bench = tmp_path / "c" / "bench.json"
+    assert doc["host"]["window_s"] == pytest.approx(_bench_window(tmp_path / "c"))
+    api_cpu, api_sat = _window_mean(tmp_path / "c" / "host.json", bench, "api_server")
+    assert (f["host.api_server_cpu"], f["host.api_server_saturated_share"]) == pytest.approx((api_cpu, api_sat))
     assert f["host.api_server_cpu"] > 0.8 and f["host.api_server_saturated_share"] > 0.5
     assert f["host.client_saturated_share"] < 0.5
     assert f["gpu.busy"] == f["gpu.utilization"] < 0.85  # no NVML here: the trace says how busy the GPU was
@@ -73,6 +78,21 @@ def test_saturated_client_is_said_and_no_server_flag_changes(env, tmp_path: Path
     assert "client-bound" in fired and fired["client-bound"]["changes"] == []
     assert "frontend-bound" not in fired
     assert doc["facts"]["host.client_saturated_share"] > 0.5
+
+
+def test_the_benchmark_window_leaves_out_the_clients_preparation(env, tmp_path: Path) -> None:
+    """The real client builds its prompts before the benchmark (34 of 67 s on the H100); the fake one waits
+    FAKE_VLLM_PREP_S. bench.json's duration is the benchmark alone: its window (+1 s) leaves the waiting out,
+    and the client's facts are its samples inside."""
+    doc = capture_and_report({**env, "FAKE_VLLM_PREP_S": "2.5"}, tmp_path / "c", burn="client")
+    host_json, bench = tmp_path / "c" / "host.json", tmp_path / "c" / "bench.json"
+    w = doc["host"]["window_s"]
+    assert w == pytest.approx(_bench_window(tmp_path / "c")) and w[0] > 0
+    client = [t for p in json.loads(host_json.read_text())["processes"] if p["role"] == "bench_client"
+              for t, _ in p["cpu"]]
+    assert any(t < w[0] for t in client)  # samples of the preparation, outside
+    cpu, sat = _window_mean(host_json, bench, "bench_client")
+    assert (doc["facts"]["host.client_cpu"], doc["facts"]["host.client_saturated_share"]) == pytest.approx((cpu, sat))
 
 
 def test_quiet_without_a_busy_host_or_without_gpu_evidence(env, tmp_path: Path) -> None:
@@ -126,6 +146,15 @@ def test_several_api_servers_count_without_their_manager(tmp_path: Path) -> None
 
 
 # --- real H100 runs (vLLM 0.26.0, 1000 prompts random 1024/256, rate inf): tests/data/h100_tune.tar.xz
+
+
+def _bench_window(folder: Path) -> list[float]:
+    """Independently of profkit: bench.json's measured duration (+1 s) ending at the client's last sample in
+    host.json (from the sampler's start at the earliest)."""
+    duration = json.loads((folder / "bench.json").read_text())["duration"]
+    end = max(t for p in json.loads((folder / "host.json").read_text())["processes"] if p["role"] == "bench_client"
+              for t, _ in p["cpu"])
+    return [max(0.0, end - duration - 1.0), end]
 
 
 def _window_mean(host_json: Path, bench_json: Path, role: str) -> tuple[float, float]:

@@ -57,26 +57,37 @@ def test_rule_file_fifo_alias_bomb_and_wrong_shapes(tmp_path: Path, sqlite_path)
 
 
 @pytest.mark.parametrize(("template", "needle"), [
-    ("{{ 'x' * 1000000000 }}", "repetition too large"),
-    ("{% for i in range(100000000) %}x{% endfor %}", "range of 100000000 items"),
-    ("{{ f.update({'gpu.utilization': 9}) }}", "SecurityError"),
-    ("{{ f.clear() }}", "SecurityError"),
-    ("{{ 10 ** 100000 }}", "exponent too large"),
-    ("{% for i in range(9000) %}{{ 'y' * 9000 }}{% endfor %}", "template output"),
-    ("{{ 1 / 0 }}", "ZeroDivisionError"),
+    ("{{ 'x' * 1000000000 }}", "summary: repetition too large"),
+    ("{% for i in range(100000000) %}x{% endfor %}", "summary: bad template: `{% for %}` is not allowed"),
+    ("{{ f.update({'gpu.utilization': 9}) }}", "summary: bad template: a call is not allowed"),
+    ("{{ f.clear() }}", "summary: bad template: a call is not allowed"),
+    ("{{ 10 ** 100000 }}", "summary: exponent too large"),
+    ("{{ '%999999999d' % 1 }}", "summary: format width 999999999"),
+    ("{{ ('y' * 9000 ~ 'y' * 9000) ~ ('y' * 9000) }}", "summary: a `~` concatenation of more than 10000"),
 ])
 def test_rule_templates_are_bounded_and_cannot_change_facts(tmp_path: Path, sqlite_path, template: str,
                                                             needle: str) -> None:
+    """A template that would build more than any rule needs, loop, or call (a fact's method) is the rule file's
+    fault whatever the trace: one error line naming the file, the rule's line and the part."""
     rules = tmp_path / "rules"
     rules.mkdir()
     (rules / "evil.yaml").write_text(json.dumps({"id": "evil", "title": "t", "severity": "info",
                                                  "when": "gpu.utilization < 2", "summary": template}))
     r = profkit("report", str(sqlite_path("eager_b1")), "--format", "json", "--rules", str(rules), timeout=60)
+    one_error_line(r, f"{rules / 'evil.yaml'}:1: {needle}")
+
+
+def test_a_rule_that_fails_on_these_facts_is_skipped_with_its_error(tmp_path: Path, sqlite_path) -> None:
+    """A division by zero depends on the facts, not the file: that rule is skipped with its error, the rest run."""
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    (rules / "evil.yaml").write_text(json.dumps({"id": "evil", "title": "t", "severity": "info",
+                                                 "when": "gpu.utilization < 2", "summary": "{{ 1 / 0 }}"}))
+    r = profkit("report", str(sqlite_path("eager_b1")), "--format", "json", "--rules", str(rules), timeout=60)
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     skipped = next(s for s in doc["rules_skipped"] if s["rule"] == "evil")
-    assert needle in skipped["error"] and str(rules / "evil.yaml") in skipped["error"]
-    assert doc["facts"]["gpu.utilization"] < 1  # unchanged
+    assert "ZeroDivisionError" in skipped["error"] and str(rules / "evil.yaml") in skipped["error"]
     assert any(f["rule"] == "launch-overhead" for f in doc["findings"])  # the other rules still ran
 
 

@@ -13,8 +13,10 @@ import logging
 import shutil
 from pathlib import Path
 
+import distributed  # declared test dependencies (HTA, Dask's distributed): missing, the module fails, not skips
 import numpy as np
 import pytest
+from hta.trace_analysis import TraceAnalysis
 
 from profkit.analysis.communication import merge_intervals, overlap_ns
 from profkit.report import build_report
@@ -78,11 +80,10 @@ def test_overlap_and_idle_equal_hta(joined: dict, tmp_path: Path) -> None:
     does with `--window all`. HTA calls a kernel communication when its name holds "nccl" (profkit's
     `communication` category also holds vLLM's custom all-reduce; these traces have only NCCL kernels), and
     rounds every event to whole microseconds: idle agrees to the microsecond."""
-    hta = pytest.importorskip("hta.trace_analysis")
     logging.getLogger("hta").setLevel(logging.ERROR)
     for p in RANKS:
         shutil.copy(p, tmp_path / p.name)
-    ta = hta.TraceAnalysis(trace_dir=str(tmp_path), include_last_profiler_step=True)
+    ta = TraceAnalysis(trace_dir=str(tmp_path), include_last_profiler_step=True)
     overlap = ta.get_comm_comp_overlap(visualize=False).set_index("rank")["comp_comm_overlap_pctg"]
     temporal = ta.get_temporal_breakdown(visualize=False).set_index("rank")
     for entry in joined["ranks"]:
@@ -124,7 +125,6 @@ def test_overlap_of_merged_intervals_on_real_kernels() -> None:
 
 def test_dask_gives_the_local_report(joined: dict) -> None:
     """Each trace's analysis as a task on a Dask cluster (here a LocalCluster of two processes)."""
-    distributed = pytest.importorskip("distributed")
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as c:
         on_dask = build_report(RANKS, window="all", dask=c.scheduler_address).document()
     local = dict(joined)

@@ -19,6 +19,7 @@ from profkit.capture import folder as files
 from profkit.capture.folder import CaptureFolder
 from profkit.diagnose.vllm_command import UserCommand, VllmCommand
 from profkit.errors import ProfkitError
+from profkit.escape import shell, shell_word
 
 NSYS_TRACE_FLAGS = ["-t", "cuda,nvtx,osrt", "--sample=none", "--cpuctxsw=none", "--trace-fork-before-exec=true",
                     "--cuda-graph-trace=node"]
@@ -42,8 +43,9 @@ class Step:
     env: dict[str, str] = field(default_factory=dict)
 
     def shell(self) -> str:
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
-        return (env + " " if env else "") + shlex.join(self.argv)
+        """The command line exactly as it runs, on one line and safe on a terminal (profkit.escape.shell)."""
+        env = " ".join(f"{k}={shell_word(v)}" for k, v in self.env.items())
+        return (env + " " if env else "") + shell(self.argv)
 
 
 @dataclass

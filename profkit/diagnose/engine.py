@@ -11,11 +11,17 @@ evaluated, and the report says which facts were missing.
 from __future__ import annotations
 
 import ast
+import functools
+import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import jinja2.filters
+import jinja2.nodes
 import jinja2.sandbox
+import jinja2.visitor
 import msgspec
 import simpleeval
 import yaml
@@ -23,7 +29,7 @@ import yaml
 from profkit import units
 from profkit.diagnose.vllm_command import changes_precision, coerce, dest_of
 from profkit.errors import ProfkitError
-from profkit.escape import one_line
+from profkit.escape import one_line, terminal
 from profkit.inputs import read_text
 from profkit.resources import shipped_dir
 
@@ -62,6 +68,7 @@ class Rule:
     # GPU's idle share for a host-bound rule, the share of launch gaps for a launch-bound one); orders tune's
     # candidates after the user's own missteps.
     gain: str | None = None
+    line: int = 1  # the rule's mapping in its file, for errors found when it is evaluated
 
     def facts_used(self) -> set[str]:
         names = fact_names(self.when) | (fact_names(self.gain) if self.gain else set())
@@ -198,52 +205,165 @@ def load_rule_file(path: Path, known_facts: set[str]) -> Rule:
         changes.append(Change(flag=item["flag"], to=item["to"], why=str(item["why"]), when=cond, line=line))
     return Rule(id=str(data["id"]), title=str(data["title"]), severity=data["severity"], when=when,
                 summary=str(data["summary"]), path=path, description=str(data.get("description", "")).strip(),
-                evidence=evidence, changes=changes, gain=gain)
+                evidence=evidence, changes=changes, gain=gain, line=top)
 
 
+# --- bounded rendering -------------------------------------------------------------------------------------------
+# A rule's templates (summary, why, to) and expressions (when, gain) are text from a rule file. Everything they may
+# build is bounded BEFORE it is built: a format width or precision, a repetition, a join, a replace, a
+# concatenation, a number's size, each output; and a template is text with {{ values }} and {% if %} only (no loop,
+# assignment, macro or call: nothing that repeats work). A rule that asks for more is hostile or broken: its file
+# is the error (one line), whatever the trace.
+MAX_TEMPLATE_SOURCE = 5_000  # characters of one template (the shipped rules' longest is under 700)
 MAX_TEMPLATE_OUTPUT = 20_000  # characters a summary or why may render to
-MAX_REPEAT = 10_000  # items a `*` may build, range() may yield
+MAX_REPEAT = 10_000  # characters or items any one value a template or expression builds may hold
+MAX_FORMAT_WIDTH = 1_000  # a format's width or precision (`%1000d`, `{:>1000}`, num(1000))
+MAX_INT_BITS = 1 << 14  # an integer a rule computes (about 4,900 digits; Python prints at most 4,300)
+MAX_EXPONENT = 64
+
+
+class RuleBoundError(jinja2.sandbox.SecurityError):
+    """A rule asked for more work or text than any rule needs (a bound above): the rule file is at fault."""
+
+
+def _size(value: Any, limit: int = MAX_REPEAT) -> int:
+    """How much text a value makes when printed, roughly (characters of strings, one per number or item, digits of
+    big integers), counted without building anything; stops once past `limit`."""
+    total, stack = 0, [iter((value,))]
+    while stack:
+        item = next(stack[-1], _END)
+        if item is _END:
+            stack.pop()
+            continue
+        if isinstance(item, (str, bytes)):
+            total += len(item)
+        elif isinstance(item, bool) or item is None:
+            total += 1
+        elif isinstance(item, int):
+            total += item.bit_length() // 3 + 1
+        elif isinstance(item, dict):
+            total += 1
+            stack.append(iter(item.items()))
+        elif isinstance(item, (list, tuple, set, frozenset)):
+            total += 1
+            stack.append(iter(item))
+        elif isinstance(item, range):
+            total += len(item)
+        else:
+            total += 1
+        if total > limit:
+            return total
+    return total
+
+
+_END = object()
+
+
+def _bounded(value: Any, what: str) -> Any:
+    if _size(value) > MAX_REPEAT:
+        raise RuleBoundError(f"{what} of more than {MAX_REPEAT} characters or items")
+    return value
+
+
+def _check_width(spec: str, where: str) -> None:
+    """Every width and precision in a format spec (`>10`, `.3f`, `%-20s`) at most MAX_FORMAT_WIDTH."""
+    for digits in re.findall(r"\d+", spec):
+        if len(digits) > 6 or int(digits) > MAX_FORMAT_WIDTH:
+            shown = digits if len(digits) <= 20 else digits[:20] + "..."
+            raise RuleBoundError(f"format width {shown} in {where} (at most {MAX_FORMAT_WIDTH})")
+
+
+def _percent_specs(fmt: str) -> Iterator[tuple[str, str]]:
+    """(width, precision) of each conversion of a printf-style format, read as CPython reads it (a mapping key
+    may nest parentheses: `%(a(b))9d` has width 9)."""
+    i, n = 0, len(fmt)
+    while True:
+        i = fmt.find("%", i) + 1
+        if i == 0 or i >= n:
+            return
+        if fmt[i] == "%":
+            i += 1
+            continue
+        if fmt[i] == "(":
+            depth = 1
+            i += 1
+            while i < n and depth:
+                depth += {"(": 1, ")": -1}.get(fmt[i], 0)
+                i += 1
+        while i < n and fmt[i] in "-+ #0":
+            i += 1
+        width = precision = ""
+        while i < n and (fmt[i] == "*" or "0" <= fmt[i] <= "9"):
+            width += fmt[i]
+            i += 1
+        if i < n and fmt[i] == ".":
+            i += 1
+            while i < n and (fmt[i] == "*" or "0" <= fmt[i] <= "9"):
+                precision += fmt[i]
+                i += 1
+        yield width, precision
+
+
+def _percent(fmt: str, args: Any) -> str:
+    """`fmt % args` (printf-style) with every width and precision bounded, and the output estimated first."""
+    specs = 0
+    estimate = len(fmt)
+    for width, precision in _percent_specs(fmt):
+        if "*" in width + precision:
+            raise RuleBoundError("a `*` width in a %-format (give the width as digits)")
+        _check_width(f"{width}.{precision}", "a %-format")
+        specs += 1
+        estimate += int(width or 0) + int(precision or 0) + 400  # 400: more than a float's %f can make (~330)
+    estimate += _size(args, MAX_TEMPLATE_OUTPUT) * (specs if isinstance(args, dict) else 1)
+    if estimate > MAX_TEMPLATE_OUTPUT:
+        raise RuleBoundError(f"a %-format that would make more than {MAX_TEMPLATE_OUTPUT} characters")
+    return fmt % args
+
+
+def _int_bits(value: Any) -> int:
+    return value.bit_length() if isinstance(value, int) else 0
+
+
+def bounded_mul(a: Any, b: Any) -> Any:
+    for seq, n in ((a, b), (b, a)):
+        if isinstance(seq, (str, bytes, list, tuple)) and isinstance(n, int) and _size(seq) * max(n, 0) > MAX_REPEAT:
+            raise RuleBoundError(f"repetition too large in a rule (more than {MAX_REPEAT} characters or items)")
+    if _int_bits(a) + _int_bits(b) > MAX_INT_BITS:
+        raise RuleBoundError("number too large in a rule")
+    return a * b
+
+
+def bounded_pow(a: Any, b: Any) -> Any:
+    if isinstance(b, (int, float)) and abs(b) > MAX_EXPONENT and a not in (0, 1, -1):
+        raise RuleBoundError(f"exponent too large in a rule (at most {MAX_EXPONENT})")
+    if isinstance(a, int) and isinstance(b, int) and _int_bits(a) * max(b, 0) > MAX_INT_BITS:
+        raise RuleBoundError("number too large in a rule")
+    return a ** b
+
+
+def bounded_add(a: Any, b: Any) -> Any:
+    if isinstance(a, (str, bytes, list, tuple)) and isinstance(b, (str, bytes, list, tuple)):
+        _bounded((a, b), "a concatenation")
+    return a + b
+
+
+def bounded_mod(a: Any, b: Any) -> Any:
+    return _percent(a, b) if isinstance(a, str) else a % b
 
 
 class _BoundedSandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
-    """Jinja's sandbox, immutable (a template reads the facts, never changes them), with bounded work:
-    no string or list multiplied past MAX_REPEAT items, no huge powers, ranges of at most MAX_REPEAT."""
+    """Jinja's sandbox, immutable (a template reads the facts, never changes them), every operator that can build
+    a large value bounded (`*`, `**`, `+`, `%`; `~` through the `profkit_concat` filter, see _compile)."""
 
-    intercepted_binops = frozenset(["*", "**"])
+    intercepted_binops = frozenset(["*", "**", "+", "%"])
+    _BINOPS = {"*": bounded_mul, "**": bounded_pow, "+": bounded_add, "%": bounded_mod}
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
-        if operator == "**" and isinstance(right, (int, float)) and abs(right) > 64:
-            raise jinja2.sandbox.SecurityError("exponent too large in a rule template")
-        if operator == "*":
-            for seq, n in ((left, right), (right, left)):
-                if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * max(n, 0) > MAX_REPEAT:
-                    raise jinja2.sandbox.SecurityError("repetition too large in a rule template")
-        return super().call_binop(context, operator, left, right)
-
-
-def _bounded_range(*args: int) -> range:
-    r = range(*args)
-    if len(r) > MAX_REPEAT:
-        raise jinja2.sandbox.SecurityError(f"range of {len(r)} items in a rule template (at most {MAX_REPEAT})")
-    return r
-
-
-def _template_env() -> jinja2.sandbox.SandboxedEnvironment:
-    env = _BoundedSandbox(undefined=jinja2.StrictUndefined, autoescape=False)
-    env.filters.update(ns=units.ns, pct=units.pct, size=units.size, num=_num)
-    env.globals["range"] = _bounded_range
-    return env
-
-
-def render_template(env: jinja2.sandbox.SandboxedEnvironment, text: str, facts: dict[str, Any]) -> str:
-    """A rule's template over a copy of the facts, its output bounded."""
-    out = env.from_string(text).render(f=dict(facts))
-    if len(out) > MAX_TEMPLATE_OUTPUT:
-        raise jinja2.sandbox.SecurityError(f"template output of {len(out)} characters (at most {MAX_TEMPLATE_OUTPUT})")
-    return out
+        return self._BINOPS[operator](left, right)
 
 
 def _num(value: Any, digits: int = 3) -> str:
+    _check_width(str(digits), "num()")
     if value is None:
         return "-"
     if isinstance(value, float):
@@ -255,13 +375,166 @@ def _num(value: Any, digits: int = 3) -> str:
     return f"{value:,}" if isinstance(value, int) else str(value)
 
 
+def _filter_join(value: Any, d: str = "") -> str:
+    items = [str(x) for x in _bounded(value, "a join's items")]
+    _bounded([d] * max(len(items) - 1, 0) + items, "a join")
+    return str(d).join(items)
+
+
+def _filter_replace(s: Any, old: Any, new: Any, count: int | None = None) -> str:
+    s, old, new = str(s), str(old), str(new)
+    times = len(s) + 1 if not old else s.count(old)
+    if count is not None and count >= 0:
+        times = min(times, count)
+    if len(s) + times * len(new) > MAX_REPEAT:
+        raise RuleBoundError(f"a replace that would make more than {MAX_REPEAT} characters")
+    return s.replace(old, new, -1 if count is None else count)
+
+
+def _filter_format(value: Any, *args: Any, **kwargs: Any) -> str:
+    if args and kwargs:
+        raise jinja2.FilterArgumentError("format takes positional or keyword arguments, not both")
+    return _percent(str(value), kwargs or args)
+
+
+def _filter_center(value: Any, width: int = 80) -> str:
+    _check_width(str(width), "center()")
+    return str(value).center(width)
+
+
+def _filter_sum(values: Any, start: Any = 0) -> Any:
+    items = list(_bounded(values, "a sum's items"))
+    if not all(isinstance(x, (int, float)) for x in (*items, start)):
+        _bounded((items, start), "a sum")
+    total = start
+    for x in items:
+        total = bounded_add(total, x)
+    return total
+
+
+def _filter_round(value: Any, precision: int = 0, method: str = "common") -> float:
+    _check_width(str(precision), "round()")
+    return jinja2.filters.do_round(value, precision, method)
+
+
+def _concat(parts: list[Any]) -> str:
+    """`a ~ b`: the parts as text, bounded before they are joined."""
+    return "".join(str(p) for p in _bounded(parts, "a `~` concatenation"))
+
+
+def _checked(fn: Any) -> Any:
+    """A filter whose every argument is first bounded in size (its result is then bounded by its kind)."""
+    skip = 1 if getattr(fn, "jinja_pass_arg", None) is not None else 0
+
+    @functools.wraps(fn)  # keeps Jinja's pass_environment/pass_eval_context mark
+    def run(*args: Any, **kwargs: Any) -> Any:
+        for a in (*args[skip:], *kwargs.values()):
+            _bounded(a, "a filter's argument")
+        return fn(*args, **kwargs)
+
+    return run
+
+
+# The filters a template may use: the units, the shipped rules' own, and Jinja's that build nothing larger than
+# their input; `format`, `join`, `replace`, `center`, `sum` and `round` bounded here.
+_JINJA_FILTERS = ("abs", "float", "int", "min", "max", "length", "count", "first", "last", "lower", "upper", "title",
+                  "capitalize", "trim", "default", "d", "list", "sort", "reverse", "unique", "string", "wordcount",
+                  "filesizeformat", "truncate")
+_OWN_FILTERS = {"ns": units.ns, "pct": units.pct, "size": units.size, "num": _num, "format": _filter_format,
+                "join": _filter_join, "replace": _filter_replace, "center": _filter_center, "sum": _filter_sum,
+                "round": _filter_round}
+_CONCAT = "profkit_concat"
+# Template syntax a rule template may use: text, {{ expressions }} over `f`, {% if %}.
+_TEMPLATE_NODES = (jinja2.nodes.Template, jinja2.nodes.Output, jinja2.nodes.TemplateData, jinja2.nodes.If,
+                   jinja2.nodes.Const, jinja2.nodes.Name, jinja2.nodes.Getitem, jinja2.nodes.Getattr,
+                   jinja2.nodes.Slice, jinja2.nodes.Filter, jinja2.nodes.Test, jinja2.nodes.CondExpr,
+                   jinja2.nodes.Compare, jinja2.nodes.Operand, jinja2.nodes.And, jinja2.nodes.Or, jinja2.nodes.Not,
+                   jinja2.nodes.Neg, jinja2.nodes.Pos, jinja2.nodes.Add, jinja2.nodes.Sub, jinja2.nodes.Mul,
+                   jinja2.nodes.Div, jinja2.nodes.FloorDiv, jinja2.nodes.Mod, jinja2.nodes.Pow, jinja2.nodes.Concat,
+                   jinja2.nodes.List, jinja2.nodes.Tuple, jinja2.nodes.Dict, jinja2.nodes.Pair, jinja2.nodes.Keyword)
+
+
+def _template_env() -> _BoundedSandbox:
+    env = _BoundedSandbox(undefined=jinja2.StrictUndefined, autoescape=False, optimized=False,
+                          finalize=lambda value: _bounded(value, "a value printed"))
+    defaults = env.filters
+    env.filters = {**{name: _checked(defaults[name]) for name in _JINJA_FILTERS},
+                   **{name: _checked(fn) for name, fn in _OWN_FILTERS.items()}, _CONCAT: _concat}
+    env.globals = {}  # no range, lipsum, cycler, joiner, namespace: nothing to call
+    return env
+
+
+_STATEMENTS = {"Assign": "set", "AssignBlock": "set", "CallBlock": "call", "FilterBlock": "filter",
+               "FromImport": "from", "ExprStmt": "do", "ScopedEvalContextModifier": "autoescape"}
+
+
+def _check_syntax(tree: jinja2.nodes.Template, env: jinja2.Environment) -> str | None:
+    """What in a parsed template a rule template may not use, or None."""
+    for node in tree.find_all(jinja2.nodes.Node):
+        kind = type(node).__name__
+        if not isinstance(node, _TEMPLATE_NODES):
+            tag = _STATEMENTS.get(kind, kind.lower())
+            what = "a call" if kind == "Call" else f"`{{% {tag} %}}`" if isinstance(node, jinja2.nodes.Stmt) else kind
+            return f"{what} is not allowed (a rule template is text with {{{{ values }}}} and {{% if %}})"
+        if isinstance(node, jinja2.nodes.Name) and node.name != "f":
+            return f"unknown name {node.name!r} (facts are read as f['gpu.utilization'])"
+        if isinstance(node, jinja2.nodes.Getattr) and node.attr.startswith("_"):
+            return f"attribute {node.attr!r} is not allowed"
+        if isinstance(node, jinja2.nodes.Filter) and (node.name not in env.filters or node.name == _CONCAT):
+            return f"unknown filter {node.name!r} (filters: {', '.join(sorted(set(env.filters) - {_CONCAT}))})"
+        if isinstance(node, jinja2.nodes.Test) and node.name not in env.tests:
+            return f"unknown test {node.name!r}"
+    return None
+
+
+class _BoundConcat(jinja2.visitor.NodeTransformer):
+    """`a ~ b` compiles to a plain join Jinja gives no hook for: made the bounded `profkit_concat` filter."""
+
+    def visit_Concat(self, node: jinja2.nodes.Concat) -> jinja2.nodes.Node:  # noqa: N802 - Jinja's visitor names
+        self.generic_visit(node)
+        return jinja2.nodes.Filter(jinja2.nodes.List(node.nodes, lineno=node.lineno), _CONCAT, [], [], None, None,
+                                   lineno=node.lineno)
+
+
+def _compile(env: _BoundedSandbox, text: str) -> jinja2.Template:
+    """A rule template, checked (size, syntax, what it uses) and compiled with `~` bounded. RuleError (no file
+    named: the caller says where) for a template that is not one."""
+    if len(text) > MAX_TEMPLATE_SOURCE:
+        raise RuleError(f"template of {len(text)} characters (at most {MAX_TEMPLATE_SOURCE})")
+    try:
+        tree = env.parse(text)
+        problem = _check_syntax(tree, env)
+        if problem:
+            raise RuleError(f"bad template: {problem}")
+        tree = _BoundConcat().visit(tree)
+        tree.set_environment(env)
+        return env.from_string(tree)
+    except jinja2.TemplateSyntaxError as exc:
+        raise RuleError(f"bad template: {one_line(exc.message, 160)}") from None
+    except ValueError as exc:  # a number literal past Python's 4,300 digits
+        raise RuleError(f"bad template: {one_line(exc, 160)}") from None
+    except (RecursionError, MemoryError, SyntaxError):
+        raise RuleError("template nested too deeply") from None
+
+
+def render_template(env: _BoundedSandbox, text: str, facts: dict[str, Any]) -> str:
+    """A rule's template (env: `_template_env()`) over a copy of the facts, its output bounded as it is made
+    (RuleBoundError past MAX_TEMPLATE_OUTPUT)."""
+    out: list[str] = []
+    size = 0
+    for chunk in _compile(env, text).generate(f=dict(facts)):
+        size += len(chunk)
+        if size > MAX_TEMPLATE_OUTPUT:
+            raise RuleBoundError(f"template output of more than {MAX_TEMPLATE_OUTPUT} characters")
+        out.append(chunk)
+    return "".join(out)
+
+
 def _check_template(text: str, where: str) -> None:
     try:
-        _template_env().parse(text)
-    except jinja2.TemplateSyntaxError as exc:
-        raise RuleError(f"{where}: bad template: {one_line(exc.message, 160)}") from None
-    except (RecursionError, MemoryError):
-        raise RuleError(f"{where}: template nested too deeply") from None
+        _compile(_template_env(), text)
+    except RuleError as exc:
+        raise RuleError(f"{where}: {exc}") from None
 
 
 def load_rules(extra_dirs: list[Path] | None = None, known_facts: set[str] | None = None) -> list[Rule]:
@@ -293,9 +566,25 @@ def _fact_tree(facts: dict[str, Any]) -> dict[str, Any]:
     return tree
 
 
+class _BoundedEval(simpleeval.SimpleEval):
+    """simpleeval with profkit's bounds on what an expression may build: its own `*`, `**`, `+` and `%` (a
+    %-format's widths) and f-string format specs (simpleeval formats those unbounded)."""
+
+    def __init__(self, names: dict[str, Any]) -> None:
+        operators = {**simpleeval.DEFAULT_OPERATORS, ast.Mult: bounded_mul, ast.Pow: bounded_pow,
+                     ast.Add: bounded_add, ast.Mod: bounded_mod}
+        super().__init__(operators=operators, functions={}, names=names)
+
+    def _eval_formattedvalue(self, node: ast.FormattedValue) -> Any:
+        if node.format_spec is None:
+            return self._eval(node.value)
+        spec = str(self._eval(node.format_spec))
+        _check_width(spec, "an f-string")
+        return format(self._eval(node.value), spec)
+
+
 def _evaluate(expr: str, tree: dict[str, Any]) -> Any:
-    evaluator = simpleeval.SimpleEval(names=dict(tree), functions={})
-    return evaluator.eval(expr)
+    return _BoundedEval(dict(tree)).eval(expr)
 
 
 def _holds(expr: str, tree: dict[str, Any]) -> bool:
@@ -333,11 +622,27 @@ class Finding(msgspec.Struct, kw_only=True, frozen=True):
     gain: float | None = None  # the rule's `gain` over the facts: what its changes could win at most, 0..1
 
 
+# What a rule file is at fault for, whatever the trace: a bound (RuleBoundError), the sandbox's refusal, simpleeval's
+# own limits. Anything else (a division by a zero fact, a None compared) is that rule's error on this run.
+_HOSTILE = (jinja2.sandbox.SecurityError, simpleeval.NumberTooHigh, simpleeval.IterableTooLong,
+            simpleeval.FeatureNotAvailable, RuleError)
+
+
+def _part(rule: Rule, line: int, part: str, run: Any, *args: Any) -> Any:
+    """`run(*args)` for one part of a rule (its condition, summary, a change's why): a bound it breaks is one
+    RuleError naming the rule file, line and part."""
+    try:
+        return run(*args)
+    except _HOSTILE as exc:
+        raise RuleError(f"{rule.path}:{line}: {part}: {one_line(exc, 300)}") from None
+
+
 def evaluate(rules: list[Rule], facts: dict[str, Any],
              propose_changes: bool = True) -> tuple[list[Finding], list[dict[str, Any]]]:
     """(findings, skipped): a finding per rule whose condition holds, most severe first; skipped lists rules
-    that needed facts the inputs cannot tell. `propose_changes` False: findings without flag changes (a run
-    not shown to be vLLM's gets no vLLM flag)."""
+    that needed facts the inputs cannot tell, or failed on these facts (with the error). `propose_changes`
+    False: findings without flag changes (a run not shown to be vLLM's gets no vLLM flag). RuleError for a rule
+    that breaks a bound (a format width in the billions, a million-word string): the rule file is at fault."""
     tree = _fact_tree(facts)
     env = _template_env()
     findings, skipped = [], []
@@ -348,6 +653,8 @@ def evaluate(rules: list[Rule], facts: dict[str, Any],
             continue
         try:
             finding = _finding(rule, facts, tree, env, propose_changes)
+        except RuleError:
+            raise
         except Exception as exc:  # noqa: BLE001 - one rule's failure is that rule's error, not the report's
             skipped.append({"rule": rule.id, "missing": [],
                             "error": f"{rule.path}: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"})
@@ -359,15 +666,16 @@ def evaluate(rules: list[Rule], facts: dict[str, Any],
 
 
 def _finding(rule: Rule, facts: dict[str, Any], tree: dict[str, Any],
-             env: jinja2.sandbox.SandboxedEnvironment, propose_changes: bool) -> Finding | None:
-    if not _evaluate(rule.when, tree):
+             env: _BoundedSandbox, propose_changes: bool) -> Finding | None:
+    if not _part(rule, rule.line, "when", _evaluate, rule.when, tree):
         return None
-    changes = [_change(c, facts, env) for c in rule.changes if not c.when or _holds(c.when, tree)]
+    changes = [_change(rule, c, facts, env) for c in rule.changes
+               if not c.when or _part(rule, c.line, "changes.when", _holds, c.when, tree)]
     return Finding(
         rule=rule.id,
         severity=rule.severity,
         title=rule.title,
-        summary=render_template(env, rule.summary, facts),
+        summary=_part(rule, rule.line, "summary", render_template, env, rule.summary, facts),
         evidence=[{"fact": e["fact"], "value": facts.get(e["fact"]), "threshold": e.get("threshold"),
                    "source": e.get("source")} for e in rule.evidence],
         changes=changes if propose_changes else [],
@@ -380,7 +688,7 @@ def _gain(rule: Rule, tree: dict[str, Any]) -> float | None:
     if rule.gain is None:
         return None
     try:
-        value = _evaluate(rule.gain, tree)
+        value = _part(rule, rule.line, "gain", _evaluate, rule.gain, tree)
     except (TypeError, ZeroDivisionError, ValueError):
         return None
     if not isinstance(value, (int, float)) or isinstance(value, bool) or value != value:
@@ -388,18 +696,19 @@ def _gain(rule: Rule, tree: dict[str, Any]) -> float | None:
     return float(min(1.0, max(0.0, value)))
 
 
-def _change(c: Change, facts: dict[str, Any], env: jinja2.sandbox.SandboxedEnvironment) -> ProposedChange:
+def _change(rule: Rule, c: Change, facts: dict[str, Any], env: _BoundedSandbox) -> ProposedChange:
     key = dest_of(c.flag)
     current = facts.get(f"config.{key}")
     source = facts.get(f"config_source.{key}") or ("unknown" if current is None else None)
-    to = coerce(render_template(env, c.to, facts)) if isinstance(c.to, str) else c.to
+    to = coerce(_part(rule, c.line, "to", render_template, env, c.to, facts)) if isinstance(c.to, str) else c.to
     return ProposedChange(flag=c.flag, from_=current, from_source=source, to=to,
-                          why=render_template(env, c.why, facts),
+                          why=_part(rule, c.line, "why", render_template, env, c.why, facts),
                           **({"changes_precision": True} if changes_precision(c.flag) else {}))
 
 
 def explain(rule: Rule) -> str:
-    """The text of `profkit rules explain ID`."""
+    """The text of `profkit rules explain ID`: every line terminal-safe (a rule file's text may carry escape
+    sequences or newlines; each value stays on its line)."""
     from profkit.diagnose.facts import FACT_DOCS
 
     lines = [f"{rule.id} ({rule.severity}): {rule.title}", f"  file: {rule.path}", ""]
@@ -422,4 +731,4 @@ def explain(rule: Rule) -> str:
             cond = f" (when {c.when})" if c.when else ""
             to = "(removed)" if c.to is None else c.to
             lines.append(f"    {c.flag} -> {to}{cond}: {' '.join(c.why.split())}")
-    return "\n".join(lines)
+    return "\n".join(terminal(line) for line in lines)

@@ -378,7 +378,11 @@ class VllmCommand:
         return [*self.program, *self.subcommand, *self.args]
 
     def shell(self) -> str:
-        return shlex.join(self.argv())
+        """The command as one pasteable line (profkit.escape.shell: shlex quoting; `$'...'` for a word with a
+        control character, so a newline or ESC in an argument is neither a line break nor a terminal escape)."""
+        from profkit.escape import shell
+
+        return shell(self.argv())
 
     @cached_property
     def parsed(self) -> tuple[list[Arg], list[int]]:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import difflib
-import shlex
 from typing import Any
+
+from profkit.escape import shell_word
 
 
 def token_diff(before: list[str], after: list[str]) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
@@ -12,8 +13,8 @@ def token_diff(before: list[str], after: list[str]) -> tuple[list[tuple[str, str
     old: list[tuple[str, str]] = []
     new: list[tuple[str, str]] = []
     for op, i1, i2, j1, j2 in difflib.SequenceMatcher(a=before, b=after, autojunk=False).get_opcodes():
-        old += [("same" if op == "equal" else "del", shlex.quote(t)) for t in before[i1:i2]]
-        new += [("same" if op == "equal" else "ins", shlex.quote(t)) for t in after[j1:j2]]
+        old += [("same" if op == "equal" else "del", shell_word(t)) for t in before[i1:i2]]
+        new += [("same" if op == "equal" else "ins", shell_word(t)) for t in after[j1:j2]]
     return old, new
 
 

@@ -13,10 +13,26 @@ from profkit.resources import shipped_dir
 
 
 class CodeBlock(str):
-    """Text for a fenced code block: printed as is (no Markdown escaping), backtick fences defused."""
+    """Lines of a fenced code block (commands a person pastes): printed as is, no Markdown escaping, so a command
+    stays exact; each line made terminal-safe (no control, format or bidi character) and a fence at its start
+    defused (only a line that opens with ``` can close the block)."""
 
-    def __new__(cls, text: str) -> CodeBlock:
-        return super().__new__(cls, str(text).replace("`", "'"))
+    def __new__(cls, text: object) -> CodeBlock:
+        return super().__new__(cls, "\n".join(_code_line(line) for line in str(text).split("\n")))
+
+
+def _code_line(text: str) -> str:
+    line = escape.terminal(text)
+    body = line.lstrip(" ")
+    if body.startswith("```") and len(line) - len(body) <= 3:
+        run = len(body) - len(body.lstrip("`"))
+        line = line[: len(line) - len(body)] + "'" * run + body[run:]
+    return line
+
+
+def code_line(value: object) -> CodeBlock:
+    """One value as one line of a code block: a newline in it is a space (it never adds a line)."""
+    return CodeBlock(escape.terminal(value))
 
 
 def md_escape(value: Any) -> Any:
@@ -38,7 +54,7 @@ def environment() -> jinja2.Environment:
         undefined=jinja2.StrictUndefined,
     )
     env.filters.update(ns=units.ns, pct=units.pct, size=units.size, clip=units.clip, safe_code=CodeBlock,
-                       change_from=units.change_from, change_to=units.change_to,
+                       code_line=code_line, change_from=units.change_from, change_to=units.change_to,
                        zip=lambda a, b: list(zip(a, b, strict=True)))
     return env
 

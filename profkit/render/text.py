@@ -1,4 +1,5 @@
-"""The terminal summary of `profkit report` (default format)."""
+"""The terminal summary of `profkit report` (default format). Every value from a trace, log, rule file or
+path goes through profkit.escape.terminal: one value, one line, no escape sequence."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from profkit.units import change_from, change_to, clip, ns, pct, size
 def _table(rows: list[dict[str, Any]], columns: dict[str, Any], limit: int) -> str:
     if not rows:
         return "  (none)"
-    table = [{title: str(fmt(r)) for title, fmt in columns.items()} for r in rows[:limit]]
+    table = [{title: terminal(fmt(r)) for title, fmt in columns.items()} for r in rows[:limit]]  # one line a cell
     widths = {c: max(len(c), *(len(row[c]) for row in table)) for c in columns}
     lines = ["  ".join(c.ljust(widths[c]) for c in columns).rstrip()]
     lines += ["  ".join(v.ljust(widths[c]) for c, v in row.items()).rstrip() for row in table]
@@ -34,12 +35,12 @@ def command_lines(report: dict[str, Any]) -> list[str]:
     cmd = report.get("command") or {}
     if not cmd.get("suggested"):
         return []
-    out = [f"Suggested command (the run's command from the {cmd['source']}, changes applied)"]
+    out = [f"Suggested command (the run's command from the {terminal(cmd['source'])}, changes applied)"]
     for before, after in zip(cmd["original"], cmd["suggested"], strict=True):
-        out += [f"  before: {before}", f"  after:  {after}"]
+        out += [f"  before: {terminal(before)}", f"  after:  {terminal(after)}"]
     for check in cmd.get("checks", []):
         verdict = "ok" if check["ok"] else "WOULD NOT START: " + "; ".join(check["problems"])
-        out.append(f"  checked with {check['by']}: {verdict}")
+        out.append(f"  checked with {terminal(check['by'])}: {terminal(verdict)}")
     return out + [""]
 
 
@@ -82,7 +83,7 @@ def efficiency_lines(report: dict[str, Any]) -> list[str]:
     view = efficiency_view(report)
     if view is None:
         return []
-    out = [view["title"], f"  {view['peaks']}; {view['compared_with']}"
+    out = [view["title"], f"  {terminal(view['peaks'])}; {terminal(view['compared_with'])}"
            + (f"; ridge at {view['ridge']} FLOP/byte" if view["ridge"] else "")]
     if view["estimates"]:
         out.append(_table(view["estimates"], {
@@ -90,7 +91,7 @@ def efficiency_lines(report: dict[str, Any]) -> list[str]:
             "TB/s": lambda r: r["tbs"], "MBU": lambda r: r["mbu"], "FLOP/byte": lambda r: r["intensity"],
             "roofline": lambda r: r["side"]}, 4))
     if view["reading"]:
-        out.append(f"  {view['reading']}")
+        out.append(f"  {terminal(view['reading'])}")
     m = view["metrics"]
     if m:
         out.append(f"  GPU metrics (nsys, mean % of peak; {terminal(str(m['source']))}):")
@@ -119,7 +120,7 @@ def step_lines(report: dict[str, Any]) -> list[str]:
     st = report.get("steps")
     if not st:
         return []
-    out = [f"Engine steps: {st['count']:,} ({st['source']})",
+    out = [f"Engine steps: {st['count']:,} ({terminal(st['source'])})",
            f"  GPU busy {pct(st['gpu_share'])} of step time; the GPU waited for the host at step starts "
            f"{pct(st['wait_share'])} of it (median wait {ns(st['wait_p50_ns'])})"]
     for label in ("decode", "prefill"):
@@ -166,11 +167,11 @@ def render_text(report: dict[str, Any], top: int = 10, name_width: int = 70) -> 
     if gpu is None:
         return _render_evidence_only(report)
     out = [
-        f"profkit report: {src['path']}",
-        f"  {src.get('tool', src['kind'])} {src.get('tool_version') or ''} | GPU {src.get('gpu') or '?'}"
-        f" | driver {src.get('driver') or '?'}",
-        f"  window: {ns(win['duration_ns'])} ({win['how']}: {win['detail']})",
-        *([f"  TRACE INCONSISTENT: {src['inconsistent']}"] if src.get("inconsistent") else []),
+        f"profkit report: {terminal(src['path'])}",
+        f"  {terminal(src.get('tool', src['kind']))} {terminal(src.get('tool_version') or '')} | GPU "
+        f"{terminal(src.get('gpu') or '?')} | driver {terminal(src.get('driver') or '?')}",
+        f"  window: {ns(win['duration_ns'])} ({terminal(win['how'])}: {terminal(win['detail'])})",
+        *([f"  TRACE INCONSISTENT: {terminal(src['inconsistent'])}"] if src.get("inconsistent") else []),
         f"  GPU utilization {pct(gpu['utilization'])}: busy {ns(gpu['busy_ns'])}, idle {ns(gpu['idle_ns'])}",
         f"  kernels {facts['kernels.count']:,} ({pct(facts['kernels.graph_share'])} from CUDA graphs, "
         f"{pct(facts['kernels.short_share'])} shorter than 10 us); launch latency median "
@@ -237,10 +238,11 @@ def _findings(report: dict[str, Any]) -> list[str]:
     if report.get("findings"):
         out.append("Findings")
         for f in report["findings"]:
-            out.append(f"  [{f['severity']}] {f['title']}: {f['summary']}")
+            out.append(f"  [{terminal(f['severity'])}] {terminal(f['title'])}: {terminal(f['summary'])}")
             for c in f.get("changes", []):
-                action = f" [{c['action']}]" if c.get("action") else ""
-                out.append(f"      {c['flag']}: {change_from(c)} -> {change_to(c)}{action}  ({c.get('why', '')})")
+                action = f" [{terminal(c['action'])}]" if c.get("action") else ""
+                out.append(f"      {terminal(c['flag'])}: {terminal(change_from(c))} -> {terminal(change_to(c))}"
+                           f"{action}  ({terminal(c.get('why', ''))})")
                 if c.get("changes_precision"):
                     out.append(f"        ! {PRECISION_NOTE}")
         out.append("")
@@ -249,7 +251,7 @@ def _findings(report: dict[str, Any]) -> list[str]:
 
 def _render_evidence_only(report: dict[str, Any]) -> str:
     src = report["source"]
-    out = [f"profkit report: {src['path'] or 'vLLM evidence'} (no trace: vLLM's own evidence only)",
+    out = [f"profkit report: {terminal(src['path'] or 'vLLM evidence')} (no trace: vLLM's own evidence only)",
            *outcome_lines(report), ""]
     out += _findings(report)
     out += efficiency_lines(report)
@@ -257,5 +259,5 @@ def _render_evidence_only(report: dict[str, Any]) -> str:
     skipped = report.get("rules_skipped") or []
     if skipped:
         out.append(f"Rules not evaluated ({len(skipped)}; they need a trace or evidence not given): "
-                   + ", ".join(s["rule"] for s in skipped))
+                   + ", ".join(terminal(s["rule"]) for s in skipped))
     return document("\n".join(out) + "\n")

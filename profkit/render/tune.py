@@ -39,9 +39,9 @@ def _verdict(doc: dict[str, Any]) -> str | None:
 def render_tune_text(doc: dict[str, Any]) -> str:
     doc = _shown(doc)
     obj = doc["objective"]["name"]
-    out = [f"profkit tune: objective {obj} ({doc['objective']['better']} is better), "
-           f"{doc['runs_used']}/{doc['budget']} runs, profile {doc['profile']}",
-           f"stopped: {doc['stopped']}", ""]
+    out = [f"profkit tune: objective {terminal(obj)} ({terminal(doc['objective']['better'])} is better), "
+           f"{doc['runs_used']}/{doc['budget']} runs, profile {terminal(doc['profile'])}",
+           f"stopped: {terminal(doc['stopped'])}", ""]
     noise = doc.get("noise") or {}
     if noise.get("spread_pct") is not None:
         out.append(f"noise: baseline runs {', '.join(f'{v:.4g}' for v in noise['baseline_runs'])} "
@@ -49,14 +49,14 @@ def render_tune_text(doc: dict[str, Any]) -> str:
     out.append(f"  {'step':>4}  {'kind':10} {'objective':>10}  {'decision':9} what")
     for s in doc["steps"]:
         value = "-" if s["objective"] is None else metric_value(obj, s["objective"])
-        out.append(f"  {s['step']:>4}  {s['kind']:10} {value:>10}  {s['decision']:9} "
+        out.append(f"  {s['step']:>4}  {terminal(s['kind']):10} {value:>10}  {terminal(s['decision']):9} "
                    f"{terminal(_changes(s) or s['why'])}")
         if s["candidate"]:
             out.append(f"  {'':>4}  {'':10} {'':>10}  {'':9} {terminal(s['why'])}")
     best = doc.get("best")
     if best:
         change = f" ({best['change_pct']:+.1f} % vs the baseline)" if best["change_pct"] is not None else ""
-        out += ["", f"best {obj}: {metric_value(obj, best['best'])}{change}", "winning command line:"]
+        out += ["", f"best {terminal(obj)}: {metric_value(obj, best['best'])}{change}", "winning command line:"]
         out += [f"  {terminal(c)}" for c in best["commands"]]
     verdict = _verdict(doc)
     if verdict is not None:

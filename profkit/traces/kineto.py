@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 from typing import IO, Annotated, Any
 
@@ -130,6 +131,7 @@ class _Loader:
         self.parts: dict[str, list[Columns]] = {rel: [] for rel in LAYOUT}  # packed rows, in file order
         self.seen: dict[str, int] = {rel: 0 for rel in LAYOUT}  # events decoded per relation
         self.skipped = 0  # events whose fields are not what Kineto writes (a string time, no device, ...)
+        self.clipped = 0  # strings longer than MAX_STRING, clipped as they were read (`_Guard`)
         self.duplicated: dict[str, int] = {}  # events seen twice (same place, times and correlation id), kept once
 
     def name_id(self, name: str) -> int:
@@ -363,10 +365,184 @@ def _ingest(db: str, relation: str, table: Columns) -> None:
         conn.commit()
 
 
-def _open_stream(path: Path) -> IO[bytes]:
+# A JSON value nested deeper than this is no trace's (Kineto writes 6 levels at most). The parsers spend memory
+# on depth before they fail: ijson's events carry a path that grows with it, ~2.5 bytes x depth^2 held per
+# buffer (4 GB at 40,000 levels), and Python objects that deep overflow the interpreter's stack when printed.
+MAX_DEPTH = 100
+# A JSON string longer than this is clipped as the bytes stream by, with a marker saying how long it was: one
+# 400 MB kernel name took ijson past 5 minutes, and would be copied several times as a Python string. The
+# longest demangled kernel names (CUTLASS templates) run to a few KB.
+MAX_STRING = 64 << 10
+# Decompressed bytes a gzip'd trace may expand to: this many times the file, or GZIP_FLOOR if more. Real
+# traces compress 15-30x; gzip's limit is ~1000x, reached by a "bomb" of repeated bytes.
+GZIP_RATIO = 200
+GZIP_FLOOR = 1 << 30
+_ESCAPE = re.compile(rb"\\(?:u[0-9A-Fa-f]{4}|.)", re.DOTALL)
+_HIGH_SURROGATE = re.compile(rb"\\u[dD][89abAB]")
+
+
+class _Guard:
+    """A trace's JSON bytes as the parsers are given them, bounded before they spend memory: a string longer
+    than MAX_STRING is clipped, a gzip'd trace may not expand past `max_bytes`, and with `depth` nesting deeper
+    than MAX_DEPTH is refused (for ijson; msgspec stops at Python's recursion limit by itself). Where strings
+    are (quotes not escaped by an odd run of backslashes), and the depth outside them, is found with numpy a
+    block at a time (~800 MB/s, ~300 MB/s with the depth); the rare long string is cut in Python.
+
+    A string still open at the end of a block is held back (at most MAX_STRING bytes) and scanned again with
+    the next one, so every block starts outside a string; a string being clipped is skipped to its end."""
+
+    def __init__(self, f: IO[bytes], path: Path, max_bytes: int | None = None, loader: _Loader | None = None,
+                 depth: bool = False) -> None:
+        self.f, self.path, self.max_bytes, self.loader, self.track = f, path, max_bytes, loader, depth
+        self.total = 0  # bytes read from `f` (decompressed)
+        self.depth = 0
+        self.held = b""  # an open string from its opening quote
+        self.clipping = 0  # bytes of the string being clipped so far (0: none)
+        self.run = 0  # backslashes ending what was skipped of it: an odd run escapes the next quote
+        self.done = False
+
+    def read(self, size: int = -1) -> bytes:
+        if size == 0:  # ijson asks whether the stream gives bytes
+            return b""
+        while not self.done:
+            block = self.f.read(size if size > 0 else _CHUNK)
+            if not block:
+                self.done = True
+                held, self.held = self.held, b""
+                return held  # an unterminated string: the parser says the JSON is truncated
+            self.total += len(block)
+            if self.max_bytes is not None and self.total > self.max_bytes:
+                raise TraceError(f"{self.path}: gzip data expanding past {self.max_bytes >> 20} MiB, more than "
+                                 f"{GZIP_RATIO} times the file: a decompression bomb, not a trace")
+            out = self._feed(self.held + block if self.held else block)
+            if out:
+                return out
+        return b""
+
+    def close(self) -> None:
+        self.f.close()
+
+    def __enter__(self) -> _Guard:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _feed(self, data: bytes) -> bytes:
+        self.held = b""
+        a = np.frombuffer(data, dtype=np.uint8)
+        out: list[bytes | memoryview] = []
+        view = memoryview(data)
+        start = scan = 0
+        if self.clipping:  # inside a clipped string: skip to its closing quote
+            quotes = _real_quotes(a, self.run)
+            if not len(quotes):
+                self.clipping += len(data)
+                self.run = _trailing_backslashes(data, self.run)
+                return b""
+            start = int(quotes[0])  # the closing quote, kept
+            scan = start + 1
+            out.append(b"...[clipped by profkit: %d bytes]" % (self.clipping + start))
+            self.clipping = 0
+        quotes = _real_quotes(a[scan:]) + scan  # from `scan` on, outside a string
+        if self.track:
+            self._track_depth(a[scan:], quotes - scan)
+        opened = quotes[::2]
+        closed = quotes[1::2]
+        ends = len(data) if len(quotes) % 2 else None
+        long = np.flatnonzero(closed - opened[:len(closed)] - 1 > MAX_STRING).tolist()
+        for i in long:
+            o, c = int(opened[i]), int(closed[i])
+            out.append(view[start:o + 1])
+            out.append(data[o + 1:o + 1 + _safe_cut(data, o + 1)])
+            out.append(b"...[clipped by profkit: %d bytes]" % (c - o - 1))
+            start = c
+            self._clipped()
+        if ends is not None:  # a string open at the end of the block
+            o = int(opened[-1])
+            if ends - o - 1 > MAX_STRING:
+                out.append(view[start:o + 1])
+                out.append(data[o + 1:o + 1 + _safe_cut(data, o + 1)])
+                self.clipping = ends - o - 1
+                self.run = _trailing_backslashes(data[o + 1:])
+                self._clipped()
+                start = ends
+            else:
+                self.held = data[o:]
+                ends = o
+        if not out and ends is None:
+            return data
+        out.append(view[start:ends])
+        return b"".join(out)
+
+    def _track_depth(self, a: np.ndarray, quotes: np.ndarray) -> None:
+        folded = a | 0x20  # "[" and "{" differ in that bit only, as "]" and "}" do
+        opens = folded == 0x7B
+        at = np.flatnonzero(opens | (folded == 0x7D))
+        if not len(at):
+            return
+        at = at[np.searchsorted(quotes, at) % 2 == 0]  # an even number of quotes before: not in a string
+        level = self.depth + np.cumsum(np.where(opens[at], 1, -1), dtype=np.int64)
+        if len(level):
+            if level.max() > MAX_DEPTH:
+                raise TraceError(f"{self.path}: JSON nested too deeply: not a torch.profiler trace")
+            self.depth = int(level[-1])
+
+    def _clipped(self) -> None:
+        if self.loader is not None:
+            self.loader.clipped += 1
+
+
+def _real_quotes(a: np.ndarray, run: int = 0) -> np.ndarray:
+    """Positions of the quotes in `a` that are not escaped (preceded by an odd run of backslashes; `run`:
+    backslashes just before `a`)."""
+    quotes = np.flatnonzero(a == 34)
+    slashes = np.flatnonzero(a == 92)
+    if not len(quotes) or not len(slashes) and not run:
+        return quotes
+    before = np.zeros(len(quotes), dtype=np.int64)  # the run of backslashes ending just before each quote
+    if len(slashes):
+        first = np.ones(len(slashes), dtype=bool)
+        first[1:] = np.diff(slashes) != 1
+        run_start = slashes[first][np.cumsum(first) - 1]
+        j = np.minimum(np.searchsorted(slashes, quotes - 1), len(slashes) - 1)
+        hit = slashes[j] == quotes - 1
+        before = np.where(hit, quotes - run_start[j], 0)
+        before += np.where(hit & (run_start[j] == 0), run, 0)
+    before += np.where(quotes == 0, run, 0)
+    return quotes[before % 2 == 0]
+
+
+def _trailing_backslashes(data: bytes, run: int = 0) -> int:
+    """Backslashes ending `data` (`run` more before it, where all of `data` is backslashes)."""
+    k = len(data) - len(data.rstrip(b"\\"))
+    return k + run if k == len(data) else k
+
+
+def _safe_cut(data: bytes, at: int) -> int:
+    """Bytes of the string starting at `at` to keep (MAX_STRING or a few less): never half an escape, a
+    surrogate pair or a UTF-8 character."""
+    cut = MAX_STRING
+    for m in _ESCAPE.finditer(data, at, at + cut + 12):
+        s, e = m.start() - at, m.end() - at
+        if s >= cut:
+            break
+        if e > cut or e == cut and _HIGH_SURROGATE.match(m.group()):
+            cut = s
+            break
+    while cut > 0 and data[at + cut] & 0xC0 == 0x80:  # a UTF-8 continuation byte: back to its lead byte
+        cut -= 1
+    return cut
+
+
+def _open_stream(path: Path, loader: _Loader | None = None, depth: bool = True) -> _Guard:
+    """The trace's JSON bytes (gunzipped where the file is gzip), through a `_Guard`."""
     with path.open("rb") as f:
         gz = f.read(2) == b"\x1f\x8b"
-    return gzip.open(path, "rb") if gz else path.open("rb")
+    if gz:
+        return _Guard(gzip.open(path, "rb"), path, max(GZIP_FLOOR, GZIP_RATIO * path.stat().st_size), loader,
+                      depth)
+    return _Guard(path.open("rb"), path, None, loader, depth)
 
 
 # An integer SQLite can store (int64) with room to add: a bigger one fails the typed decode, and the chunk is read
@@ -439,7 +615,7 @@ class _Prefetch:
     """Reads (and gunzips) the next block in a thread while the caller decodes the current one:
     zlib releases the GIL, so decompression overlaps with decoding."""
 
-    def __init__(self, f: IO[bytes]) -> None:
+    def __init__(self, f: _Guard) -> None:
         self.f = f
         self.pool = ThreadPoolExecutor(max_workers=1)
         self.next = self.pool.submit(f.read, _CHUNK)
@@ -464,7 +640,7 @@ def _load_fast(path: Path, loader: _Loader, trailer: dict[str, Any] | None = Non
     per-event loop hold the GIL, so threads would not help), each chunk's columns merged into
     `loader` in file order.
     """
-    chunks = _kineto_chunks(path, trailer)
+    chunks = _kineto_chunks(path, trailer, loader)
     head = list(itertools.islice(chunks, IN_PROCESS_CHUNKS + 1))
     if len(head) <= IN_PROCESS_CHUNKS:  # small trace: starting workers would cost more than they save
         return sum(_decode_into(loader, data, tail) for data, tail in head)
@@ -484,10 +660,11 @@ def _decode_into(loader: _Loader, data: bytes, tail: bool) -> int:
     return len(events)
 
 
-def _kineto_chunks(path: Path, trailer: dict[str, Any] | None = None) -> Iterator[tuple[bytes, bool]]:
+def _kineto_chunks(path: Path, trailer: dict[str, Any] | None = None,
+                   loader: _Loader | None = None) -> Iterator[tuple[bytes, bool]]:
     """traceEvents as ~16 MB JSON arrays cut at event boundaries: (array text, False), then the rest of
     the document as (object text, True); the metadata found after the events goes into `trailer`."""
-    with _open_stream(path) as raw, _Prefetch(raw) as f:
+    with _open_stream(path, loader, depth=False) as raw, _Prefetch(raw) as f:
         buf = bytearray()
         while True:  # skip the header up to the opening bracket of traceEvents
             block = f.read(_CHUNK)
@@ -566,7 +743,7 @@ def _load_ijson(path: Path, loader: _Loader) -> int:
     Chrome trace format's other form, written by torch 1.8's Kineto) a bare array of events."""
     n = 0
     prefix = "item" if _first_byte(path) == b"[" else "traceEvents.item"
-    with _open_stream(path) as f:
+    with _open_stream(path, loader) as f:
         for ev in ijson.items(f, prefix, use_float=True):
             if isinstance(ev, dict):
                 a = ev.get("args") if isinstance(ev.get("args"), dict) else {}
@@ -580,13 +757,15 @@ def _load_ijson(path: Path, loader: _Loader) -> int:
 def _header(path: Path) -> dict[str, Any]:
     """Top-level keys before `traceEvents` (Kineto writes its metadata first); stops at the events."""
     meta: dict[str, Any] = {}
-    with _open_stream(path) as f:
-        for key, value in ijson.kvitems(_until_events(f), ""):
-            meta[key] = value
+    with _open_stream(path, depth=False) as f:
+        head = _until_events(f)
+    # Its nesting is bounded here, on the metadata alone: the events are the event reader's.
+    for key, value in ijson.kvitems(_Guard(head, path, depth=True), ""):
+        meta[key] = value
     return meta
 
 
-def _until_events(f: IO[bytes]) -> IO[bytes]:
+def _until_events(f: _Guard) -> IO[bytes]:
     """A file-like view that ends where `"traceEvents"` begins, closing the JSON object there."""
     head = bytearray()
     while chunk := f.read(1 << 16):
@@ -640,6 +819,9 @@ def open_kineto(path: Path) -> Trace:
     meta = _meta({**trailer, **header})  # the header's own keys first, then those written after the events
     said = [f"{loader.skipped} events with malformed fields (time, duration, device) left out"] if loader.skipped \
         else []
+    if loader.clipped:
+        said.append(f"{loader.clipped} strings longer than {MAX_STRING >> 10} KiB clipped (names end in "
+                    "'...[clipped by profkit: N bytes]')")
     said += [f"{n} duplicated {what} events (same {', '.join(DUPLICATE_KEYS[rel])}) counted once"
              for rel, what in (("kernels", "kernel"), ("api", "CUDA API"), ("memops", "memory-operation"),
                                ("sync", "synchronization"), ("cpu_ops", "CPU operator"), ("nvtx", "annotation"))
@@ -687,8 +869,8 @@ def _meta(header: dict[str, Any]) -> dict[str, Any]:
     props = header.get("deviceProperties", header.get("computeProperties"))  # the latter: early Kineto
     devices = [d for d in props if isinstance(d, dict)] if isinstance(props, list) else []
     # The header is the file's: numbers arrive as Decimals (ijson), huge or of the wrong type; names as anything.
-    def text(v: Any) -> str | None:
-        return None if v is None else str(v)[:200]
+    def text(v: Any) -> str | None:  # a scalar: a nested value is no name (and printing one deep recurses)
+        return str(v)[:200] if isinstance(v, (str, int, float, Decimal)) else None
 
     meta: dict[str, Any] = {
         "tool": "torch.profiler (Kineto)",
