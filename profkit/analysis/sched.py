@@ -32,18 +32,23 @@ def process_cpu(trace: Trace, win: Window) -> dict[str, Any] | None:
     a, b = win.start_ns, win.end_ns  # `all` too: CPU over the same span as the GPU figures
     if b <= a:
         return None
+    rows = trace.query("SELECT count(*) FROM sched")[0][0]  # its size picks the reader (Arrow for millions)
     ev = read_columns(trace, "sched", {"tid": "tid", "pid": "pid", "start": "start", "sin": "sched_in"},
-                      where=f"start >= {int(a)} AND start < {int(b)}")
+                      where=f"start >= {int(a)} AND start < {int(b)}", rows_hint=rows)
     if not len(ev["start"]):
         return {"source": SOURCE, "window_ns": b - a, "processes": []}
-    order = np.lexsort((ev["start"], ev["tid"]))
-    tid, pid, start, sin = (ev[k][order] for k in ("tid", "pid", "start", "sin"))
+    start = ev["start"]
+    # by (thread, time): a stable sort by thread alone where the switches come in time order, as nsys writes them
+    in_time = bool(np.all(start[1:] >= start[:-1]))
+    order = np.argsort(ev["tid"], kind="stable") if in_time else np.lexsort((start, ev["tid"]))
+    tid, start, sin = ev["tid"][order], start[order], ev["sin"][order]
     new = np.concatenate([[True], tid[1:] != tid[:-1]])  # each thread's first event
     nxt = np.concatenate([np.where(new[1:], b, start[1:]), [b]])  # the same thread's next event, else the end
     on = np.where(sin != 0, np.maximum(nxt - start, 0), 0) + np.where(new & (sin == 0), start - a, 0)
     thread = np.cumsum(new) - 1
     per_thread = np.bincount(thread, weights=on).astype(np.int64)
-    t_tid, t_pid = tid[new], pid[new]
+    firsts = np.flatnonzero(new)
+    t_tid, t_pid = tid[firsts], ev["pid"][order[firsts]]
     pids, p_index = np.unique(t_pid, return_inverse=True)
     p_ns = np.bincount(p_index, weights=per_thread).astype(np.int64)
     p_threads = np.bincount(p_index)

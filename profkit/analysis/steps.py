@@ -187,8 +187,24 @@ def _kernel_steps(trace: Trace, lo: int, hi: int, gaps: DeviceGaps) -> list[tupl
 
 
 def _range_argmax(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """Index of the first maximum of values[lo:hi] for each (lo, hi), hi > lo: a sparse table of argmaxes,
-    O(n log n) to build and two lookups per range (the first maximum, as np.argmax gives)."""
+    """Index of the first maximum of values[lo:hi] for each (lo, hi), hi > lo, as np.argmax gives. The ranges
+    between engine steps barely overlap, so their indexes laid end to end are about len(values): one
+    maximum.reduceat over them, then the first index per range that reaches it. Ranges that overlap much
+    (more than 4x the values in all) use a sparse table of argmaxes instead (O(n log n) memory)."""
+    lengths = hi - lo
+    total = int(lengths.sum())
+    if total > 4 * len(values) + len(lo):
+        return _sparse_argmax(values, lo, hi)
+    offsets = np.cumsum(lengths) - lengths
+    owner = np.repeat(np.arange(len(lo)), lengths)
+    index = np.arange(total, dtype=np.int64) - offsets[owner] + lo[owner]
+    v = values[index]
+    peak = np.maximum.reduceat(v, offsets)
+    hits = np.flatnonzero(v == peak[owner])
+    return index[hits[np.searchsorted(owner[hits], np.arange(len(lo)))]]
+
+
+def _sparse_argmax(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     n = len(values)
     table = [np.arange(n, dtype=np.int64)]
     width = 1
@@ -197,8 +213,7 @@ def _range_argmax(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndar
         left, right = prev[: n - 2 * width + 1], prev[width: n - width + 1]
         table.append(np.where(values[right] > values[left], right, left))
         width *= 2
-    length = hi - lo
-    level = np.floor(np.log2(length)).astype(np.int64)
+    level = np.floor(np.log2(hi - lo)).astype(np.int64)
     out = np.empty(len(lo), dtype=np.int64)
     for lv in np.unique(level).tolist():
         sel = level == lv

@@ -53,12 +53,13 @@ def source_file(trace: Trace) -> Path:
 
 def read_columns(trace: Trace, relation: str, columns: Mapping[str, str], where: str = "1",
                  params: Mapping[str, int] | None = None, seq_span: tuple[int, int] | None = None,
-                 jobs: int = JOBS) -> dict[str, np.ndarray]:
+                 jobs: int = JOBS, rows_hint: int = 0) -> dict[str, np.ndarray]:
     """{name: int64 array} of `columns` ({name: SQL expression}) over `relation`'s rows matching `where`.
 
     `seq_span`: the relation's first and last seq (start-ordered relations): its size decides the reader, and
-    the driver reads it in `jobs` ranges at once."""
-    rows_hint = seq_span[1] - seq_span[0] + 1 if seq_span else 0
+    the driver reads it in `jobs` ranges at once. `rows_hint`: the size of a relation without seq (one read)."""
+    if seq_span:
+        rows_hint = seq_span[1] - seq_span[0] + 1
     # Named parameters are integers (window bounds): written into the text, the query runs on any connection.
     for key, value in (params or {}).items():
         where = where.replace(f":{key}", str(int(value)))
@@ -86,11 +87,15 @@ class ConnectionPool:
         try:
             return self.idle.get_nowait()
         except queue.Empty:
-            import adbc_driver_sqlite.dbapi as adbc
+            # the driver manager's own objects, not its DB-API layer: that one imports pyarrow.dataset and
+            # pandas (~0.5 s) for what a report never uses
+            import adbc_driver_manager
+            import adbc_driver_sqlite
 
-            conn = adbc.connect(self.uri)
+            db = adbc_driver_sqlite.connect(self.uri)
+            conn = adbc_driver_manager.AdbcConnection(db)
             with self.lock:
-                self.opened.append(conn)
+                self.opened.append((conn, db))
             return conn
 
     def put(self, conn: Any) -> None:
@@ -98,8 +103,9 @@ class ConnectionPool:
 
     def close(self) -> None:
         with self.lock:
-            for conn in self.opened:
+            for conn, db in self.opened:
                 conn.close()
+                db.close()
             self.opened.clear()
 
 
@@ -116,7 +122,9 @@ def adbc_min_rows() -> int:
 
 def adbc_available() -> bool:
     try:
-        import adbc_driver_sqlite.dbapi  # noqa: F401
+        import adbc_driver_manager  # noqa: F401
+        import adbc_driver_sqlite  # noqa: F401
+        import pyarrow  # noqa: F401
     except ImportError:
         return False
     return True
@@ -136,11 +144,15 @@ def _read_adbc(pool: ConnectionPool, source: str, columns: Mapping[str, str], wh
     exprs = ", ".join(columns.values())
 
     def part(clause: str) -> list[Any]:
+        import adbc_driver_manager
+        import pyarrow as pa
+
         conn = pool.get()
         try:
-            with conn.cursor() as cur:
-                cur.execute(f"SELECT {exprs} FROM {source} WHERE ({where}) {clause}")
-                return cur.fetch_arrow_table().columns
+            with adbc_driver_manager.AdbcStatement(conn) as stmt:
+                stmt.set_sql_query(f"SELECT {exprs} FROM {source} WHERE ({where}) {clause}")
+                stream, _ = stmt.execute_query()
+                return pa.RecordBatchReader._import_from_c(stream.address).read_all().columns
         finally:
             pool.put(conn)
 
@@ -159,15 +171,21 @@ def _read_adbc(pool: ConnectionPool, source: str, columns: Mapping[str, str], wh
 
 
 def _to_int64(column: Any) -> np.ndarray:
+    """An Arrow column as an int64 array, viewed in place where it is one (numpy over its buffers: pyarrow's
+    own to_numpy imports pandas)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     if pa.types.is_null(column.type):
         return np.full(len(column), NULL_INT, dtype=np.int64)
-    if pa.types.is_boolean(column.type):
+    if pa.types.is_boolean(column.type) or pa.types.is_integer(column.type) and column.type != pa.int64():
         column = pc.cast(column, pa.int64())
     if not pa.types.is_integer(column.type):
         raise TypeError(f"column of type {column.type}")
     if column.null_count:
         column = pc.fill_null(column, NULL_INT)
-    return column.to_numpy().astype(np.int64, copy=False)
+    parts = [np.frombuffer(c.buffers()[1], dtype=np.int64, count=len(c), offset=c.offset * 8)
+             for c in column.chunks if len(c)]
+    if not parts:
+        return np.zeros(0, dtype=np.int64)
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
