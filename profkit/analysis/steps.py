@@ -34,29 +34,31 @@ NVTX_SOURCE = "vLLM step annotations (execute_context_N(T)_generation_M(M))"
 KERNEL_SOURCE = f"vLLM's per-step input kernels ({STEP_KERNEL}; prefill: {PREFILL_KERNEL})"
 
 
-def _quantile(values: list[int], q: float) -> int | None:
-    if not values:
+def _quantile(values: np.ndarray, q: float) -> int | None:
+    if not len(values):
         return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+    return int(np.partition(values, k := min(len(values) - 1, int(q * len(values))))[k])
 
 
-def _steps(trace: Trace, win: Window) -> tuple[DeviceGaps, list[tuple[int, int, int, int, int]], str] | None:
-    """The first GPU's gaps, the window's steps and where they came from; None without steps."""
+def _steps(trace: Trace, win: Window) -> tuple[DeviceGaps, np.ndarray, str] | None:
+    """The first GPU's gaps, the window's steps (an int64 array, a row per step: start, end, prefill requests,
+    prompt tokens, decode requests) and where they came from; None without steps."""
     lo, hi = (win.start_ns, win.end_ns) if win.bounded else (-(1 << 62), 1 << 62)  # `all`: every step
     all_gaps = gpu_gaps(trace)
     if not all_gaps.devices:
         return None
     gaps = all_gaps.devices[min(all_gaps.devices)]
     steps, source = _nvtx_steps(trace, lo, hi), NVTX_SOURCE
-    if not steps:
+    if not len(steps):
         steps, source = _kernel_steps(trace, lo, hi, gaps), KERNEL_SOURCE
-    return (gaps, steps, source) if steps else None
+    return (gaps, steps, source) if len(steps) else None
 
 
-def _bounds(steps: list[tuple[int, int, int, int, int]]) -> list[tuple[int, int]]:
-    """Each step from its start to the next step's start (the last one to its own end)."""
-    return [(s[0], steps[i + 1][0] if i + 1 < len(steps) else max(s[1], s[0] + 1)) for i, s in enumerate(steps)]
+def _bounds(steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, ends): each step from its start to the next step's start (the last one to its own end)."""
+    starts = steps[:, 0]
+    last = max(int(steps[-1, 1]), int(steps[-1, 0]) + 1)
+    return starts, np.append(starts[1:], np.int64(last))
 
 
 def step_spans(trace: Trace, win: Window) -> tuple[int, dict[str, tuple[np.ndarray, np.ndarray]]] | None:
@@ -66,10 +68,9 @@ def step_spans(trace: Trace, win: Window) -> tuple[int, dict[str, tuple[np.ndarr
     if found is None:
         return None
     gaps, steps, _ = found
-    bounds = np.array(_bounds(steps), dtype=np.int64).reshape(-1, 2)
-    prefill = np.array([s[2] > 0 for s in steps], dtype=bool)
-    return gaps.device, {"prefill-bearing": (bounds[prefill, 0], bounds[prefill, 1]),
-                         "decode-only": (bounds[~prefill, 0], bounds[~prefill, 1])}
+    a, b = _bounds(steps)
+    prefill = steps[:, 2] > 0
+    return gaps.device, {"prefill-bearing": (a[prefill], b[prefill]), "decode-only": (a[~prefill], b[~prefill])}
 
 
 def engine_steps(trace: Trace, win: Window) -> dict[str, Any] | None:
@@ -79,55 +80,52 @@ def engine_steps(trace: Trace, win: Window) -> dict[str, Any] | None:
         return None
     gaps, steps, source = found
     device, first, last = gaps.device, gaps.first, gaps.last
-    bounds = _bounds(steps)
+    a, b = _bounds(steps)
     # The gap table holds idle time between GPU operations only: clip each step to the GPU's active span.
-    clipped = [(max(a, first), max(max(a, first), min(b, last))) for a, b in bounds]
-    ca = np.array([c[0] for c in clipped], dtype=np.int64)
-    cb = np.array([c[1] for c in clipped], dtype=np.int64)
+    ca = np.maximum(a, first)
+    cb = np.maximum(ca, np.minimum(b, last))
     idle_ns = gaps.idle_in(ca, cb)  # inside the GPU's span: the gaps clipped to the step
     # the gap starting at or before a (the GPU's wait at the step's start)
     n = len(gaps.start)
     j = np.searchsorted(gaps.start, ca, side="right") - 1
     j_end = gaps.end[np.clip(j, 0, max(n - 1, 0))] if n else np.zeros_like(ca)
     wait_ns = np.where((j >= 0) & (j_end > ca), j_end - ca, 0)
-    cycles, busy, waits, prefill = [], [], [], []
-    for i, ((a, b), (ca_i, cb_i)) in enumerate(zip(bounds, clipped, strict=True)):
-        cycle = b - a
-        cycles.append(cycle)
-        busy.append(max(0, (cb_i - ca_i) - int(idle_ns[i])))
-        # the GPU's wait at the step's start: idle from the start to its next operation (before the first
-        # operation of the trace, the time until it)
-        waits.append(min(cycle, int(wait_ns[i]) + (ca_i - a)))
-        prefill.append(steps[i][2] > 0)
-    total = sum(cycles)
+    cycles = b - a
+    busy = np.maximum(0, (cb - ca) - idle_ns)
+    # the GPU's wait at the step's start: idle from the start to its next operation (before the first operation
+    # of the trace, the time until it)
+    waits = np.minimum(cycles, wait_ns + (ca - a))
+    prefill = steps[:, 2] > 0
+    total = int(cycles.sum())
     stride = max(1, len(steps) // SERIES_MAX)
 
-    def summary(mask: list[bool]) -> dict[str, Any]:
-        c = [x for x, k in zip(cycles, mask, strict=True) if k]
-        g = [x for x, k in zip(busy, mask, strict=True) if k]
+    def summary(mask: np.ndarray) -> dict[str, Any]:
+        c, g = cycles[mask], busy[mask]
+        c_sum, g_sum = int(c.sum()), int(g.sum())
         return {"count": len(c), "cycle_p50_ns": _quantile(c, 0.5), "cycle_p90_ns": _quantile(c, 0.9),
-                "gpu_busy_p50_ns": _quantile(g, 0.5), "gpu_share": sum(g) / sum(c) if sum(c) else None}
+                "gpu_busy_p50_ns": _quantile(g, 0.5), "gpu_share": g_sum / c_sum if c_sum else None}
 
+    shown = slice(0, len(steps), stride)
     return {
         "source": source,
         "device": device,
         "count": len(steps),
         "total_ns": total,
-        "gpu_share": sum(busy) / total if total else None,
-        "wait_share": sum(waits) / total if total else None,
+        "gpu_share": int(busy.sum()) / total if total else None,
+        "wait_share": int(waits.sum()) / total if total else None,
         "wait_p50_ns": _quantile(waits, 0.5),
-        "all": summary([True] * len(steps)),
+        "all": summary(np.ones(len(steps), dtype=bool)),
         "prefill": summary(prefill),
-        "decode": summary([not p for p in prefill]),
-        "series": [{"cycle_ns": cycles[i], "gpu_busy_ns": busy[i], "prefill": prefill[i]}
-                   for i in range(0, len(steps), stride)],
+        "decode": summary(~prefill),
+        "series": [{"cycle_ns": c, "gpu_busy_ns": g, "prefill": p} for c, g, p in
+                   zip(cycles[shown].tolist(), busy[shown].tolist(), prefill[shown].tolist(), strict=True)],
     }
 
 
-def _nvtx_steps(trace: Trace, lo: int, hi: int) -> list[tuple[int, int, int, int, int]]:
-    """(start, end, prefill requests, prompt tokens, decode requests) per annotated step."""
+def _nvtx_steps(trace: Trace, lo: int, hi: int) -> np.ndarray:
+    """(start, end, prefill requests, prompt tokens, decode requests) per annotated step, a row each."""
     if "nvtx" not in trace.present:
-        return []
+        return _NO_STEPS
     rows = trace.query(
         "SELECT start, end, name FROM nvtx WHERE name LIKE '%execute\\_context\\_%' ESCAPE '\\' "
         "AND style != 'GPU' AND start >= ? AND start < ? ORDER BY start", (lo, hi))
@@ -136,18 +134,21 @@ def _nvtx_steps(trace: Trace, lo: int, hi: int) -> list[tuple[int, int, int, int
         m = STEP.search(name or "")
         if m and end is not None and end >= start:
             steps.append((int(start), int(end), int(m.group(1)), int(m.group(2)), int(m.group(3))))
-    return steps
+    return np.array(steps, dtype=np.int64).reshape(-1, 5)
 
 
-def _kernel_steps(trace: Trace, lo: int, hi: int, gaps: DeviceGaps) -> list[tuple[int, int, int, int, int]]:
+_NO_STEPS = np.zeros((0, 5), dtype=np.int64)
+
+
+def _kernel_steps(trace: Trace, lo: int, hi: int, gaps: DeviceGaps) -> np.ndarray:
     """Steps from vLLM's per-step input kernel on the first GPU: each starts at the longest GPU idle time since
-    the previous step's last kernel (a PK range seek in the gap table per step); prefill-bearing when the
+    the previous step's last kernel (binary searches over the gap arrays); prefill-bearing when the
     prefill-input kernel runs just before it. The prompt-token and decode counts are not on the trace (0)."""
     device = gaps.device
     ids = dict(trace.query("SELECT value, id FROM strings WHERE value IN (?, ?, ?)",
                            (STEP_KERNEL, PREFILL_KERNEL, END_KERNEL)))
     if STEP_KERNEL not in ids:
-        return []
+        return _NO_STEPS
 
     # the three marker kernels of the window in one columnar read (no query per kernel name or per step)
     wanted = [ids[n] for n in (STEP_KERNEL, PREFILL_KERNEL, END_KERNEL) if n in ids]
@@ -159,7 +160,7 @@ def _kernel_steps(trace: Trace, lo: int, hi: int, gaps: DeviceGaps) -> list[tupl
     name, start, end = k["n"][order], k["s"][order], k["e"][order]
     marks = start[name == ids[STEP_KERNEL]]
     if len(marks) < 2:
-        return []
+        return _NO_STEPS
     prefill = start[name == ids.get(PREFILL_KERNEL, -1)]
     ends = end[name == ids.get(END_KERNEL, -1)]
     # the prefill-input kernel runs just before its step's kernel: it belongs to the next mark at or after it
@@ -182,8 +183,8 @@ def _kernel_steps(trace: Trace, lo: int, hi: int, gaps: DeviceGaps) -> list[tupl
     straddle = (chosen < 0) & (i >= 0) & (gaps.end[np.maximum(i, 0)] >= marks if len(g_len) else False)
     chosen[straddle] = i[straddle]
     step_start = np.where(chosen >= 0, g_start[np.maximum(chosen, 0)] if len(g_len) else marks, marks)
-    return [(int(s0), int(m), int(f), 0, 0) for s0, m, f in zip(step_start.tolist(), marks.tolist(),
-                                                               flags.tolist(), strict=True)]
+    zero = np.zeros(len(marks), dtype=np.int64)
+    return np.column_stack([step_start, marks, flags, zero, zero]).astype(np.int64)
 
 
 def _range_argmax(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:

@@ -205,19 +205,17 @@ LOOKBACK_NS = 100_000_000
 def _neighbours(trace: Trace, gaps: list[ListedGap], kernel_bounds: tuple[int, int] | None) -> dict:
     """(before, after) names per listed gap: the operation that ended at the gap's start and the one
     that started at its end (a memory operation where one sits exactly there, else a kernel)."""
-    trace.conn.executescript(
-        "CREATE INDEX IF NOT EXISTS temp.top_gaps_s ON top_gaps (gap_start);"
-        "CREATE INDEX IF NOT EXISTS temp.top_gaps_e ON top_gaps (gap_end);"
-    )
-    mem_before = dict(trace.query(
-        "SELECT g.rowid, m.operation FROM memops m JOIN top_gaps g ON g.gap_start = m.end AND g.device = m.device"))
-    mem_after = dict(trace.query(
-        "SELECT g.rowid, m.operation FROM memops m JOIN top_gaps g ON g.gap_end = m.start AND g.device = m.device"))
+    # One scan of the memory operations for the listed gaps' ends (a join would index every memory operation
+    # first); where several touch a gap, the last in the relation's order, as a join over it gives.
+    ended = {(d, t): op for d, t, op in trace.query(
+        "SELECT device, end, operation FROM memops WHERE end IN (SELECT gap_start FROM top_gaps)")}
+    started = {(d, t): op for d, t, op in trace.query(
+        "SELECT device, start, operation FROM memops WHERE start IN (SELECT gap_end FROM top_gaps)")}
     out = {}
     for g in gaps:
         gid, g0, g1 = int(g.gid), int(g.gap_start), int(g.gap_end)
-        before = mem_before.get(gid)
-        after = mem_after.get(gid)
+        before = ended.get((int(g.device), g0))
+        after = started.get((int(g.device), g1))
         if kernel_bounds and before is None:
             lo, hi = seq_range(trace, "kernels", g0 - LOOKBACK_NS, g0, kernel_bounds)
             row = trace.query("SELECT s.value FROM kernels k JOIN strings s ON s.id = k.name_id WHERE k.seq "
