@@ -139,10 +139,22 @@ def test_rules_on_torch_traces(reports) -> None:
     assert "launch-overhead" not in {f["rule"] for f in reports("toy_graphs_b16")["findings"]}
 
 
-def test_temp_database_is_removed() -> None:
-    before = set(Path(tempfile.gettempdir()).glob("profkit-*.sqlite"))
+def test_temp_database_is_removed(tmp_path: Path, monkeypatch) -> None:
+    """The torch reader's SQLite database is made in the temp folder and gone once the report is built. The
+    temp folder is this test's own: other processes' files in the shared one come and go meanwhile."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    made: list[str] = []
+    real_mkstemp = tempfile.mkstemp
+
+    def recording_mkstemp(*args, **kwargs):
+        fd, name = real_mkstemp(*args, **kwargs)
+        made.append(name)
+        return fd, name
+
+    monkeypatch.setattr(tempfile, "mkstemp", recording_mkstemp)
     build_report(TORCH["toy_hostgap_b16"]).document()
-    assert set(Path(tempfile.gettempdir()).glob("profkit-*.sqlite")) == before
+    assert [Path(m).parent for m in made if Path(m).name.startswith("profkit-")] == [tmp_path]
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_truncated_gzip(tmp_path: Path) -> None:

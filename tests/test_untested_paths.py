@@ -125,11 +125,23 @@ def test_cpu_switches_become_nsys_process_tree_context_switches(env, h100_host: 
     assert [w for w in words if w.startswith("--cpuctxsw")] == ["--cpuctxsw=process-tree"]
 
 
-def test_report_jobs_gives_the_serial_report(tmp_path: Path) -> None:
-    """--jobs 2 analyses the two rank traces in two processes; the report equals --jobs 1's, and each rank's
-    kernel count is its file's."""
+def test_report_jobs_gives_the_serial_report(monkeypatch) -> None:
+    """--jobs 2 analyses the two rank traces in a pool of two processes, --jobs 1 in this one (the pools made are
+    recorded, the real pool runs); the reports are equal, and each rank's kernel count is its file's."""
+    import profkit.report.ranks as ranks
+
+    pools: list[int | None] = []
+    real_pool = ranks.ProcessPoolExecutor
+
+    def recording_pool(*args, **kwargs):
+        pools.append(kwargs.get("max_workers"))
+        return real_pool(*args, **kwargs)
+
+    monkeypatch.setattr(ranks, "ProcessPoolExecutor", recording_pool)
     serial = report_of(*RANKS, "--window", "all", "--jobs", "1")
+    assert pools == []
     pooled = report_of(*RANKS, "--window", "all", "--jobs", "2")
+    assert pools == [2]
     assert pooled == serial
     assert [(r["source"], r["kernels"]["count"]) for r in pooled["ranks"]] == [
         (str(p), len(kernels_of(p))) for p in RANKS]
