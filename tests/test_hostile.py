@@ -497,3 +497,161 @@ def test_a_bad_arrow_threshold_in_the_environment_is_one_line(sqlite_path, value
     one_error_line(r, "PROFKIT_ADBC_MIN_ROWS")
     ok = profkit("report", sqlite_path("graphs_b1"), env={**os.environ, "PROFKIT_ADBC_MIN_ROWS": "0"})
     assert ok.returncode == 0, ok.stderr
+
+
+# --- issue 29: numeric columns of the wrong type, validated at the reader ----------------------------------------
+KERNEL, MEMCPY, MEMSET = "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET"
+RUNTIME, SYNC, NVTX = "CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", "NVTX_EVENTS"
+NVTX_RANGES = "eventType IN (59, 60, 70, 71)"
+
+
+def _retype(trace: Path, table: str, column: str, declared: str, where: str, value: str) -> int:
+    """Rebuild `table` with `column` declared `declared` (an export nsys did not write: its INTEGER affinity would
+    turn numeric text back into a number), `value` (SQL) in the rows matching `where`; returns how many."""
+    with sqlite3.connect(trace) as conn:
+        sql = conn.execute("SELECT sql FROM sqlite_master WHERE name = ?", (table,)).fetchone()[0]
+        new, n = re.subn(rf"(\b{column}\s+)INTEGER", rf"\g<1>{declared}", sql, count=1)
+        assert n == 1, sql
+        cols = _columns(conn, table)
+        picked = ", ".join(f"CASE WHEN {where} THEN {value} ELSE {c} END" if c == column else c for c in cols)
+        conn.execute(f"ALTER TABLE {table} RENAME TO old_rows")
+        conn.execute(new)
+        conn.execute(f"INSERT INTO {table} (rowid, {', '.join(cols)}) SELECT rowid, {picked} FROM old_rows")
+        n = conn.execute(f"SELECT count(*) FROM old_rows WHERE {where}").fetchone()[0]
+        conn.execute("DROP TABLE old_rows")
+        return n
+
+
+def test_device_ids_that_are_text_are_refused_or_left_out(tmp_path: Path, sqlite_path) -> None:
+    """The issue's export: hostgap_b16 with its kernels' deviceId declared TEXT, every value the text '1'. SQLite
+    compared them as text ('1' between '0' and '1048575'), so the kernels sat on a second GPU beside the memory
+    copies: 'GPU idle by gap size' said 169.7 % of the window. Now the column is refused in one line; where
+    only some rows hold text, exactly those are left out, and the report is the export's without them."""
+    from profkit.report import build_report
+
+    trace = tmp_path / "t.sqlite"
+    shutil.copyfile(sqlite_path("hostgap_b16"), trace)
+    trace.chmod(0o644)
+    _retype(trace, KERNEL, "deviceId", "TEXT", "1", "'1'")
+    r = profkit("report", str(trace))
+    assert "169.7%" not in r.stdout
+    assert r.returncode == 1 and r.stderr.strip() == (
+        f"profkit: error: {trace}: CUPTI_ACTIVITY_KIND_KERNEL.deviceId holds text where nsys writes integers")
+
+    shutil.copyfile(sqlite_path("hostgap_b16"), trace)
+    n = _retype(trace, KERNEL, "deviceId", "", "rowid % 7 = 0", "'1'")  # no type: only those rows are text
+    without = tmp_path / "without.sqlite"
+    shutil.copyfile(sqlite_path("hostgap_b16"), without)
+    without.chmod(0o644)
+    with sqlite3.connect(without) as conn:
+        assert conn.execute(f"DELETE FROM {KERNEL} WHERE rowid % 7 = 0").rowcount == n == 1303
+    doc, good = build_report(trace).document(), build_report(without).document()
+    assert doc["source"]["inconsistent"] == f"{n} kernel rows with text in deviceId where nsys writes integers; " \
+        "left out"
+    assert doc["gpu"]["utilization"] == good["gpu"]["utilization"] == pytest.approx(0.2035, abs=1e-4)
+    assert {k: doc[k] for k in SAME} == {k: good[k] for k in SAME}
+    text = profkit("report", str(trace)).stdout
+    assert "GPU utilization 20.4%" in text and max(float(p) for p in re.findall(r"([\d.]+)%", text)) <= 100
+
+
+# (table, column, the value given to some rows, which rows, what the note calls it, how the report was wrong before)
+WRONG_TYPES = [
+    (KERNEL, "deviceId", "deviceId + 0.5", "rowid % 4 = 0", "a real number", "kept; their gaps named no kernel"),
+    (KERNEL, "start", "CAST(start AS TEXT)", "rowid % 4 = 0", "text", "an internal error (TypeError)"),
+    (KERNEL, "graphNodeId", "'abc'", "rowid % 4 = 0", "text", "kept; counted as CUDA-graph kernels"),
+    (KERNEL, "streamId", "x'00ff'", "rowid % 4 = 0", "a blob", "kept without a word"),
+    (RUNTIME, "nameId", "nameId + 0.5", "rowid % 4 = 0", "a real number", "launch.api_share 1.8e8"),
+    (RUNTIME, "start", "CAST(start AS TEXT)", "rowid % 4 = 0", "text", "an internal error in the text report"),
+    (RUNTIME, "correlationId", "'abc'", "rowid % 4 = 0", "text", "kept; launch latencies lost"),
+    (MEMCPY, "bytes", "CAST(bytes AS TEXT)", "rowid % 4 = 0", "text", "an internal error (KeyError 'bytes')"),
+    (MEMCPY, "deviceId", "'0'", "rowid % 4 = 0", "text", "left out without a word"),
+    (MEMCPY, "copyKind", "copyKind + 0.5", "rowid % 4 = 0", "a real number", "kept as 'Unknown' copies"),
+    (MEMSET, "end", "end + 0.5", "rowid % 4 = 0", "a real number", "kept with fractional durations"),
+    (SYNC, "syncType", "'abc'", "rowid % 4 = 0", "text", "kept as 'Unknown' syncs"),
+    (NVTX, "start", "CAST(start AS TEXT)", f"rowid % 4 = 0 AND {NVTX_RANGES}", "text", "left out without a word"),
+    (NVTX, "eventType", "CAST(eventType AS TEXT)", f"rowid % 4 = 0 AND {NVTX_RANGES}", "text",
+     "left out without a word"),
+]
+ROWS_OF = {KERNEL: "kernel", MEMCPY: "memory-copy", MEMSET: "memset", RUNTIME: "CUDA API", SYNC: "synchronization",
+           NVTX: "NVTX"}
+
+
+@pytest.mark.parametrize(("table", "column", "value", "where", "what", "before"), WRONG_TYPES,
+                         ids=[f"{t.split('_')[-1]}.{c}={v}" for t, c, v, *_ in WRONG_TYPES])
+def test_rows_with_a_number_of_the_wrong_type_are_left_out_and_said(tmp_path: Path, sqlite_path, table: str,
+                                                                    column: str, value: str, where: str, what: str,
+                                                                    before: str) -> None:
+    """Each numeric column class of each relation (times, device ids, other ids, sizes, kinds): some rows of a
+    real export (swap_b16: kernels, copies, memsets, syncs, NVTX) hold a real number, text or a blob there. The
+    column is declared without a type, so that text stays text. The report is exactly that of the export
+    without those rows, and says how many it left out and why (`before`: what it did instead)."""
+    from profkit.report import build_report
+
+    trace, without = tmp_path / "t.sqlite", tmp_path / "without.sqlite"
+    for path in (trace, without):
+        shutil.copyfile(sqlite_path("swap_b16"), path)
+        path.chmod(0o644)
+    n = _retype(trace, table, column, "", where, value)
+    with sqlite3.connect(without) as conn:
+        assert conn.execute(f"DELETE FROM {table} WHERE {where}").rowcount == n > 0
+    doc = build_report(trace, window="all").document()
+    good = build_report(without, window="all").document()
+    assert doc["source"]["inconsistent"] == f"{n} {ROWS_OF[table]} rows with {what} in {column} where nsys " \
+        "writes integers; left out"
+    same = (*SAME, "sync", "nvtx", "memory_kinds", "categories")
+    assert {k: doc[k] for k in same} == {k: good[k] for k in same}
+
+
+@pytest.mark.parametrize(("table", "column", "declared", "held"), [
+    (KERNEL, "deviceId", "TEXT", "text"), (KERNEL, "start", "REAL", "real numbers"),
+    (RUNTIME, "start", "TEXT", "text"), (MEMCPY, "bytes", "TEXT", "text"), (MEMSET, "deviceId", "BLOB", "text"),
+    (SYNC, "end", "TEXT", "text"), (NVTX, "globalTid", "TEXT", "text"),
+])
+def test_a_column_with_no_integer_is_one_line(tmp_path: Path, sqlite_path, table: str, column: str, declared: str,
+                                              held: str) -> None:
+    """A numeric column declared TEXT (or REAL) holds no integer at all: before, an internal error (start,
+    bytes), a second GPU (deviceId) or rows gone without a word. Now one line names the table and column."""
+    trace = tmp_path / "t.sqlite"
+    shutil.copyfile(sqlite_path("swap_b16"), trace)
+    trace.chmod(0o644)
+    _retype(trace, table, column, declared, "1", f"CAST({column} AS TEXT)")
+    r = profkit("report", str(trace))
+    assert r.returncode == 1 and r.stderr.strip() == (
+        f"profkit: error: {trace}: {table}.{column} holds {held} where nsys writes integers")
+
+
+def test_idle_by_gap_size_is_a_share_of_every_gpus_time(tmp_path: Path, sqlite_path) -> None:
+    """A genuine second GPU (hostgap_b16's memory copies moved to device 1, integer ids): the idle of both GPUs is a
+    share of their time together (window x GPUs), as the gaps.*_idle_share facts are; it read 169.7 % of one
+    window before."""
+    from profkit.report import build_report
+
+    trace = tmp_path / "two.sqlite"
+    shutil.copyfile(sqlite_path("hostgap_b16"), trace)
+    trace.chmod(0o644)
+    with sqlite3.connect(trace) as conn:
+        conn.execute("UPDATE CUPTI_ACTIVITY_KIND_MEMCPY SET deviceId = 1")
+    conn.close()
+    doc = build_report(trace).document()
+    assert len(doc["gpu"]["devices"]) == 2
+    gpu_time = doc["gpu"]["busy_ns"] + doc["gpu"]["idle_ns"]
+    assert gpu_time > doc["window"]["duration_ns"]  # two GPUs' time
+    host = doc["gap_classes"]["1ms_100ms"]["idle_ns"] / gpu_time
+    assert host == pytest.approx(doc["facts"]["gaps.host_idle_share"]) and host == pytest.approx(0.848, abs=1e-3)
+    text = profkit("report", str(trace)).stdout
+    assert "1ms 100ms  125   486 ms   84.8%" in text and "169.7%" not in text
+
+
+def test_a_huge_name_id_is_a_missing_string_not_a_damaged_database(tmp_path: Path, sqlite_path) -> None:
+    """A kernel whose name id is 2^62 (an integer, no string): the packed histogram key would overflow into a real;
+    the kernel is counted under a missing string, the rest of the report as before."""
+    trace = tmp_path / "t.sqlite"
+    shutil.copyfile(sqlite_path("hostgap_b16"), trace)
+    trace.chmod(0o644)
+    with sqlite3.connect(trace) as conn:
+        conn.execute(f"UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET demangledName = {2 ** 62} WHERE rowid = 1")
+    conn.close()
+    r = profkit("report", str(trace), "--format", "json")
+    assert r.returncode == 0, r.stderr
+    names = [k["name"] for k in json.loads(r.stdout)["kernels"]]
+    assert any("missing" in n for n in names), names

@@ -56,7 +56,7 @@ def id_histogram(trace: Trace, source_sql: str, key: str, params: dict[str, Any]
         trace.conn.execute(f"CREATE TABLE {table} (pk INTEGER PRIMARY KEY, c INTEGER{cols})")
         trace.conn.execute(
             f"""INSERT INTO {table} (pk, c{inserts})
-                SELECT CASE WHEN {key} >= 0 AND {value} >= 0 AND {value} < {scale}
+                SELECT CASE WHEN {key} BETWEEN 0 AND {(1 << key_bits) - 1} AND {value} >= 0 AND {value} < {scale}
                             THEN {key} * {scale} + {value} ELSE -1 END, 1{selects}
                 FROM ({source_sql}) WHERE true
                 ON CONFLICT(pk) DO UPDATE SET c = c + 1{updates}""",

@@ -201,7 +201,9 @@ def render_text(report: dict[str, Any], top: int = 10, name_width: int = 70) -> 
         "GPU idle by gap size",
         _table([{"class": k, **v} for k, v in report["gap_classes"].items()], {
             "gap size": lambda r: r["class"].replace("_", " "), "gaps": lambda r: r["count"],
-            "idle": lambda r: ns(r["idle_ns"]), "of window": lambda r: pct(r["idle_ns"] / max(1, win["duration_ns"])),
+            # idle summed over the GPUs: a share of their time (window x GPUs), as the gaps.*_idle_share facts
+            "idle": lambda r: ns(r["idle_ns"]),
+            "of window": lambda r: pct(r["idle_ns"] / max(1, gpu["busy_ns"] + gpu["idle_ns"])),
         }, 10),
         "",
         "Longest GPU gaps",
