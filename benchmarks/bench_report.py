@@ -116,8 +116,9 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--keep", action="store_true", help="keep the grown traces in the work folder (for profiling)")
-    ap.add_argument("--baseline", type=Path, default=None,
-                    help="another profkit source tree (e.g. a worktree of an earlier commit) measured alongside")
+    ap.add_argument("--baseline", action="append", default=[], metavar="[LABEL=]TREE",
+                    help="another profkit source tree (e.g. a worktree of an earlier commit) measured alongside, "
+                         "runs interleaved with this tree's (repeatable)")
     args = ap.parse_args()
     fixture, scales = SHAPES[args.shape]
     args.fixture, args.scales = args.fixture or fixture, args.scales or scales
@@ -132,24 +133,27 @@ def main() -> None:
         built = time.perf_counter() - t0
         floor = min(run_measured(floor_cmd(path))[0] for _ in range(args.repeat))
         size_mb = path.stat().st_size / 1e6
-        for label, tree in (("this tree", None), ("baseline", args.baseline)):
-            if label == "baseline" and tree is None:
-                continue
-            report_runs = [run_measured([sys.executable, "-m", "profkit.cli", "report", str(path), "--window", "all",
-                                         "--format", "json", "-o", str(work / "r.json"), "--no-progress"], tree)
-                           for _ in range(args.repeat)]
-            wall = min(w for w, _ in report_runs)
-            rss = max(r for _, r in report_runs)
-            rows.append((label, copies, kernels, size_mb, floor, wall, wall / floor, rss))
+        trees = [("this tree", None)] + [(b.split("=", 1)[0] if "=" in b else "baseline",
+                                          Path(b.split("=", 1)[-1])) for b in args.baseline]
+        runs: dict[str, list[tuple[float, float]]] = {label: [] for label, _ in trees}
+        for _ in range(args.repeat):  # interleaved: each round runs every tree once, so drift hits all alike
+            for label, tree in trees:
+                runs[label].append(run_measured([sys.executable, "-m", "profkit.cli", "report", str(path), "--window",
+                                                 "all", "--format", "json", "-o", str(work / "r.json"),
+                                                 "--no-progress"], tree))
+        for label, _ in trees:
+            walls = sorted(w for w, _ in runs[label])
+            rss = max(r for _, r in runs[label])
+            rows.append((label, copies, kernels, size_mb, floor, walls, walls[0] / floor, rss))
         print(f"built x{copies}: {kernels:,} kernels, {size_mb:.0f} MB in {built:.0f} s", file=sys.stderr)
         if not args.keep:
             path.unlink()
 
-    print("| profkit | copies | kernels | SQLite MB | floor s | report s | report / floor | peak RSS MiB |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    for label, copies, kernels, size_mb, floor, wall, ratio, rss in rows:
-        print(f"| {label} | {copies} | {kernels:,} | {size_mb:.0f} | {floor:.2f} | {wall:.2f} | {ratio:.2f}x "
-              f"| {rss:.0f} |")
+    print("| profkit | copies | kernels | SQLite MB | floor s | report s (runs) | best / floor | peak RSS MiB |")
+    print("|---|---:|---:|---:|---:|---|---:|---:|")
+    for label, copies, kernels, size_mb, floor, walls, ratio, rss in rows:
+        print(f"| {label} | {copies} | {kernels:,} | {size_mb:.0f} | {floor:.2f} | "
+              f"{' / '.join(f'{w:.2f}' for w in walls)} | {ratio:.2f}x | {rss:.0f} |")
 
 
 if __name__ == "__main__":

@@ -225,7 +225,8 @@ def _scan_tables(conn: sqlite3.Connection, db: Path, checked: dict[str, tuple[di
                                            f"AND ({selected}) AND (NOT ({' AND '.join(checks.values())}){nulls})")
                         for a, b in ranges]
         if table in ordered:
-            queries.append(("rows", table, f"SELECT count(*) FROM main.{table}"))
+            queries += [("rows", table, f"SELECT count(*) FROM main.{table} WHERE rowid >= {a} AND rowid < {b}")
+                        for a, b in ranges]  # the row count in ranges too: on threads like the rest
             queries += [("disorder", table, f"SELECT count(*) FROM main.{table} a JOIN main.{table} b "
                                             f"ON b.rowid = a.rowid + 1 WHERE a.rowid >= {a} AND a.rowid < {b} "
                                             "AND (b.start <= a.start OR b.start IS NULL)")
