@@ -182,7 +182,7 @@ def emit(text: str, output: Path | None) -> None:
 
     fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=folder)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+        with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as f:  # a path's non-UTF-8 byte: "?"
             f.write(text)
         umask = os.umask(0)
         os.umask(umask)

@@ -23,6 +23,7 @@ prints is escaped there; the page then goes through `document`.
 
 from __future__ import annotations
 
+import re
 import shlex
 import unicodedata
 from collections.abc import Iterable
@@ -45,7 +46,16 @@ _MARKDOWN = str.maketrans({"\\": "\\\\", "|": "\\|", "`": "'", "*": "\\*", "_": 
 def _visible(text: str) -> str:
     if text.isascii():
         return text
-    return "".join(ch for ch in text if unicodedata.category(ch) not in _INVISIBLE)
+    return "".join(ch if ch.isprintable() else _shown(ch) for ch in text)
+
+
+def _shown(ch: str) -> str:
+    """A character that is not printable: a space for a space (NBSP...), U+FFFD for what no font shows (half a
+    surrogate pair - a byte that was not UTF-8 -, private use, unassigned), nothing for format and separators."""
+    category = unicodedata.category(ch)
+    if category == "Zs":
+        return " "
+    return "\ufffd" if category in ("Cs", "Co", "Cn") else ""
 
 
 def terminal(text: object) -> str:
@@ -106,6 +116,15 @@ def shell_word(word: str) -> str:
 _HEX = set("0123456789abcdefABCDEF")
 
 
+_RESERVED = {"case", "coproc", "do", "done", "elif", "else", "esac", "fi", "for", "function", "if", "in", "select",
+             "then", "time", "until", "while"}
+
+
 def shell(argv: Iterable[str]) -> str:
-    """A command line, each word through `shell_word`: pasted into a shell it runs exactly `argv`."""
-    return " ".join(shell_word(w) for w in argv)
+    """A command line, each word through `shell_word`: pasted into a shell it runs exactly `argv` (a program
+    named like a reserved word or an assignment is quoted: unquoted, a shell reads it as one)."""
+    argv = list(argv)
+    words = [shell_word(w) for w in argv]
+    if words and words[0] == argv[0] and (argv[0] in _RESERVED or re.match(r"[A-Za-z_][A-Za-z0-9_]*\+?=", argv[0])):
+        words[0] = "'" + argv[0] + "'"
+    return " ".join(words)

@@ -655,3 +655,33 @@ def test_a_huge_name_id_is_a_missing_string_not_a_damaged_database(tmp_path: Pat
     assert r.returncode == 0, r.stderr
     names = [k["name"] for k in json.loads(r.stdout)["kernels"]]
     assert any("missing" in n for n in names), names
+
+
+def test_a_trace_at_a_path_that_is_not_utf8(tmp_path: Path, sqlite_path) -> None:
+    """A file name with a byte that is not UTF-8 (Linux allows it): the SQLite URI is built from the path's bytes
+    (it was an internal error), and a report written to a file stays UTF-8 (the byte becomes '?')."""
+    trace = Path(os.fsdecode(bytes(tmp_path) + b"/e\xff.sqlite"))
+    shutil.copyfile(sqlite_path("eager_b1"), trace)
+    r = profkit("report", str(trace), env={**os.environ, "PROFKIT_ADBC_MIN_ROWS": "0"})
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "r.json"
+    r = profkit("report", str(trace), "--format", "json", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(out.read_text(encoding="utf-8"))
+    assert doc["source"]["path"].endswith("/e?.sqlite") and doc["kernels"]
+
+
+def test_half_a_surrogate_pair_in_a_torch_trace_is_one_error_line(tmp_path: Path) -> None:
+    """ijson's C backend raises UnicodeDecodeError on an escaped low surrogate alone (`\\udc80`): one line."""
+    trace = tmp_path / "t.json"
+    trace.write_text('{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k\\udc80", "pid": 1, "tid": 1, '
+                     '"ts": 1.0, "dur": 2.0, "args": {"device": 0, "stream": 7, "correlation": 1}}]}')
+    assert one_error_line(profkit("report", str(trace))) == f"profkit: error: {trace}: broken JSON (utf-8)"
+
+
+def test_a_program_named_like_a_shell_word_is_quoted() -> None:
+    """`time`, `if` or `A=B` as the program: printed bare, a shell would read a keyword or an assignment."""
+    from profkit.escape import shell
+
+    assert shell(["time", "x"]) == "'time' x" and shell(["A=B", "x"]) == "'A=B' x" and shell(["if"]) == "'if'"
+    assert shell(["nsys", "time"]) == "nsys time"

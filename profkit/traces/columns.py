@@ -78,7 +78,7 @@ class ConnectionPool:
     report reads dozens of chunks on several threads. Closed with the Trace that made it."""
 
     def __init__(self, path: Path) -> None:
-        self.uri = f"file:{quote(str(Path(path).resolve()))}?mode=ro&immutable=1"
+        self.uri = f"file:{quote(os.fsencode(Path(path).resolve()))}?mode=ro&immutable=1"
         self.idle: queue.SimpleQueue = queue.SimpleQueue()
         self.opened: list[Any] = []
         self.lock = threading.Lock()

@@ -25,6 +25,7 @@ no Python object per row.
 
 from __future__ import annotations
 
+import os
 import shutil
 import sqlite3
 import tempfile
@@ -184,7 +185,7 @@ def open_gpu_metrics(path: str | Path, start_ns: int | None = None,
         if wal.is_file() and wal.stat().st_size > 0:
             folder = Path(tempfile.mkdtemp(prefix="profkit-gpu-metrics-"))
             source = _checkpointed_copy(p, wal, folder)
-        conn = sqlite3.connect(f"file:{quote(str(source.resolve()))}?mode=ro&immutable=1", uri=True)
+        conn = sqlite3.connect(f"file:{quote(os.fsencode(source.resolve()))}?mode=ro&immutable=1", uri=True)
         # text is UTF-8 by contract; a name in other bytes becomes U+FFFD rather than failing the read (as open_nsys)
         conn.text_factory = lambda b: b.decode("utf-8", "replace")
         try:
@@ -327,7 +328,7 @@ def _chunks_adbc(file: str, sql: str) -> Iterator[tuple[np.ndarray, ...]]:
     import adbc_driver_sqlite
     import adbc_driver_sqlite.dbapi as adbc
 
-    uri = f"file:{quote(str(Path(file).resolve()))}?mode=ro&immutable=1"
+    uri = f"file:{quote(os.fsencode(Path(file).resolve()))}?mode=ro&immutable=1"
     with adbc.connect(uri) as conn, conn.cursor() as cur:
         # the driver's default batch (1024 rows) would make the per-batch numpy work dominate
         cur.adbc_statement.set_options(**{adbc_driver_sqlite.StatementOptions.BATCH_ROWS.value: str(CHUNK_ROWS)})

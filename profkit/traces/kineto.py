@@ -460,7 +460,7 @@ class _Guard:
             self._clipped()
         if ends is not None:  # a string open at the end of the block
             o = int(opened[-1])
-            if ends - o - 1 > MAX_STRING:
+            if ends - o - 1 > MAX_STRING + 12:  # the cut point and the escape that may straddle it are here
                 out.append(view[start:o + 1])
                 out.append(data[o + 1:o + 1 + _safe_cut(data, o + 1)])
                 self.clipping = ends - o - 1
@@ -523,13 +523,17 @@ def _safe_cut(data: bytes, at: int) -> int:
     """Bytes of the string starting at `at` to keep (MAX_STRING or a few less): never half an escape, a
     surrogate pair or a UTF-8 character."""
     cut = MAX_STRING
+    before = None  # the escape just before the one looked at
     for m in _ESCAPE.finditer(data, at, at + cut + 12):
         s, e = m.start() - at, m.end() - at
         if s >= cut:
             break
         if e > cut or e == cut and _HIGH_SURROGATE.match(m.group()):
             cut = s
+            if before is not None and before.end() == m.start() and _HIGH_SURROGATE.match(before.group()):
+                cut = before.start() - at  # the low half straddled the cut: its high half goes too
             break
+        before = m
     while cut > 0 and data[at + cut] & 0xC0 == 0x80:  # a UTF-8 continuation byte: back to its lead byte
         cut -= 1
     return cut
@@ -794,7 +798,7 @@ def open_kineto(path: Path) -> Trace:
             n = _load_ijson(path, loader)
     except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
         raise TraceError(f"{path}: truncated or corrupt gzip ({exc})") from None
-    except ijson.JSONError as exc:
+    except (ijson.JSONError, UnicodeDecodeError) as exc:  # the latter: ijson's C backend on half a surrogate pair
         raise TraceError(f"{path}: broken JSON ({_printable(exc)})") from None
     except OSError as exc:
         raise TraceError(f"{path}: unreadable ({exc})") from None

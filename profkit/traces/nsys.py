@@ -413,7 +413,7 @@ def _open_with_wal(path: Path, wal: Path) -> Trace:
 
 def _connect_read_only(path: Path) -> sqlite3.Connection:
     # immutable=1: SQLite takes no locks and never creates -journal/-wal/-shm files beside the trace.
-    uri = f"file:{quote(str(path.resolve()))}?mode=ro&immutable=1"
+    uri = f"file:{quote(os.fsencode(path.resolve()))}?mode=ro&immutable=1"
     # SQLite's defaults sort faster here than temp_store=MEMORY with a big cache (measured: 2.3 s vs
     # 6.6 s for a 3.3M-row GROUP BY), and keep memory bounded.
     conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
