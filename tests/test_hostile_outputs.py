@@ -8,7 +8,7 @@
 3. printed commands (`capture --dry-run`, `tune --dry-run`) are one line each, free of control characters, and a
    shell reads each back to the exact argv; `rules explain` prints no control character from a rule file.
 
-The helpers (Markdown structure, a shell's reading of a command line) serve tests/test_fuzz_outputs.py too."""
+The helpers (Markdown structure, a shell's reading of a command line) serve tests/test_fuzz.py too."""
 
 from __future__ import annotations
 
