@@ -40,6 +40,7 @@ from profkit.errors import ProfkitError, TraceError
 from profkit.escape import one_line
 from profkit.inputs import require_file
 from profkit.traces.columns import adbc_available
+from profkit.traces.nsys import checkpointed_copy
 
 # The metrics profkit reads, each with the base names nsys has given it (before " [<sub-metric>]"), preferred
 # first. Spellings: nsys 2025.3 `GpuMetrics/gh100.config` and `gb*.config`; the older ones are those nsys's
@@ -184,7 +185,7 @@ def open_gpu_metrics(path: str | Path, start_ns: int | None = None,
         source = p
         if wal.is_file() and wal.stat().st_size > 0:
             folder = Path(tempfile.mkdtemp(prefix="profkit-gpu-metrics-"))
-            source = _checkpointed_copy(p, wal, folder)
+            source = checkpointed_copy(p, wal, folder)
         conn = sqlite3.connect(f"file:{quote(os.fsencode(source.resolve()))}?mode=ro&immutable=1", uri=True)
         # text is UTF-8 by contract; a name in other bytes becomes U+FFFD rather than failing the read (as open_nsys)
         conn.text_factory = lambda b: b.decode("utf-8", "replace")
@@ -377,16 +378,3 @@ def _gpu_names(conn: sqlite3.Connection, tables: set[str], gpus: set[int]) -> di
         return {}
     rows = conn.execute(f"SELECT {key}, name FROM main.TARGET_INFO_GPU").fetchall()
     return {gpu: name for gpu, name in rows if gpu in gpus and isinstance(name, str)}
-
-
-def _checkpointed_copy(path: Path, wal: Path, folder: Path) -> Path:
-    copy = folder / "export.sqlite"
-    shutil.copyfile(path, copy)
-    shutil.copyfile(wal, f"{copy}-wal")
-    conn = sqlite3.connect(copy)
-    try:
-        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        conn.execute("PRAGMA journal_mode = DELETE")
-    finally:
-        conn.close()
-    return copy

@@ -385,21 +385,30 @@ def _repair(conn: sqlite3.Connection, relation: str) -> None:
                  f"GROUP BY {', '.join(DUPLICATE_KEYS[relation])} ORDER BY start")
 
 
+def checkpointed_copy(path: Path, wal: Path, folder: Path) -> Path:
+    """A private copy of an export and its `-wal` in `folder`, checkpointed: what SQLite sees, the user's files
+    untouched (an immutable read would skip the WAL's committed transactions)."""
+    import shutil
+
+    copy = folder / "export.sqlite"
+    shutil.copyfile(path, copy)
+    shutil.copyfile(wal, f"{copy}-wal")
+    conn = sqlite3.connect(copy)
+    try:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        conn.execute("PRAGMA journal_mode = DELETE")
+    finally:
+        conn.close()
+    return copy
+
+
 def _open_with_wal(path: Path, wal: Path) -> Trace:
     import shutil
     import tempfile
 
     folder = Path(tempfile.mkdtemp(prefix="profkit-wal-"))
     try:
-        copy = folder / "export.sqlite"
-        shutil.copyfile(path, copy)
-        shutil.copyfile(wal, f"{copy}-wal")
-        conn = sqlite3.connect(copy)
-        try:
-            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-            conn.execute("PRAGMA journal_mode = DELETE")
-        finally:
-            conn.close()
+        copy = checkpointed_copy(path, wal, folder)
         trace = open_nsys(path, snapshot=copy)
     except sqlite3.DatabaseError as exc:
         shutil.rmtree(folder, ignore_errors=True)
