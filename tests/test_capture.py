@@ -66,14 +66,16 @@ def test_dry_run_prints_the_exact_commands(env, tmp_path: Path) -> None:
         f"nsys profile -t cuda,nvtx,osrt --sample=none --cpuctxsw=none --trace-fork-before-exec=true "
         f"--cuda-graph-trace=node --force-overwrite=true -o {out}/trace --capture-range=cudaProfilerApi "
         f"--capture-range-end=stop --delay 5 --duration 30 vllm bench throughput --model /m --num-prompts 32 "
-        f"--profile --profiler-config '{{\"profiler\": \"cuda\"}}' --output-json {out}/bench.json",
+        f"--profile --profiler-config '{{\"profiler\": \"cuda\", \"detailed_trace_annotation\": true}}' "
+        f"--output-json {out}/bench.json",
         f"nsys export --type sqlite --force-overwrite=true --output {out}/trace.sqlite {out}/trace.nsys-rep",
     ]
     assert not out.exists()  # a dry run creates nothing
     torch = capture(env, "--dry-run", "--tool", "torch", "--out", str(out), "--", "vllm", "bench", "latency",
                     "--model", "/m")
     assert torch.stdout.strip() == (f"vllm bench latency --model /m --profile --profiler-config "
-                                    f"'{{\"profiler\": \"torch\", \"torch_profiler_dir\": \"{out.resolve()}/torch\"}}' "
+                                    f"'{{\"profiler\": \"torch\", \"torch_profiler_dir\": \"{out.resolve()}/torch\", "
+                                    f"\"detailed_trace_annotation\": true}}' "
                                     f"--output-json {out}/bench.json")
     serve = capture(env, "serve", "--dry-run", "--out", str(out), "--model", "/m", "--port", "8011",
                     "--server-args", "--kv-cache-memory-bytes 300000000", "--bench-args", "--num-prompts 200")
@@ -82,9 +84,22 @@ def test_dry_run_prints_the_exact_commands(env, tmp_path: Path) -> None:
     assert lines[0].startswith("nsys profile --cuda-flush-interval=500 -t cuda,nvtx,osrt")
     assert "vllm serve /m --kv-cache-memory-bytes 300000000 " in lines[0]
     assert "--port 8011" in lines[0] and lines[0].endswith("stopped with SIGINT after the bench")
+    # vLLM's cuda profiler names each engine step (NVTX), started and stopped by the benchmark client
+    assert ("""--profiler-config '{"profiler": "cuda", "detailed_trace_annotation": true}'""" in lines[0])
     assert lines[1] == (f"vllm bench serve --backend vllm --model /m --port 8011 --num-prompts 200 --save-result "
-                        f"--result-dir {out} --result-filename bench.json")
+                        f"--result-dir {out} --result-filename bench.json --profile")
     assert lines[2].startswith("nsys export --type sqlite")
+
+
+def test_a_profiler_config_of_the_users_own_is_kept(env, tmp_path: Path) -> None:
+    """A served capture under nsys adds vLLM's cuda profiler config; where the user's server command has one,
+    it stays the only one (vLLM would take the last) and the benchmark still starts and stops it."""
+    own = """--profiler-config '{"profiler": "cuda", "max_iterations": 500}'"""
+    serve = capture(env, "serve", "--dry-run", "--out", str(tmp_path / "c"), "--model", "/m", "--server-args", own)
+    assert serve.returncode == 0, serve.stderr
+    server, client = serve.stdout.splitlines()[:2]
+    assert server.count("--profiler-config") == 1 and """'{"profiler": "cuda", "max_iterations": 500}'""" in server
+    assert client.endswith(" --profile")
 
 
 def test_offline_nsys_capture_then_report(env, tmp_path: Path) -> None:

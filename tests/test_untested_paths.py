@@ -80,7 +80,8 @@ def test_capture_tool_both_records_each_profiler_in_turn(env, tmp_path: Path) ->
     assert nsys_run[:2] == ["nsys", "profile"] and "--profiler-config" not in nsys_run
     assert nsys_run[-2:] == ["--output-json", str(out / "bench.json")]
     config = json.loads(torch_run[torch_run.index("--profiler-config") + 1])
-    assert config == {"profiler": "torch", "torch_profiler_dir": str((out / "torch").resolve())}
+    assert config == {"profiler": "torch", "torch_profiler_dir": str((out / "torch").resolve()),
+                      "detailed_trace_annotation": True}
     assert torch_run[0] == "vllm" and torch_run[-2:] == ["--output-json", str(out / "bench-torch.json")]
     for name in ("bench.json", "bench-torch.json"):
         assert json.loads((out / name).read_text())["requests_per_second"] == 21.3

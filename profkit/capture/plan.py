@@ -17,7 +17,7 @@ from pathlib import Path
 
 from profkit.capture import folder as files
 from profkit.capture.folder import CaptureFolder
-from profkit.diagnose.vllm_command import UserCommand, VllmCommand
+from profkit.diagnose.vllm_command import UserCommand, VllmCommand, profiler_config_keys
 from profkit.errors import ProfkitError
 from profkit.escape import shell, shell_word
 
@@ -29,6 +29,10 @@ NSYS_FLUSH_MS = 500  # serve under nsys: CUDA buffers saved this often (nsys --c
 # makes a minute of serving a 20M-row table.
 GPU_METRICS_FLAGS = ["--gpu-metrics-devices=all", "--gpu-metrics-frequency=1000"]
 MFU_FLAG = "--enable-mfu-metrics"  # vLLM >= 0.26: per-step FLOPs and bytes estimates as /metrics counters
+# vLLM's profiler names each engine step it records (`execute_context_N(T)_generation_M(G)`: NVTX under the cuda
+# profiler, a record_function under torch's); the detailed form adds each phase's KV lengths and attention pairs,
+# what a step's FLOPs and bytes need (analysis/efficiency.py: MFU and MBU per phase).
+DETAILED_STEPS = "detailed_trace_annotation"
 DEFAULT_PORT = 8000
 
 
@@ -82,7 +86,9 @@ class Plan:
     vllm_exe: str = "vllm"
     nsys_exe: str | None = None  # set when nsys records
     client: VllmCommand | None = None  # serve: the benchmark client as the user gave it
-    torch: bool = False  # serve: the server takes torch.profiler's config; each benchmark starts and stops it
+    # serve: the server takes vLLM's profiler config (torch, or cuda under nsys: step annotations); each benchmark
+    # starts and stops it (`vllm bench serve --profile`)
+    vllm_profiler: str | None = None
     timeout_s: float | None = None
     gpu_metrics: str | None = None  # the nsys that samples GPU metrics around each benchmark (unprofiled serve)
     model: str | None = None  # the served model (its config.json goes into the folder)
@@ -103,8 +109,8 @@ class Plan:
         if prompts is not None:
             client = client.apply("--num-prompts", prompts)[0]
         argv = [*client.argv(), "--save-result", "--result-dir", str(folder), "--result-filename", result]
-        if self.torch:
-            argv.append("--profile")  # asks the server to start/stop its torch profiler around the run
+        if self.vllm_profiler:
+            argv.append("--profile")  # asks the server to start/stop its profiler around the run
         if self.gpu_metrics and result == files.BENCH:
             argv = [self.gpu_metrics, "profile", "-t", "none", "--sample=none", "--cpuctxsw=none", *GPU_METRICS_FLAGS,
                     "--force-overwrite=true", "-o", str(Path(folder) / files.GPU_METRICS_BASE), *argv]
@@ -203,9 +209,20 @@ def _export(opts: CaptureOptions, folder: CaptureFolder) -> Step:
                 log=files.EXPORT_LOG, timeout_s=opts.timeout_s)
 
 
+def profiler_config(profiler: str, folder: CaptureFolder | None = None) -> list[str]:
+    """`--profiler-config` for vLLM's own profiler: torch (its traces into the folder) or cuda (under nsys: the
+    cudaProfilerStart/Stop a capture range waits for, and NVTX step annotations); detailed step annotations where
+    this vLLM has them."""
+    config: dict[str, object] = {"profiler": profiler}
+    if profiler == "torch" and folder is not None:
+        config["torch_profiler_dir"] = str(folder.file(files.TORCH_DIR).resolve())
+    if DETAILED_STEPS in profiler_config_keys():
+        config[DETAILED_STEPS] = True
+    return ["--profiler-config", json.dumps(config)]
+
+
 def _torch_profile_flags(folder: CaptureFolder) -> list[str]:
-    config = {"profiler": "torch", "torch_profiler_dir": str(folder.file(files.TORCH_DIR).resolve())}
-    return ["--profile", "--profiler-config", json.dumps(config)]
+    return ["--profile", *profiler_config("torch", folder)]
 
 
 def plan_offline(opts: CaptureOptions) -> Plan:
@@ -221,7 +238,7 @@ def plan_offline(opts: CaptureOptions) -> Plan:
     if opts.tool == "none":  # an unprofiled run: only the benchmark's result, logs and flags
         runs.append([Step("vllm bench", [*base, *result], log=files.BENCH_LOG, timeout_s=opts.timeout_s)])
     if opts.tool in ("nsys", "both"):
-        extra = ["--profile", "--profiler-config", json.dumps({"profiler": "cuda"})] if opts.capture_range else []
+        extra = ["--profile", *profiler_config("cuda")] if opts.capture_range else []
         runs.append([Step("vllm bench under nsys", [*_nsys_profile(opts, folder.file(files.TRACE_BASE)), *base,
                                                     *extra, *result],
                           log=files.BENCH_LOG, timeout_s=opts.timeout_s)])
@@ -250,8 +267,14 @@ def plan_serve(opts: CaptureOptions) -> Plan:
     spec = server.spec()
     if spec and MFU_FLAG in spec.options and not server.occurrences(MFU_FLAG):
         argv.append(MFU_FLAG)  # vLLM's own FLOPs and bytes estimates; not in the command the report quotes back
-    if opts.tool == "torch":
-        argv += _torch_profile_flags(folder)[1:]  # the server takes the config; `bench serve --profile` starts it
+    # The server takes vLLM's profiler config and `bench serve --profile` starts and stops it around the run: torch
+    # traces, or under nsys the step annotations (and the capture range's start and stop). A config of the user's
+    # own stays theirs.
+    profiler = {"torch": "torch", "nsys": "cuda"}.get(opts.tool)
+    if profiler and server.occurrences("--profiler-config"):
+        profiler = "user"
+    elif profiler:
+        argv += profiler_config(profiler, folder)
     exports = []
     if opts.tool == "nsys":
         # A served vLLM is stopped, not left to exit: CUDA records still buffered then are lost (on the H100 a
@@ -264,7 +287,7 @@ def plan_serve(opts: CaptureOptions) -> Plan:
                 server=Step("vllm serve", argv, log=files.SERVER_LOG, timeout_s=None),
                 exports=exports, vllm_args=server.args[1:], port=port if isinstance(port, int) else DEFAULT_PORT,
                 health_timeout_s=opts.health_timeout_s, vllm_exe=server.program[0] if server.program else "vllm",
-                nsys_exe=opts.nsys if opts.tool == "nsys" else None, client=client, torch=opts.tool == "torch",
+                nsys_exe=opts.nsys if opts.tool == "nsys" else None, client=client, vllm_profiler=profiler,
                 timeout_s=opts.timeout_s, model=server.model,
                 gpu_metrics=opts.nsys if opts.gpu_metrics and opts.tool == "none" else None)
     plan.bench = plan.bench_step(opts.out)

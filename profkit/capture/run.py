@@ -129,7 +129,7 @@ class ServerSession:
     server's start-up lines and the lines written while it ran, its manifest naming the session."""
 
     def __init__(self, plan: Plan, say: Callable[[str], None] = lambda _m: None, warmup: bool = True) -> None:
-        if plan.kind != "serve" or plan.nsys_exe or plan.torch:
+        if plan.kind != "serve" or plan.nsys_exe or plan.vllm_profiler:
             raise CaptureError("a server session runs unprofiled `vllm serve` (profile one run on its own)")
         self.plan, self.say, self.warmup = plan, say, warmup
         self.server: subprocess.Popen | None = None
@@ -246,7 +246,7 @@ def capture_runs(plan: Plan, replicates: int = 1, say: Callable[[str], None] = l
     server (a session folder of capture folders r1, r2, ...); returns the capture folders."""
     if replicates <= 1:
         return [run_capture(plan, say)]
-    if plan.kind != "serve" or plan.nsys_exe or plan.torch:
+    if plan.kind != "serve" or plan.nsys_exe or plan.vllm_profiler:
         raise CaptureError("replicates share one server: `profkit capture --tool none --replicates N serve ...` "
                            "(profile one run on its own)")
     return run_replicates(plan, replicates, say)

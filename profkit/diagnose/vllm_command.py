@@ -178,6 +178,28 @@ def recorded_specs() -> dict[tuple[str, ...], Spec]:
     return out
 
 
+@lru_cache(maxsize=1)
+def profiler_config_keys() -> frozenset[str]:
+    """The keys `--profiler-config` takes (vLLM's ProfilerConfig fields): from vLLM where importable, else those
+    recorded from vLLM 0.26.0 (its --help's default ProfilerConfig)."""
+    if vllm_importable():
+        try:
+            return frozenset(_profiler_fields())
+        except Exception:  # noqa: BLE001 - a broken vLLM install: the recorded list still serves
+            pass
+    if not _RECORDED.is_file():
+        return frozenset()
+    return frozenset(json.loads(_RECORDED.read_text(encoding="utf-8")).get("profiler_config_keys", []))
+
+
+def _profiler_fields() -> list[str]:  # pragma: no cover - needs vLLM
+    import dataclasses
+
+    from vllm.config import ProfilerConfig
+
+    return [f.name for f in dataclasses.fields(ProfilerConfig)]
+
+
 def spec_for(subcommand: tuple[str, ...] | list[str]) -> Spec | None:
     return recorded_specs().get(tuple(subcommand))
 
@@ -911,6 +933,7 @@ def dump_options() -> dict[str, Any]:  # pragma: no cover - run on the GPU box t
                 options[s] = {"dest": action.dest, "takes_value": takes_value, "many": many, "choices": choices,
                               "default": default, "negation_of": positive[0] if negation and positive else None}
         out["commands"][" ".join(sub)] = {"positionals": positionals, "options": options}
+    out["profiler_config_keys"] = _profiler_fields()
     return out
 
 
