@@ -8,11 +8,16 @@ serve` spends a while before the benchmark building its prompts (34 of 67 s on t
 random 1024-token prompts: the client at one core, the server idle) and a moment after it writing results.
 Averaged over all of it, an API server that was at a full core for the whole benchmark read 0.48 cores.
 The benchmark's own duration (bench.json), ending when the client's last sample was taken, is the window.
+A client that waits after the benchmark while the GPU and the API server idle (`--profile`: the profiler
+stopping, 16 s for nsys's capture range on a 28 s H100 run, whose NVML mean read 45 % for a GPU busy throughout)
+is not measuring: then the window is the benchmark's duration where the GPU and the API server did the most.
 """
 
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
+from itertools import accumulate
 from typing import Any
 
 from profkit.evidence.host import HostSamples, ProcessSamples
@@ -20,6 +25,7 @@ from profkit.evidence.host import HostSamples, ProcessSamples
 SATURATED = 0.9  # of one core: a single-threaded Python process cannot use more than one
 ROLES = ("api_server", "engine_core", "worker", "bench_client", "frontend")
 WINDOW_SLACK_S = 1.0  # the client prints and saves its results after the measured duration
+SERVING = 0.2  # cores: an API server above this is answering requests (an idle one reads 0-0.1)
 
 
 def host_section(samples: HostSamples, bench_seconds: float | None = None) -> dict[str, Any]:
@@ -27,7 +33,7 @@ def host_section(samples: HostSamples, bench_seconds: float | None = None) -> di
 
     `bench_seconds` (the benchmark's measured duration) narrows the samples to the benchmark: the last
     `bench_seconds` (+ slack) before the client's last sample."""
-    window = bench_window(samples.processes, bench_seconds)
+    window = bench_window(samples.processes, bench_seconds, samples.gpu_util, samples.interval_s)
     procs = []
     for p in samples.processes:
         values = [v for t, v in p.cpu if window is None or window[0] <= t <= window[1]]
@@ -60,13 +66,38 @@ def host_section(samples: HostSamples, bench_seconds: float | None = None) -> di
             "skipped_samples": samples.skipped_samples, "gpus": samples.gpu_names}
 
 
-def bench_window(processes: list[ProcessSamples], bench_seconds: float | None) -> tuple[float, float] | None:
+def bench_window(processes: list[ProcessSamples], bench_seconds: float | None,
+                 gpu_util: list[tuple[float, float]] = (), interval_s: Any = None) -> tuple[float, float] | None:
     """[start, end] of the benchmark in host.json's clock: its measured duration (+ slack) ending at the
-    client's (or offline front end's) last sample. None (every sample) when either is unknown."""
+    client's (or offline front end's) last sample. Where the GPU and the API server were both idle for longer
+    than the slack before that (a profiler stopping), the stretch of that duration (+ one sampling interval) with
+    the most GPU utilization and API-server CPU instead: the API server alone streams responses for a while after
+    the GPU's last step (frontend-bound runs), and a torch profiler's engine core writes its trace with both idle.
+    None (every sample) when either is unknown."""
     if not isinstance(bench_seconds, (int, float)) or not math.isfinite(bench_seconds) or bench_seconds <= 0:
         return None
     ends = [t for p in processes if p.role in ("bench_client", "frontend") for t, _ in p.cpu]
     if not ends:
         return None
-    end = max(ends)
-    return (max(0.0, end - bench_seconds - WINDOW_SLACK_S), end)
+    end, slack = max(ends), WINDOW_SLACK_S
+    if gpu_util:  # NVML samples: the GPU's side of the benchmark is known
+        served = [(t, v) for p in processes if p.role == "api_server" for t, v in p.cpu]
+        busy = [t for t, v in gpu_util if v > 0] + [t for t, v in served if v >= SERVING]
+        last = max((t for t in busy if t <= end), default=None)
+        if last is not None and last < end - WINDOW_SLACK_S:
+            slack = interval_s if isinstance(interval_s, (int, float)) and 0 < interval_s <= WINDOW_SLACK_S else 0.1
+            end = _busiest_end(sorted((t, v) for t, v in [*gpu_util, *served] if t <= end), bench_seconds + slack)
+    return (max(0.0, end - bench_seconds - slack), end)
+
+
+def _busiest_end(samples: list[tuple[float, float]], length: float) -> float:
+    """The end of the `length`-second stretch (ending at a sample) whose samples sum to the most; the earliest of
+    equal ones. Prefix sums and a binary search per end: no scan per window."""
+    times = [t for t, _ in samples]
+    sums = list(accumulate((v for _, v in samples), initial=0.0))
+    best, best_end = -1.0, times[-1]
+    for i, t in enumerate(times):
+        total = sums[i + 1] - sums[bisect_right(times, t - length)]
+        if total > best + 1e-9:
+            best, best_end = total, t
+    return best_end
