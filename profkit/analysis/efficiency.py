@@ -80,12 +80,16 @@ def _delta(metrics: dict[str, float], name: str) -> float | None:
 def efficiency_section(gpu_name: str | None, model: ModelShape | None, config: dict[str, Any],
                        counters: dict[str, float], seconds: float | None, requests: float | None,
                        gpu_metrics: dict[str, Any] | None = None,
-                       export_bandwidth: Any = None) -> dict[str, Any] | None:
+                       export_bandwidth: Any = None, steps: dict[str, Any] | None = None,
+                       request_tokens: tuple[float, float] | None = None) -> dict[str, Any] | None:
     """The report's `efficiency` section (None when neither a peak, a model nor GPU metrics are known).
 
     `config`: the run's effective settings (`{name: {value, source}}`); `counters`: /metrics counters over the
     benchmark; `seconds`: the benchmark's duration; `requests`: requests it completed; `export_bandwidth`: the
-    trace's TARGET_INFO_GPU.memoryBandwidth (bytes/s), the bandwidth peak of a GPU not in the table."""
+    trace's TARGET_INFO_GPU.memoryBandwidth (bytes/s), the bandwidth peak of a GPU not in the table; `steps`: the
+    trace's engine steps (analysis/steps.py), whose per-phase work gives MFU and MBU per phase; `request_tokens`:
+    the benchmark's mean prompt and output tokens per request (the decode context where the step annotations do
+    not carry it)."""
     peak = gpu_peak(gpu_name)
     if isinstance(export_bandwidth, (int, float)) and not isinstance(export_bandwidth, bool) \
             and 1e10 < export_bandwidth < 1e14:
@@ -124,6 +128,8 @@ def efficiency_section(gpu_name: str | None, model: ModelShape | None, config: d
     shape = _shape_estimate(model, counters, requests, bits, kv, tp) if ok and model and model.dense else None
     if shape:
         out["model_shape"] = {**shape, **_rates(shape["flops"], shape["bytes"], seconds, compute_peak, peak)}
+    out["phases"] = phase_estimates(model, steps, bits, kv, tp, compute_peak, peak,
+                                    _decode_context(counters, requests, request_tokens))
     best = out["vllm_counters"] or out["model_shape"]
     out["window"] = {"seconds": seconds, "from": "vLLM's counters" if out["vllm_counters"] else
                      "the model's shape" if out["model_shape"] else None,
@@ -175,3 +181,76 @@ def _shape_estimate(model: ModelShape, counters: dict[str, float], requests: flo
             "flops": flops, "bytes": weights + kv_read + kv_write + activations,
             "parts": {"weights_bytes": weights, "kv_read_bytes": kv_read, "kv_write_bytes": kv_write,
                       "activation_bytes": activations}}
+
+
+PHASES = (("prefill-bearing", "prefill"), ("decode-only", "decode"))
+
+
+def _decode_context(counters: dict[str, float], requests: float | None,
+                    request_tokens: tuple[float, float] | None) -> float | None:
+    """The KV tokens a generated token attends to, on average over the run: its prompt and half its output
+    (vLLM's token counters per request, else the benchmark's own means)."""
+    prompt = _delta(counters, "vllm:prompt_tokens_total")
+    generated = _delta(counters, "vllm:generation_tokens_total")
+    done = _delta(counters, "vllm:request_success_total") or requests
+    if prompt is not None and generated and done:
+        return prompt / done + generated / done / 2
+    if request_tokens and all(isinstance(v, (int, float)) and v >= 0 for v in request_tokens):
+        return request_tokens[0] + request_tokens[1] / 2
+    return None
+
+
+def phase_estimates(model: ModelShape | None, steps: dict[str, Any] | None, bits: int | None, kv: int | None,
+                    tp: int, compute_peak: float | None, peak: dict[str, Any] | None,
+                    decode_context: float | None) -> dict[str, Any] | None:
+    """MFU and MBU per phase of the engine steps (prefill-bearing, decode-only), from what vLLM's step annotations
+    say each step processed and the model's shape; the time is the steps' own (each from its start to the next
+    step's). None without a dense model, a precision or steps; `{"note": why}` when the steps say no tokens.
+
+    Per step, as `_shape_estimate` over the run: 2 x the multiplied weights per token, plus attention over each
+    (query, key) pair; every weight read once, each request's cached KV read once (its sequence less the tokens
+    just scheduled), each scheduled token's KV written once, each GEMM's activations in and out. The detailed
+    annotation gives the pairs exactly (a request of q new tokens and sequence s: q x s - q^2/2 + q/2, causal);
+    the short one gives tokens only: a prompt's chunk is taken to start its prompt and a decode token to attend
+    to the run's mean context."""
+    if steps is None or model is None or not model.dense or not bits or not kv:
+        return None
+    work = {name: (steps.get(key) or {}) for name, key in PHASES}
+    if not any(w.get("work") for w in work.values()):
+        return {"note": f"the steps ({steps.get('source')}) say no token counts: per-phase MFU/MBU needs vLLM's "
+                        "step annotations (profkit capture records them: --profiler-config "
+                        '\'{"profiler": "cuda", "detailed_trace_annotation": true}\' and --profile)'}
+    detailed = all(w["work"]["generation_seq"] is not None for w in work.values() if w.get("work"))
+    if not detailed and decode_context is None:
+        return {"note": "the step annotations give tokens without sequence lengths, and the run's mean context is "
+                        "unknown (no token counters, no benchmark result)"}
+    kv_token = model.kv_bytes_per_token(kv) / tp
+    rows = []
+    for name, _ in PHASES:
+        summary = work[name]
+        w = summary.get("work")
+        seconds = (summary.get("cycle_ns") or 0) / 1e9
+        if not w or seconds <= 0:
+            continue
+        ctx, gen = w["context_tokens"], w["generation_tokens"]
+        tokens = ctx + gen
+        if detailed:
+            pairs = (w["context_qk"] - w["context_qq"] / 2 + ctx / 2) + (w["generation_qk"] - w["generation_qq"] / 2
+                                                                         + gen / 2)
+            cached = (w["context_seq"] - ctx) + (w["generation_seq"] - gen)
+        else:
+            per_request = ctx / w["context_requests"] if w["context_requests"] else 0.0
+            pairs = ctx * (per_request + 1) / 2 + gen * decode_context
+            cached = gen * decode_context
+        flops = (2.0 * model.matmul_params * tokens + model.attention_flops(pairs, 1.0)) / tp
+        parts = {"weights_bytes": summary["count"] * model.matmul_params * bits / 8 / tp,
+                 "kv_read_bytes": cached * kv_token, "kv_write_bytes": tokens * kv_token,
+                 "activation_bytes": tokens * model.activation_bytes_per_token() / tp}
+        rows.append({"phase": name, "steps": summary["count"], "seconds": seconds,
+                     "gpu_share": summary.get("gpu_share"),
+                     "tokens": {"context": ctx, "generation": gen}, "attention_pairs": pairs, "parts": parts,
+                     **_rates(flops, sum(parts.values()), seconds, compute_peak, peak)})
+    return {"from": "vLLM's step annotations" + (" (detailed: each phase's sequence lengths)" if detailed else
+                                                  f" (tokens; a decode token's context: the run's mean, "
+                                                  f"{decode_context:,.0f})"),
+            "rows": rows}

@@ -1,15 +1,19 @@
 """Engine steps: each vLLM scheduler step's cycle time, the GPU busy time inside it, and the GPU's wait
-at its start; prefill-bearing vs decode-only steps.
+at its start; prefill-bearing vs decode-only steps, and what each phase's steps processed.
 
-Step boundaries come from vLLM's own step annotations (`execute_context_N(T)_generation_M(M)`: N
-requests with T prompt tokens, M decoding; the torch profiler records them, and nsys where vLLM emits
-them as NVTX ranges). Without them (an nsys trace of vLLM has no NVTX by default), from the kernel vLLM's
-GPU model runner launches once per step to prepare its inputs (`_prepare_pos_seq_lens_kernel`, vLLM 0.2x;
-prefill-bearing where `_prepare_prefill_inputs_kernel` runs in the step): a step starts at the longest
-GPU idle time between the previous step's last kernel (`_post_update_kernel`) and that one, where the
-host schedules the next step and stages its inputs. A step's cycle runs from its start to the next step's
-start; its GPU busy time is the cycle less the GPU's idle time in it, summed from the gap table by
-primary-key ranges (the steps are disjoint, so all of them together read each gap of the window once).
+Step boundaries come from vLLM's own step annotations (`execute_context_N(T)_generation_M(G)`: N requests with T
+prompt tokens, M decoding G tokens; the torch profiler records them, and nsys where vLLM's cuda profiler runs:
+NVTX ranges). With `detailed_trace_annotation` (vLLM 0.26) each phase also carries its requests' sequence
+lengths and query x key products (`execute_X_context_N(sqT skS sqsqQ sqskK)_generation_...`: what a step's
+attention computes and its KV reads), so each phase's work is known step by step (`work`, read by
+analysis/efficiency.py for MFU and MBU per phase). Without them (an nsys trace of vLLM has no NVTX by default),
+from the kernel vLLM's GPU model runner launches once per step to prepare its inputs
+(`_prepare_pos_seq_lens_kernel`, vLLM 0.2x; prefill-bearing where `_prepare_prefill_inputs_kernel` runs in the
+step): a step starts at the longest GPU idle time between the previous step's last kernel (`_post_update_kernel`)
+and that one, where the host schedules the next step and stages its inputs. A step's cycle runs from its start to
+the next step's start; its GPU busy time is the cycle less the GPU's idle time in it, summed from the gap table
+by primary-key ranges (the steps are disjoint, so all of them together read each gap of the window once). A step
+belongs to the window when its range overlaps it (vLLM names a step on the host just before its first kernel).
 """
 
 from __future__ import annotations
@@ -26,6 +30,16 @@ from profkit.traces import Trace
 from profkit.traces.columns import read_columns
 
 STEP = re.compile(r"execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)")
+_PHASE = r"(\d+)\(sq(\d+)sk(\d+)sqsq(\d+)sqsk(\d+)\)"
+DETAILED_STEP = re.compile(rf"execute_\d+_context_{_PHASE}_generation_{_PHASE}")
+# A step's row: start, end, then per phase (context, generation) requests, tokens (sq), sequence lengths (sk),
+# sum of query_len^2 (sqsq), sum of query_len x seq_len (sqsk); UNKNOWN where the trace does not say (the short
+# annotation has no sk/sqsq/sqsk; kernel-derived steps know only whether prompt tokens ran: context requests 1/0).
+COLUMNS = ("start", "end", "context_requests", "context_tokens", "context_seq", "context_qq", "context_qk",
+           "generation_requests", "generation_tokens", "generation_seq", "generation_qq", "generation_qk")
+UNKNOWN = -1
+MAX_FIELD = 1 << 40  # a step's sums of query x sequence lengths stay far below (8192 tokens x 128k context: 1e9)
+CONTEXT_REQUESTS = COLUMNS.index("context_requests")
 SERIES_MAX = 400  # steps kept for the chart (evenly spaced)
 STEP_KERNEL = "_prepare_pos_seq_lens_kernel"  # once per step, first of the step's own kernels (H100 traces)
 PREFILL_KERNEL = "_prepare_prefill_inputs_kernel"  # only in steps that carry prompt tokens
@@ -41,14 +55,14 @@ def _quantile(values: np.ndarray, q: float) -> int | None:
 
 
 def _steps(trace: Trace, win: Window) -> tuple[DeviceGaps, np.ndarray, str] | None:
-    """The first GPU's gaps, the window's steps (an int64 array, a row per step: start, end, prefill requests,
-    prompt tokens, decode requests) and where they came from; None without steps."""
+    """The first GPU's gaps, the window's steps (an int64 array, a row per step: COLUMNS) and where they came
+    from; None without steps."""
     lo, hi = (win.start_ns, win.end_ns) if win.bounded else (-(1 << 62), 1 << 62)  # `all`: every step
     all_gaps = gpu_gaps(trace)
     if not all_gaps.devices:
         return None
     gaps = all_gaps.devices[min(all_gaps.devices)]
-    steps, source = _nvtx_steps(trace, lo, hi), NVTX_SOURCE
+    steps, source = _nvtx_steps(trace, lo, hi, gaps.device), NVTX_SOURCE
     if not len(steps):
         steps, source = _kernel_steps(trace, lo, hi, gaps), KERNEL_SOURCE
     return (gaps, steps, source) if len(steps) else None
@@ -69,7 +83,7 @@ def step_spans(trace: Trace, win: Window) -> tuple[int, dict[str, tuple[np.ndarr
         return None
     gaps, steps, _ = found
     a, b = _bounds(steps)
-    prefill = steps[:, 2] > 0
+    prefill = steps[:, CONTEXT_REQUESTS] > 0
     return gaps.device, {"prefill-bearing": (a[prefill], b[prefill]), "decode-only": (a[~prefill], b[~prefill])}
 
 
@@ -95,7 +109,7 @@ def engine_steps(trace: Trace, win: Window) -> dict[str, Any] | None:
     # the GPU's wait at the step's start: idle from the start to its next operation (before the first operation
     # of the trace, the time until it)
     waits = np.minimum(cycles, wait_ns + (ca - a))
-    prefill = steps[:, 2] > 0
+    prefill = steps[:, CONTEXT_REQUESTS] > 0
     total = int(cycles.sum())
     stride = max(1, len(steps) // SERIES_MAX)
 
@@ -103,7 +117,8 @@ def engine_steps(trace: Trace, win: Window) -> dict[str, Any] | None:
         c, g = cycles[mask], busy[mask]
         c_sum, g_sum = int(c.sum()), int(g.sum())
         return {"count": len(c), "cycle_p50_ns": _quantile(c, 0.5), "cycle_p90_ns": _quantile(c, 0.9),
-                "gpu_busy_p50_ns": _quantile(g, 0.5), "gpu_share": g_sum / c_sum if c_sum else None}
+                "gpu_busy_p50_ns": _quantile(g, 0.5), "gpu_share": g_sum / c_sum if c_sum else None,
+                "cycle_ns": c_sum, "gpu_busy_ns": g_sum, "work": _work(steps[mask])}
 
     shown = slice(0, len(steps), stride)
     return {
@@ -122,28 +137,78 @@ def engine_steps(trace: Trace, win: Window) -> dict[str, Any] | None:
     }
 
 
-def _nvtx_steps(trace: Trace, lo: int, hi: int) -> np.ndarray:
-    """(start, end, prefill requests, prompt tokens, decode requests) per annotated step, a row each."""
+def _nvtx_steps(trace: Trace, lo: int, hi: int, device: int) -> np.ndarray:
+    """A row (COLUMNS) per annotated step of GPU `device`. Names repeat (decode steps of one batch size), so each
+    distinct name is parsed once."""
     if "nvtx" not in trace.present:
         return _NO_STEPS
     rows = trace.query(
-        "SELECT start, end, name FROM nvtx WHERE name LIKE '%execute\\_context\\_%' ESCAPE '\\' "
-        "AND style != 'GPU' AND start >= ? AND start < ? ORDER BY start", (lo, hi))
+        "SELECT start, end, name, tid FROM nvtx WHERE name LIKE '%execute\\_%context\\_%' ESCAPE '\\' "
+        "AND style != 'GPU' AND end > ? AND start < ? ORDER BY start", (lo, hi))
+    if trace.kind == "nsys-sqlite":
+        rows = _of_process(trace, rows, device)
+    parsed: dict[str, tuple[int, ...] | None] = {}
     steps = []
-    for start, end, name in rows:
-        m = STEP.search(name or "")
-        if m and end is not None and end >= start:
-            steps.append((int(start), int(end), int(m.group(1)), int(m.group(2)), int(m.group(3))))
-    return np.array(steps, dtype=np.int64).reshape(-1, 5)
+    for start, end, name, _ in rows:
+        if name not in parsed:
+            parsed[name] = parse_step_name(name or "")
+        fields = parsed[name]
+        if fields is not None and end is not None and end >= start:
+            steps.append((int(start), int(end), *fields))
+    return np.array(steps, dtype=np.int64).reshape(-1, len(COLUMNS))
 
 
-_NO_STEPS = np.zeros((0, 5), dtype=np.int64)
+def _of_process(trace: Trace, rows: list[tuple], device: int) -> list[tuple]:
+    """The annotations of the process that ran GPU `device`'s kernels: with tensor parallelism every rank's worker
+    names the same steps (nsys: a process's id is bits 24-47 of its threads' globalTid)."""
+    owners = {(tid >> 24) & 0xFFFFFF for *_, tid in rows if isinstance(tid, int)}
+    if len(owners) < 2:
+        return rows
+    found = trace.query("SELECT pid FROM kernels WHERE device = ? LIMIT 1", (device,))
+    pid = found[0][0] if found else None
+    if pid not in owners:  # no kernel names its process: the steps of the process that annotated most
+        counts: dict[int, int] = {}
+        for *_, tid in rows:
+            if isinstance(tid, int):
+                counts[(tid >> 24) & 0xFFFFFF] = counts.get((tid >> 24) & 0xFFFFFF, 0) + 1
+        pid = max(sorted(counts), key=counts.__getitem__)
+    return [r for r in rows if isinstance(r[3], int) and (r[3] >> 24) & 0xFFFFFF == pid]
+
+
+def parse_step_name(name: str) -> tuple[int, ...] | None:
+    """COLUMNS[2:] of a step annotation, short or detailed (None: not a step's name, or a number past what a step
+    holds: MAX_FIELD keeps a million steps' sums inside int64)."""
+    m = DETAILED_STEP.search(name)
+    if m:
+        fields = tuple(int(g) if len(g) < 16 else MAX_FIELD for g in m.groups())
+    elif m := STEP.search(name):
+        n, t, g_n, g_t = (int(g) if len(g) < 16 else MAX_FIELD for g in m.groups())
+        fields = (n, t, UNKNOWN, UNKNOWN, UNKNOWN, g_n, g_t, UNKNOWN, UNKNOWN, UNKNOWN)
+    else:
+        return None
+    return None if max(fields) >= MAX_FIELD else fields
+
+
+def _work(rows: np.ndarray) -> dict[str, int | None] | None:
+    """What a set of steps processed, summed per COLUMNS field (context_requests ... generation_qk); a field
+    unknown for any step is None; None when the steps carry no token counts (kernel-derived steps)."""
+    if not len(rows):
+        return None
+    out: dict[str, int | None] = {}
+    for i, name in enumerate(COLUMNS[2:], start=2):
+        column = rows[:, i]
+        out[name] = None if (column == UNKNOWN).any() else int(column.sum())
+    return out if out["context_tokens"] is not None and out["generation_tokens"] is not None else None
+
+
+_NO_STEPS = np.zeros((0, len(COLUMNS)), dtype=np.int64)
 
 
 def _kernel_steps(trace: Trace, lo: int, hi: int, gaps: DeviceGaps) -> np.ndarray:
     """Steps from vLLM's per-step input kernel on the first GPU: each starts at the longest GPU idle time since
     the previous step's last kernel (binary searches over the gap arrays); prefill-bearing when the
-    prefill-input kernel runs just before it. The prompt-token and decode counts are not on the trace (0)."""
+    prefill-input kernel runs just before it. Token counts are not on the trace (UNKNOWN); context requests is 1
+    for a prefill-bearing step, else 0."""
     device = gaps.device
     ids = dict(trace.query("SELECT value, id FROM strings WHERE value IN (?, ?, ?)",
                            (STEP_KERNEL, PREFILL_KERNEL, END_KERNEL)))
@@ -183,8 +248,9 @@ def _kernel_steps(trace: Trace, lo: int, hi: int, gaps: DeviceGaps) -> np.ndarra
     straddle = (chosen < 0) & (i >= 0) & (gaps.end[np.maximum(i, 0)] >= marks if len(g_len) else False)
     chosen[straddle] = i[straddle]
     step_start = np.where(chosen >= 0, g_start[np.maximum(chosen, 0)] if len(g_len) else marks, marks)
-    zero = np.zeros(len(marks), dtype=np.int64)
-    return np.column_stack([step_start, marks, flags, zero, zero]).astype(np.int64)
+    out = np.full((len(marks), len(COLUMNS)), UNKNOWN, dtype=np.int64)
+    out[:, 0], out[:, 1], out[:, CONTEXT_REQUESTS] = step_start, marks, flags
+    return out
 
 
 def _range_argmax(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:

@@ -122,6 +122,12 @@ def _declare() -> dict[str, Fact]:
                                     "benchmark (vLLM's counters, else the model's shape)"),
         ("efficiency.mbu", "share", "achieved memory bytes/s over the GPU's peak bandwidth, over the benchmark "
                                     "(vLLM's counters, else the model's shape)"),
+        ("efficiency.prefill_mfu", "share", "MFU of the prefill-bearing engine steps (vLLM's step annotations and "
+                                            "the model's shape, over those steps' time)"),
+        ("efficiency.prefill_mbu", "share", "MBU of the prefill-bearing engine steps"),
+        ("efficiency.decode_mfu", "share", "MFU of the decode-only engine steps"),
+        ("efficiency.decode_mbu", "share", "MBU of the decode-only engine steps: how near decode is to the memory "
+                                           "bandwidth limit"),
         ("efficiency.counters_mbu", "share", "MBU from vLLM's own counters (--enable-mfu-metrics)"),
         ("efficiency.shape_mbu", "share", "MBU from the model's shape (config.json) and the tokens and steps run"),
         ("model.weight_bits", "bits", "bits per weight the GEMMs read (--quantization, the checkpoint's, else its "
@@ -424,19 +430,23 @@ def efficiency_facts(eff: dict[str, Any] | None, vllm: Any, workload: dict[str, 
     eff = eff or {}
     window = eff.get("window") or {}
     metrics = ((eff.get("gpu_metrics") or {}).get("window")) or {}
-    phases = {p["phase"]: p for p in (eff.get("gpu_metrics") or {}).get("phases") or []}
+    sampled = {p["phase"]: p for p in (eff.get("gpu_metrics") or {}).get("phases") or []}  # nsys GPU metrics
 
     def share(d: dict[str, Any], key: str) -> float | None:
         value = d.get(key)
         return value / 100 if isinstance(value, (int, float)) else None
 
     dram = [share(metrics, k) for k in ("dram_read", "dram_write")]
-    decode = phases.get("decode-only") or {}
+    decode = sampled.get("decode-only") or {}
     decode_dram = [share(decode, k) for k in ("dram_read", "dram_write")]
     kv_tokens = (vllm.log.kv_cache_tokens if vllm is not None and vllm.log is not None else None)
     per_request = workload.get("workload.tokens_per_request")
     gpus = [g for g in ((host or {}).get("gpus") or [])]
+    estimated = {row["phase"]: row for row in (eff.get("phases") or {}).get("rows") or []}  # step annotations
+    prefill, decode_steps = estimated.get("prefill-bearing") or {}, estimated.get("decode-only") or {}
     return {
+        "efficiency.prefill_mfu": prefill.get("mfu"), "efficiency.prefill_mbu": prefill.get("mbu"),
+        "efficiency.decode_mfu": decode_steps.get("mfu"), "efficiency.decode_mbu": decode_steps.get("mbu"),
         "vllm.kv_capacity_requests": kv_tokens / per_request if kv_tokens and per_request else None,
         "efficiency.mfu": window.get("mfu"), "efficiency.mbu": window.get("mbu"),
         "efficiency.counters_mbu": (eff.get("vllm_counters") or {}).get("mbu"),
@@ -447,7 +457,7 @@ def efficiency_facts(eff: dict[str, Any] | None, vllm: Any, workload: dict[str, 
         "gpu_metrics.sm_active": share(metrics, "sm_active"),
         "gpu_metrics.tensor_active": share(metrics, "tensor_active"),
         "gpu_metrics.dram_bandwidth": sum(dram) if None not in dram else None,
-        "gpu_metrics.prefill_tensor_active": share(phases.get("prefill-bearing") or {}, "tensor_active"),
+        "gpu_metrics.prefill_tensor_active": share(sampled.get("prefill-bearing") or {}, "tensor_active"),
         "gpu_metrics.decode_dram_bandwidth": sum(decode_dram) if None not in decode_dram else None,
     }
 

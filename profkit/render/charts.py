@@ -26,6 +26,7 @@ plt.rcParams.update({
     "svg.hashsalt": "profkit",  # deterministic ids: the same report renders the same bytes
 })
 BUSY, IDLE, ACCENT = "#2b7bb9", "#e4572e", "#76b041"
+PHASE_COLORS = ("#8e44ad", "#d4a017")
 
 
 def _svg(fig: plt.Figure) -> str:
@@ -182,13 +183,16 @@ def roofline_chart(chart: dict[str, Any]) -> str:
         ridge = roof["tflops"] / bw
         ax.plot([lo, ridge, hi], [bw * lo, roof["tflops"], roof["tflops"]], style, color=BUSY, linewidth=1.2,
                 label=f"{roof['label']} roof ({roof['tflops']:,.0f} TFLOP/s, {bw:g} TB/s)")
-    for point, color in zip(chart["points"], (IDLE, ACCENT), strict=False):
-        ax.plot([point["intensity"]], [point["tflops"]], "o", color=color, markersize=7,
+    # the run's estimates as dots, each phase of the engine steps as a square
+    runs, phases = iter((IDLE, ACCENT)), iter(PHASE_COLORS)
+    for point in chart["points"]:
+        marker, color = ("s", next(phases, BUSY)) if point.get("phase") else ("o", next(runs, BUSY))
+        ax.plot([point["intensity"]], [point["tflops"]], marker, color=color, markersize=7,
                 label=f"{point['label']}: {point['tflops']:,.0f} TFLOP/s at {point['intensity']:,.0f} FLOP/B")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(lo, hi)
     ax.set_xlabel("arithmetic intensity (FLOP per byte moved)")
     ax.set_ylabel("TFLOP/s")
-    ax.legend(loc="lower right", frameon=False, fontsize=7)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False, fontsize=7)  # beside: off the roofs
     return _svg(fig)

@@ -55,29 +55,47 @@ def efficiency_view(report: dict[str, Any]) -> dict[str, Any] | None:
     bits, kv = prec.get("weight_bits"), prec.get("kv_cache_bytes")
     precision = ", ".join(p for p in (f"weights {bits}-bit" if bits else "", f"KV cache {kv} byte(s) per element"
                                       if kv else "") if p)
-    estimates = []
-    for key, label in ESTIMATES:
-        est = eff.get(key)
-        if not est:
-            continue
-        side = None
-        if point and est.get("intensity"):
-            side = "compute-bound side" if est["intensity"] >= point else "memory-bound side"
-        estimates.append({"from": label, "tflops": _num(est.get("tflops")), "mfu": pct(est.get("mfu")),
-                          "tbs": _num(est.get("tbs"), 2), "mbu": pct(est.get("mbu")),
-                          "intensity": _num(est.get("intensity"), 0), "side": side or "-",
-                          "raw": {k: est.get(k) for k in ("tflops", "tbs", "intensity", "mfu", "mbu")}})
+    labelled = [(label, eff.get(key), False) for key, label in ESTIMATES]
+    phases = eff.get("phases") or {}
+    labelled += [(f"{row['phase']} steps ({row['steps']:,}, {_num(row['seconds'])} s)", row, True)
+                 for row in phases.get("rows") or []]
+    estimates = [_estimate(label, est, point, phase) for label, est, phase in labelled if est]
     window = eff.get("window") or {}
     reading = None
     if window.get("mfu") is not None and window.get("mbu") is not None:
         closer = "compute" if window["mfu"] >= window["mbu"] else "memory bandwidth"
         reading = (f"Over the benchmark ({_num(window.get('seconds'))} s, from {window['from']}): MFU "
                    f"{pct(window['mfu'])}, MBU {pct(window['mbu'])}; closest to the {closer} limit.")
+    by_phase = [f"{row['phase']} steps {_closer(row)}" for row in phases.get("rows") or []
+                if row.get("mfu") is not None and row.get("mbu") is not None]
+    if by_phase:
+        reading = (reading + " " if reading else "") + "By phase: " + "; ".join(by_phase) + "."
     return {"title": "How far from the hardware's limit", "peaks": peaks, "source": gpu.get("source"),
             "compared_with": f"compute compared with the {prec.get('peak_is') or 'bf16'} peak"
                              + (f" ({precision})" if precision else ""),
             "ridge": _num(point, 0) if point else None, "estimates": estimates, "reading": reading,
+            "phases": phases.get("from") and f"Phases: from {phases['from']} and the model's shape; each phase's "
+                                             "time is its steps' own (start to the next step's start).",
+            "phases_note": phases.get("note"),
             "metrics": _metrics(eff.get("gpu_metrics")), "chart": _chart_data(eff, estimates)}
+
+
+def _estimate(label: str, est: dict[str, Any], point: float | None, phase: bool) -> dict[str, Any]:
+    """A row of the estimates table: achieved rates, their shares of the peaks, and the roofline's side (`phase`:
+    one phase of the engine steps, not the whole run)."""
+    side = None
+    if point and est.get("intensity"):
+        side = "compute-bound side" if est["intensity"] >= point else "memory-bound side"
+    return {"from": label, "tflops": _num(est.get("tflops")), "mfu": pct(est.get("mfu")),
+            "tbs": _num(est.get("tbs"), 2), "mbu": pct(est.get("mbu")),
+            "intensity": _num(est.get("intensity"), 0), "side": side or "-", "phase": phase,
+            "raw": {k: est.get(k) for k in ("tflops", "tbs", "intensity", "mfu", "mbu")}}
+
+
+def _closer(row: dict[str, Any]) -> str:
+    """`MFU 60.5 %` or `MBU 74.5 %`, the larger share: the limit the phase is nearer."""
+    return f"MFU {pct(row['mfu'])} (compute)" if row["mfu"] >= row["mbu"] else \
+        f"MBU {pct(row['mbu'])} (memory bandwidth)"
 
 
 def _metrics(gm: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -102,7 +120,8 @@ def _chart_data(eff: dict[str, Any], estimates: list[dict[str, Any]]) -> dict[st
     gpu = eff.get("gpu") or {}
     if not gpu.get("bandwidth_tbs"):
         return None
-    points = [{"label": e["from"], "intensity": e["raw"]["intensity"], "tflops": e["raw"]["tflops"]}
+    points = [{"label": e["from"], "intensity": e["raw"]["intensity"], "tflops": e["raw"]["tflops"],
+               "phase": e["phase"]}
               for e in estimates if e["raw"]["intensity"] and e["raw"]["tflops"]]
     if not gpu.get("bf16_tflops"):
         return None

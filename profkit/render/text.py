@@ -90,8 +90,10 @@ def efficiency_lines(report: dict[str, Any]) -> list[str]:
             "estimate from": lambda r: r["from"], "TFLOP/s": lambda r: r["tflops"], "MFU": lambda r: r["mfu"],
             "TB/s": lambda r: r["tbs"], "MBU": lambda r: r["mbu"], "FLOP/byte": lambda r: r["intensity"],
             "roofline": lambda r: r["side"]}, 4))
-    if view["reading"]:
-        out.append(f"  {terminal(view['reading'])}")
+    for line in (view["phases"], view["phases_note"] and f"Per phase: not measured: {view['phases_note']}.",
+                 view["reading"]):
+        if line:
+            out.append(f"  {terminal(line)}")
     m = view["metrics"]
     if m:
         out.append(f"  GPU metrics (nsys, mean % of peak; {terminal(str(m['source']))}):")

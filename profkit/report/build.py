@@ -115,7 +115,9 @@ def build_report(path: str | os.PathLike | list | tuple | None, window: str = "a
                                     bench_rec.num_requests if bench_rec else None,
                                     gpu_metrics=gpu_metrics_section(part, folder),
                                     export_bandwidth=next((g.get("memory_bandwidth") for g in source.get("gpus") or []
-                                                           if isinstance(g, dict)), None))
+                                                           if isinstance(g, dict)), None),
+                                    steps=part.steps if part is not None else None,
+                                    request_tokens=_request_tokens(bench_rec))
     facts = compute_facts(part, vllm, host_part, ranks, imbalance, workload, efficiency)
     # Not shown to be vLLM's: the findings say what the trace shows, and no vLLM flag is proposed.
     findings, skipped = evaluate(rules, facts, propose_changes=bool(shown))
@@ -151,13 +153,20 @@ def _workload(bench_cmd: VllmCommand | None, bench: BenchResult | None) -> dict[
     """What the benchmark's command and result say of its workload (`workload.*` facts)."""
     lengths = bench_cmd.prompt_lengths() if bench_cmd else None
     per_request = None
-    if bench and bench.input_tokens is not None and bench.output_tokens is not None and bench.num_requests:
-        per_request = (bench.input_tokens + bench.output_tokens) / bench.num_requests
+    if (mean := _request_tokens(bench)) is not None:
+        per_request = mean[0] + mean[1]
     elif lengths:
         per_request = float(lengths[0] + lengths[1])
     return {"shared_prefixes": bench_cmd.shared_prefixes() if bench_cmd else None,
             "tokens_per_request": per_request,
             "max_tokens_per_request": int((lengths[0] + lengths[1]) * (1 + lengths[2])) if lengths else None}
+
+
+def _request_tokens(bench: BenchResult | None) -> tuple[float, float] | None:
+    """The benchmark's mean prompt and output tokens per request."""
+    if bench is None or bench.input_tokens is None or bench.output_tokens is None or not bench.num_requests:
+        return None
+    return bench.input_tokens / bench.num_requests, bench.output_tokens / bench.num_requests
 
 
 def gpu_metrics_section(part: TraceSections | None, folder: CaptureFolder | None) -> dict[str, Any] | None:
