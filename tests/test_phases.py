@@ -292,3 +292,42 @@ def test_a_step_name_with_numbers_no_step_holds_is_left_out(runs: dict[str, Path
     doc = build_report(folder, window="all").document()
     assert doc["steps"]["count"] == len(annotated_steps(runs["fp8"])) - 1
     assert all(row["mbu"] < 1 for row in phases(doc).values())
+
+
+def test_the_window_takes_every_step_it_overlaps(runs: dict[str, Path]) -> None:
+    """vLLM names a step on the host just before its first kernel: the automatic window (here the slice's 2 s of
+    CUDA activity, from its first kernel to its last) holds every step whose range overlaps it, the one that began
+    a moment before the first kernel included."""
+    doc = build_report(runs["bf16"]).document()
+    lo, hi = doc["window"]["start_ns"], doc["window"]["end_ns"]
+    conn = sqlite3.connect(f"file:{runs['bf16'] / 'trace.sqlite'}?mode=ro", uri=True)
+    rows = conn.execute("SELECT start, end, text FROM NVTX_EVENTS ORDER BY start").fetchall()
+    conn.close()
+    overlapping = [s for s, e, t in rows if PHASE.search(t or "") and e > lo and s < hi]
+    assert any(s < lo for s in overlapping)
+    assert doc["steps"]["count"] == len(overlapping)
+
+
+def test_each_rank_names_its_steps_and_the_gpus_own_are_read(runs: dict[str, Path], tmp_path: Path) -> None:
+    """With tensor parallelism every rank's worker annotates the same steps (one process per GPU). The bf16 run's
+    annotations written again as a second process's, each 1 ms later: the report still reads one step each, the
+    annotations of the process that ran the GPU's kernels."""
+    import shutil
+
+    folder = tmp_path / "ranks"
+    shutil.copytree(runs["bf16"], folder)
+    (folder / "trace.sqlite").chmod(0o644)
+    conn = sqlite3.connect(folder / "trace.sqlite")
+    columns = [r[1] for r in conn.execute("PRAGMA table_info(NVTX_EVENTS)")]
+    other = 4242 << 24  # another process's thread ids (nsys: the pid in bits 24-47 of globalTid)
+    shifted = ", ".join("start + 1000000" if c == "start" else "end + 1000000" if c == "end" else
+                        f"(globalTid & 16777215) | {other} | (globalTid & ~281474976710655)" if c == "globalTid"
+                        else c for c in columns)
+    conn.execute(f"INSERT INTO NVTX_EVENTS ({', '.join(columns)}) SELECT {shifted} FROM NVTX_EVENTS "
+                 "WHERE text LIKE 'execute%'")
+    conn.commit()
+    conn.close()
+    doc = build_report(folder, window="all").document()
+    assert doc["steps"]["count"] == len(annotated_steps(runs["bf16"]))
+    assert phases(doc)["decode-only"]["mbu"] == pytest.approx(phases(build_report(runs["bf16"], window="all")
+                                                                     .document())["decode-only"]["mbu"])
