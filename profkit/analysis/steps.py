@@ -19,6 +19,7 @@ belongs to the window when its range overlaps it (vLLM names a step on the host 
 from __future__ import annotations
 
 import re
+from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -160,19 +161,15 @@ def _nvtx_steps(trace: Trace, lo: int, hi: int, device: int) -> np.ndarray:
 
 def _of_process(trace: Trace, rows: list[tuple], device: int) -> list[tuple]:
     """The annotations of the process that ran GPU `device`'s kernels: with tensor parallelism every rank's worker
-    names the same steps (nsys: a process's id is bits 24-47 of its threads' globalTid)."""
-    owners = {(tid >> 24) & 0xFFFFFF for *_, tid in rows if isinstance(tid, int)}
+    names the same steps (nsys: a process's id is bits 24-47 of its threads' globalTid). Where no kernel of the
+    GPU names its process, the process that annotated most."""
+    owner = [(tid >> 24) & 0xFFFFFF if isinstance(tid, int) else None for *_, tid in rows]
+    owners = Counter(o for o in owner if o is not None)
     if len(owners) < 2:
         return rows
     found = trace.query("SELECT pid FROM kernels WHERE device = ? LIMIT 1", (device,))
-    pid = found[0][0] if found else None
-    if pid not in owners:  # no kernel names its process: the steps of the process that annotated most
-        counts: dict[int, int] = {}
-        for *_, tid in rows:
-            if isinstance(tid, int):
-                counts[(tid >> 24) & 0xFFFFFF] = counts.get((tid >> 24) & 0xFFFFFF, 0) + 1
-        pid = max(sorted(counts), key=counts.__getitem__)
-    return [r for r in rows if isinstance(r[3], int) and (r[3] >> 24) & 0xFFFFFF == pid]
+    pid = found[0][0] if found and found[0][0] in owners else owners.most_common(1)[0][0]
+    return [row for row, o in zip(rows, owner, strict=True) if o == pid]
 
 
 def parse_step_name(name: str) -> tuple[int, ...] | None:
