@@ -57,8 +57,16 @@ def _quantile(values: np.ndarray, q: float) -> int | None:
 
 def _steps(trace: Trace, win: Window) -> tuple[DeviceGaps, np.ndarray, str] | None:
     """The first GPU's gaps, the window's steps (an int64 array, a row per step: COLUMNS) and where they came
-    from; None without steps."""
+    from; None without steps. Read once per trace and window: the step view and the GPU metrics by phase both
+    ask."""
     lo, hi = (win.start_ns, win.end_ns) if win.bounded else (-(1 << 62), 1 << 62)  # `all`: every step
+    key = f"steps {lo} {hi}"
+    if key not in trace.cache:
+        trace.cache[key] = _read_steps(trace, lo, hi)
+    return trace.cache[key]
+
+
+def _read_steps(trace: Trace, lo: int, hi: int) -> tuple[DeviceGaps, np.ndarray, str] | None:
     all_gaps = gpu_gaps(trace)
     if not all_gaps.devices:
         return None
