@@ -451,6 +451,13 @@ def test_benchmark_durations_that_make_no_window(tmp_path: Path) -> None:
     path = tmp_path / "host.json"
     path.write_text(json.dumps({"schema": "profkit.host/1", "cores": 2, "processes": procs}))
     assert host_section(read_host(path), 1e300)["roles"]["bench_client"]["cpu_mean"] == 0.5
+    # a GPU idle for the client's last 9 s (a profiler stopping): the window moves to the GPU's work, whatever
+    # the sampling interval claims (text, NaN, huge, negative: one tenth of a second instead)
+    parsed = parse_host({"schema": "profkit.host/1", "processes": procs}, "h").processes
+    util = [(0.1 * i, 1.0 if i <= 10 else 0.0) for i in range(1, 101)]
+    for interval in ("x", float("nan"), 1e300, -1.0, None, True):
+        start, end = bench_window(parsed, 1.0, util, interval)  # type: ignore[misc]
+        assert end == pytest.approx(1.0) and start == pytest.approx(0.0, abs=1e-9)
 
 
 def test_context_switches_and_step_kernels_of_the_wrong_shape(tmp_path: Path, sqlite_path) -> None:

@@ -85,7 +85,8 @@ def bench_window(processes: list[ProcessSamples], bench_seconds: float | None,
         busy = [t for t, v in gpu_util if v > 0] + [t for t, v in served if v >= SERVING]
         last = max((t for t in busy if t <= end), default=None)
         if last is not None and last < end - WINDOW_SLACK_S:
-            slack = interval_s if isinstance(interval_s, (int, float)) and 0 < interval_s <= WINDOW_SLACK_S else 0.1
+            given = isinstance(interval_s, (int, float)) and not isinstance(interval_s, bool)
+            slack = interval_s if given and 0 < interval_s <= WINDOW_SLACK_S else 0.1
             end = _busiest_end(sorted((t, v) for t, v in [*gpu_util, *served] if t <= end), bench_seconds + slack)
     return (max(0.0, end - bench_seconds - slack), end)
 
