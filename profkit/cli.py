@@ -98,7 +98,7 @@ def report(traces: tuple[Path, ...], window: str, fmt: str, output: Path | None,
                            progress=steps.step, bench=bench, vllm_log=vllm_log, metrics=list(metrics) or None,
                            vllm_args=vllm_args, rules_dirs=list(rules_dirs), host=host_json, jobs=jobs,
                            dask=dask_address, model_config=model_config)
-    from profkit.capture.folder import PROTECTED
+    from profkit.evidence.folder import PROTECTED
 
     inputs = [p for p in (*traces, bench, vllm_log, host_json, model_config, *metrics) if p is not None]
     document = doc.document()
@@ -134,7 +134,7 @@ def diff_cmd(before: str, after: str, fmt: str, output: Path | None, noise: str,
     conditions = [parse_condition(c) for c in fail_on]  # bad conditions fail before any work
     threshold = _parse_share(noise, "--noise")
     if output:
-        from profkit.capture.folder import PROTECTED
+        from profkit.evidence.folder import PROTECTED
 
         refuse_overwrite(output, [Path(before.rsplit(":", 1)[0]), Path(after.rsplit(":", 1)[0]), Path(before),
                                   Path(after)], protected=PROTECTED)

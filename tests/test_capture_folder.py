@@ -7,8 +7,8 @@ import re
 import shutil
 from pathlib import Path
 
-from profkit.capture import folder as files
-from profkit.capture.folder import CaptureFolder
+from profkit.evidence import folder as files
+from profkit.evidence.folder import CaptureFolder
 from tests.conftest import FIXTURES, REPO
 
 SAMPLE = REPO / "samples" / "capture_thr_torch"
@@ -53,7 +53,7 @@ def test_writes_through_the_folder(tmp_path: Path) -> None:
 
 
 def test_file_names_are_spelled_in_one_module() -> None:
-    """Every capture file name lives in profkit/capture/folder.py; any other module naming one (in code, not in
+    """Every capture file name lives in profkit/evidence/folder.py; any other module naming one (in code, not in
     prose) is a second home."""
     names = [getattr(files, n) for n in dir(files) if n.isupper() and isinstance(getattr(files, n), str)
              and "." in getattr(files, n)]

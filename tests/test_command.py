@@ -1,6 +1,6 @@
 """The suggested command: the user's own command with exactly the changes applied, and it parses.
 
-Checked against vLLM 0.26.0's option list recorded on the GPU box (profkit/diagnose/vllm_options/0.26.0.json,
+Checked against vLLM 0.26.0's option list recorded on the GPU box (profkit/vllm/vllm_options/0.26.0.json,
 from vLLM's own parsers; cross-checked below against the `--help` texts recorded beside it), and on the
 real capture folder of an `--enforce-eager` run (shared fixtures) paired with an eager trace.
 """
@@ -15,17 +15,17 @@ from pathlib import Path
 
 import pytest
 
-from profkit.capture.folder import manifest_user_command, without_capture_args
 from profkit.diagnose.suggestion import suggest
-from profkit.diagnose.vllm_command import (
+from profkit.evidence.folder import manifest_user_command, without_capture_args
+from profkit.evidence.manifest import parse_manifest
+from profkit.report import build_report
+from profkit.vllm.command import (
     UserCommand,
     VllmCommand,
     check_recorded,
     from_non_default_args,
     recorded_specs,
 )
-from profkit.evidence.manifest import parse_manifest
-from profkit.report import build_report
 from tests.conftest import FIXTURES
 
 EAGER_CAPTURE = FIXTURES / "h100_vllm" / "capture_thr_eager"

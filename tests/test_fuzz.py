@@ -28,13 +28,13 @@ from hypothesis import strategies as st
 from profkit.compare.gate import parse_condition
 from profkit.diagnose.engine import RuleError, load_rule_file
 from profkit.diagnose.facts import known_fact_names
-from profkit.diagnose.vllm_command import VllmCommand
 from profkit.errors import ProfkitError
 from profkit.escape import one_line
 from profkit.evidence.bench import parse_bench
 from profkit.evidence.metrics import parse_metrics
 from profkit.evidence.vllm_log import parse_log
 from profkit.traces.kineto import MAX_DEPTH, MAX_STRING
+from profkit.vllm.command import VllmCommand
 from tests.cli import one_error_line, profkit
 
 EXAMPLES = int(os.environ.get("PROFKIT_FUZZ_EXAMPLES", "150"))

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from profkit.capture.folder import CaptureFolder
 from profkit.capture.plan import CaptureOptions, commands_from_cli, plan
 from profkit.capture.run import ServerSession
 from profkit.compare.diff import diff
+from profkit.evidence.folder import CaptureFolder
 from profkit.report import build_report
 from tests.cli import one_error_line, profkit
 from tests.test_capture import free_port

@@ -12,10 +12,10 @@ import pytest
 
 from profkit.diagnose.engine import RuleError, evaluate, load_rule_file, load_rules
 from profkit.diagnose.facts import known_fact_names
-from profkit.diagnose.vllm_command import VllmCommand
 from profkit.evidence.metrics import parse_metrics
 from profkit.evidence.vllm_log import parse_log
 from profkit.report import build_report
+from profkit.vllm.command import VllmCommand
 from tests.cli import one_error_line, profkit
 from tests.conftest import FIXTURES
 from tests.test_nsys_stats_parity import NSYS_ROWS, nsys_csv

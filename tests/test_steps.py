@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from profkit.capture.folder import CaptureFolder
+from profkit.evidence.folder import CaptureFolder
 from profkit.report import build_report
 from profkit.traces import open_trace
 from tests.conftest import FIXTURES, REPO

@@ -15,11 +15,11 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from profkit.capture import folder as files
-from profkit.capture.folder import CaptureFolder
-from profkit.diagnose.vllm_command import UserCommand, VllmCommand, profiler_config_keys
 from profkit.errors import ProfkitError
 from profkit.escape import shell, shell_word
+from profkit.evidence import folder as files
+from profkit.evidence.folder import CaptureFolder
+from profkit.vllm.command import UserCommand, VllmCommand, profiler_config_keys
 
 NSYS_TRACE_FLAGS = ["-t", "cuda,nvtx,osrt", "--sample=none", "--cpuctxsw=none", "--trace-fork-before-exec=true",
                     "--cuda-graph-trace=node"]

@@ -20,11 +20,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from profkit.capture import folder as files
-from profkit.capture.folder import CaptureFolder, Manifest, environment
 from profkit.capture.host import HostSampler
+from profkit.capture.manifest import Manifest, environment, start_manifest
 from profkit.capture.plan import NSYS_FLUSH_MS, Plan, Step
 from profkit.errors import ProfkitError
+from profkit.evidence import folder as files
+from profkit.evidence.folder import CaptureFolder
 
 T = TypeVar("T")
 STOP_GRACE_S = 180.0  # nsys needs time to flush a large report after SIGINT
@@ -62,7 +63,7 @@ def run_capture(plan: Plan, say: Callable[[str], None] = lambda _m: None) -> Pat
     """Execute the plan; returns the capture folder. Raises CaptureError after recording the failure."""
     preflight(plan)
     folder = plan.folder
-    manifest = folder.start(plan)
+    manifest = start_manifest(folder, plan)
     _model_config(plan, folder, manifest)
     server: subprocess.Popen | None = None
     try:

@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from profkit.capture.folder import CaptureFolder
 from profkit.compare import metrics as m
-from profkit.diagnose.vllm_command import VllmCommand, normalize_flag
 from profkit.errors import ProfkitError
+from profkit.evidence.folder import CaptureFolder
 from profkit.inputs import read_json, require_file
 from profkit.resources import process_context
+from profkit.vllm.command import VllmCommand, normalize_flag
 
 SCHEMA = "profkit.diff/2"
 REPORT_SCHEMA = "profkit.report/1"

@@ -27,11 +27,11 @@ import simpleeval
 import yaml
 
 from profkit import units
-from profkit.diagnose.vllm_command import changes_precision, coerce, dest_of
 from profkit.errors import ProfkitError
 from profkit.escape import one_line, terminal
 from profkit.inputs import read_text
 from profkit.resources import shipped_dir
+from profkit.vllm.command import changes_precision, coerce, dest_of
 
 SEVERITIES = ("critical", "warning", "info")
 SEVERITY_ORDER = {s: i for i, s in enumerate(SEVERITIES)}

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from profkit.diagnose.engine import SEVERITY_ORDER, Finding, ProposedChange
-from profkit.diagnose.vllm_command import VLLM_DEFAULTS, default_max_num_seqs, dest_of
+from profkit.vllm.command import VLLM_DEFAULTS, default_max_num_seqs, dest_of
 
 
 def default_of(setting: str, gpu: str | None) -> Any:

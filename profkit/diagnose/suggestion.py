@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 
 from profkit.diagnose.engine import Finding, ProposedChange
-from profkit.diagnose.vllm_command import UserCommand, VllmCommand, dest_of, normalize_flag, spec_for, takes
+from profkit.vllm.command import UserCommand, VllmCommand, dest_of, normalize_flag, spec_for, takes
 
 
 class AppliedChange(msgspec.Struct, frozen=True):
@@ -139,6 +139,6 @@ def user_command(given: UserCommand | None, non_default_args: dict[str, Any] | N
     result is an offline one (`vllm bench throughput|latency`), which decides what a rebuilt command runs."""
     if given:
         return given
-    from profkit.diagnose.vllm_command import from_non_default_args
+    from profkit.vllm.command import from_non_default_args
 
     return from_non_default_args(non_default_args, offline) if non_default_args else None

@@ -9,10 +9,10 @@ from typing import Any
 
 import msgspec
 
-from profkit.diagnose.vllm_command import default_max_num_seqs, effective_config
 from profkit.evidence.bench import BenchResult
 from profkit.evidence.metrics import MetricsScrape, counter_delta
 from profkit.evidence.vllm_log import VllmLog
+from profkit.vllm.command import default_max_num_seqs, effective_config
 
 
 class VllmSection(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):

@@ -1,7 +1,7 @@
 """A capture folder's `manifest.json` (written by `profkit capture`) -> `CaptureManifest`.
 
 The file is the user's evidence and may have any JSON shape: what is not of the expected type is treated
-as absent. Writing it is `profkit.capture.folder`'s business."""
+as absent. Writing it is `profkit.evidence.folder`'s business."""
 
 from __future__ import annotations
 

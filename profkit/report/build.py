@@ -19,21 +19,21 @@ from profkit.analysis.communication import rank_imbalance
 from profkit.analysis.efficiency import efficiency_section
 from profkit.analysis.host import host_section
 from profkit.analysis.sections import TraceSections
-from profkit.capture.folder import CaptureFolder
 from profkit.diagnose.engine import evaluate, load_rules
 from profkit.diagnose.facts import compute_facts
 from profkit.diagnose.priority import order_findings
 from profkit.diagnose.suggestion import suggest, user_command
-from profkit.diagnose.vllm_command import UserCommand, VllmCommand
 from profkit.diagnose.vllm_run import NOT_VLLM_NOTE, vllm_run_evidence, vllm_section
 from profkit.errors import ProfkitError, TraceError
 from profkit.evidence.bench import BenchResult, read_bench
+from profkit.evidence.folder import CaptureFolder
 from profkit.evidence.host import read_host
 from profkit.evidence.metrics import read_metrics
 from profkit.evidence.model_config import read_model_config
 from profkit.evidence.vllm_log import read_log
 from profkit.report.model import SCHEMA, Report, RunSection
 from profkit.report.trace_part import trace_sections
+from profkit.vllm.command import UserCommand, VllmCommand
 
 Progress = Callable[[str], None]
 

@@ -39,7 +39,7 @@ def open_trace(path: str | os.PathLike) -> Trace:
     p = Path(path)
     if not p.exists():
         raise TraceError(f"{p}: no such file or directory")
-    if p.is_dir():  # a capture folder's traces are found by profkit.capture.folder.CaptureFolder.traces()
+    if p.is_dir():  # a capture folder's traces are found by profkit.evidence.folder.CaptureFolder.traces()
         raise TraceError(f"{p}: a folder, not a trace file")
     try:
         require_file(p, "trace")

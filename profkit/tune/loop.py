@@ -28,8 +28,8 @@ from profkit.compare.diff import spread as replicate_spread
 from profkit.compare.gate import Condition, parse_condition
 from profkit.diagnose.priority import candidate_key, priority
 from profkit.diagnose.suggestion import suggest
-from profkit.diagnose.vllm_command import UserCommand, changes_precision, normalize_flag, spec_for, takes
 from profkit.errors import ProfkitError
+from profkit.vllm.command import UserCommand, changes_precision, normalize_flag, spec_for, takes
 
 SCHEMA = "profkit.tune/1"
 PROFILE_MODES = ("never", "first", "always")
@@ -106,7 +106,7 @@ def plan_for(user: UserCommand, out: Path, tool: str, opts: TuneOptions) -> Plan
 
 def report_run(folder: Path, profiled: bool, rules_dirs: list[Path], **extra: Any) -> Run:
     """The report of a captured run, kept in its folder (report.json)."""
-    from profkit.capture.folder import CaptureFolder
+    from profkit.evidence.folder import CaptureFolder
     from profkit.render import render
     from profkit.report import build_report
 
@@ -517,7 +517,7 @@ def dry_run_lines(opts: TuneOptions) -> list[str]:
     """What `--dry-run` prints: the baseline's exact commands, the loop's settings, the allow-list, and the order
     candidates will be tried in."""
     from profkit.diagnose.priority import default_of
-    from profkit.diagnose.vllm_command import dest_of
+    from profkit.vllm.command import dest_of
 
     per_candidate = opts.candidate_runs if opts.candidate_runs is not None else opts.replicates
     served = opts.user.role("server") is not None
@@ -558,7 +558,7 @@ def _given(cmd: Any, allowed: list[str]) -> list[tuple[str, Any]]:
     """The settings `cmd` gives that a rule may change, as (flag, value)."""
     if cmd is None:
         return []
-    from profkit.diagnose.vllm_command import dest_of
+    from profkit.vllm.command import dest_of
 
     by_setting = {dest_of(f): f for f in allowed}
     return [(by_setting[a.setting], a.value) for a in cmd.parsed[0] if a.setting in by_setting]

@@ -8,7 +8,8 @@ A folder holds `manifest.json` (what ran, when, how it ended, GPU and software),
 and its export `trace.sqlite`, torch.profiler's `torch/*.pt.trace.json.gz`), the benchmark's `bench.json`, the
 logs (`server.log`, `bench.log`), the /metrics scrapes (`metrics-before.txt`, `metrics-after.txt`), the host
 samples (`host.json`) and, after `profkit tune`, the run's `report.json`. Reading goes through the evidence
-readers; writing (the manifest as a capture goes, the samples, the scrapes, the report) through the methods here.
+readers; writing (the samples, the scrapes, the report) through the methods here; the manifest as a capture goes
+is `profkit.capture.manifest`'s.
 A failed or interrupted capture still leaves a folder that says what happened and keeps every file written.
 """
 
@@ -16,23 +17,18 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import shlex
-import subprocess
-import time
-from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from profkit import __version__
-from profkit.diagnose.vllm_command import UserCommand, VllmCommand
 from profkit.evidence.bench import BenchResult, read_bench
 from profkit.evidence.host import HostSamples, read_host
 from profkit.evidence.manifest import CaptureManifest, read_manifest
 from profkit.evidence.metrics import MetricsScrape, read_metrics
 from profkit.evidence.model_config import ModelShape, read_model_config
 from profkit.evidence.vllm_log import VllmLog, read_log
+from profkit.vllm.command import UserCommand, VllmCommand
 
 MANIFEST = "manifest.json"
 TRACE_BASE = "trace"  # nsys -o trace: trace.nsys-rep, exported to trace.sqlite
@@ -162,11 +158,6 @@ class CaptureFolder:
     def exists(self) -> bool:
         return (self.path / MANIFEST).exists()
 
-    def start(self, plan: Any) -> Manifest:
-        """Create the folder and its manifest for `plan` (a capture.plan.Plan): status "running"."""
-        self.path.mkdir(parents=True, exist_ok=True)
-        return Manifest.start(self.path / MANIFEST, plan)
-
     def replicates(self) -> list[CaptureFolder]:
         """A session folder's runs (r1, r2, ...: capture folders of one server lifetime), in order."""
         found = [p for p in self.path.iterdir() if p.is_dir() and CaptureFolder.recognise(p)] \
@@ -174,7 +165,7 @@ class CaptureFolder:
         return [CaptureFolder(p) for p in sorted(found, key=lambda p: (len(p.name), p.name))]
 
     def write_host(self, data: dict[str, Any]) -> None:
-        _write_atomic(self.path / HOST, json.dumps(data) + "\n")
+        write_atomic(self.path / HOST, json.dumps(data) + "\n")
 
     def write_metrics(self, which: str, text: str) -> None:
         """`which`: before | after."""
@@ -225,102 +216,8 @@ def without_capture_args(cmd: VllmCommand) -> VllmCommand:
     return cmd.without(*drop)
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str) -> None:
+    """Replace `path` whole (a temporary file renamed): a reader never sees half a file."""
     tmp = path.with_suffix(".tmp")
     tmp.write_text(text, encoding="utf-8")
     tmp.replace(path)
-
-
-# --- the manifest, as a capture goes ------------------------------------------------------------------------------
-
-def _version(argv: list[str], timeout: float = 60.0) -> str | None:
-    """First line a tool prints about its version, or None (best effort: never fails a capture)."""
-    try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    lines = [line.strip() for line in (out.stdout or out.stderr).splitlines() if line.strip()]
-    return lines[-1] if out.returncode == 0 and lines else None
-
-
-def environment(plan: Any) -> dict[str, Any]:
-    gpu = _version(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"], timeout=20)
-    return {
-        "host": platform.node(),
-        "python": platform.python_version(),
-        "gpu": gpu.split(",")[0].strip() if gpu else None,
-        "driver": gpu.split(",")[1].strip() if gpu and "," in gpu else None,
-        "nsys": _version([plan.nsys_exe, "--version"]) if plan.nsys_exe else None,
-        "vllm": _version([plan.vllm_exe, "--version"]),
-        "torch": _version(["python3", "-c", "import torch; print(torch.__version__)"]),
-    }
-
-
-@dataclass
-class Manifest:
-    """`manifest.json` while a capture runs: saved whole (a temporary file renamed) after every change."""
-
-    path: Path
-    data: dict[str, Any] = field(default_factory=dict)
-    started: float = 0.0
-
-    @classmethod
-    def begin(cls, path: Path, data: dict[str, Any]) -> Manifest:
-        """A manifest of the given contents, status "running", saved now."""
-        now = time.time()
-        m = cls(path=path, started=now, data={"profkit_version": __version__, "status": "running",
-                                               "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(now)),
-                                               **data, "steps": [], "notes": []})
-        m.save()
-        return m
-
-    @classmethod
-    def start(cls, path: Path, plan: Any) -> Manifest:
-        now = time.time()
-        m = cls(path=path, started=now, data={
-            "profkit_version": __version__,
-            "kind": plan.kind,
-            "status": "running",
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(now)),
-            "commands": plan.commands(),
-            "user_commands": [c.argv() for c in plan.user.commands],
-            "vllm_args": plan.vllm_args,
-            "environment": environment(plan),
-            "steps": [],
-            "notes": [],
-        })
-        m.save()
-        return m
-
-    def save(self) -> None:
-        _write_atomic(self.path, json.dumps(self.data, indent=2) + "\n")
-
-    def step(self, step: Any, started: float, exit_code: int | None, note: str | None = None) -> None:
-        entry = {"name": step.name, "command": step.shell(), "log": step.log, "exit_code": exit_code,
-                 "seconds": round(time.time() - started, 3)}
-        if note:
-            entry["note"] = note
-        self.data["steps"].append(entry)
-        self.save()
-
-    def server_started(self, step: Any, pid: int) -> None:
-        self.data["server"] = {"command": step.shell(), "log": step.log, "pid": pid}
-        self.save()
-
-    def server_exit(self, code: int | None) -> None:
-        self.data.setdefault("server", {})["exit_code"] = code
-        self.save()
-
-    def note(self, text: str) -> None:
-        self.data["notes"].append(text)
-        self.save()
-
-    def finish(self, status: str, where: str | None = None) -> None:
-        self.data["status"] = status
-        if where:
-            self.data["failed_at"] = where
-        self.data["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-        self.data["seconds"] = round(time.time() - self.started, 3)
-        self.data["files"] = sorted(str(p.relative_to(self.path.parent)) for p in self.path.parent.rglob("*")
-                                    if p.is_file() and p.name not in (MANIFEST, SESSION))
-        self.save()

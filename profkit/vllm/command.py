@@ -937,5 +937,5 @@ def dump_options() -> dict[str, Any]:  # pragma: no cover - run on the GPU box t
     return out
 
 
-if __name__ == "__main__":  # pragma: no cover - `python -m profkit.diagnose.vllm_command > 0.26.0.json`
+if __name__ == "__main__":  # pragma: no cover - `python -m profkit.vllm.command > 0.26.0.json`
     json.dump(dump_options(), sys.stdout, indent=1, sort_keys=True)
