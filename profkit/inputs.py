@@ -13,6 +13,7 @@ from typing import Any
 
 from profkit.errors import ProfkitError
 from profkit.escape import one_line
+from profkit.numbers import json_int_literal
 
 MiB = 1 << 20
 LIMITS = {"rule file": 1 * MiB, "benchmark JSON": 16 * MiB, "vLLM log": 512 * MiB, "metrics file": 64 * MiB,
@@ -53,12 +54,13 @@ def read_text(path: Path, what: str) -> str:
 
 
 def read_json(path: Path, what: str, bad: str = "not JSON") -> Any:
-    """The file's JSON (through `read_text`'s checks); a parse error is one line: `{path}: {bad} (why)`."""
+    """The file's JSON (through `read_text`'s checks, so its size is bounded); a parse error, nesting too deep for
+    the parser or an integer of more digits than any measurement has is one line: `{path}: {bad} (why)`."""
     import json
 
     try:
-        return json.loads(read_text(path, what))
-    except (json.JSONDecodeError, RecursionError) as exc:
+        return json.loads(read_text(path, what), parse_int=json_int_literal)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError; so is an over-long integer
         raise ProfkitError(f"{path}: {bad} ({one_line(exc, 120)})") from None
 
 

@@ -292,7 +292,7 @@ def load_runs(db_path: Path, selector: str) -> list[tuple[int, dict]]:
         row = _query(db_path, "select report_json from runs where id = ?", (run_id,))[0]
         try:
             report = json.loads(row["report_json"])
-        except (TypeError, json.JSONDecodeError) as exc:
+        except (TypeError, ValueError, RecursionError) as exc:  # ValueError: bad JSON or a 4,300-digit integer
             raise ProfkitError(f"{db_path}: damaged or unreadable history database (run {run_id}: report JSON "
                                f"{_one_line(exc)})") from None
         out.append((run_id, report))

@@ -1,7 +1,8 @@
 """`host.json` (written by `profkit capture`, schema `profkit.host/1`) -> `HostSamples`.
 
-Every sample is checked here: a process without a text role, a sample that is not [seconds, value] of two
-finite numbers, a negative CPU value or a GPU utilization outside 0..1 is left out and counted."""
+Every sample is checked here: a process without a text role or whose pid is not a positive integer, a sample
+that is not [seconds, value] of two finite numbers, a negative CPU value or a GPU utilization outside 0..1 is left
+out and counted."""
 
 from __future__ import annotations
 
@@ -13,12 +14,13 @@ import msgspec
 
 from profkit.errors import ProfkitError
 from profkit.inputs import read_json
+from profkit.numbers import json_int
 
 SCHEMA = "profkit.host/1"
 
 
 class ProcessSamples(msgspec.Struct, frozen=True):
-    pid: Any
+    pid: int
     role: str
     name: str
     cpu: list[tuple[float, float]]  # (seconds, cores used)
@@ -41,13 +43,18 @@ def number_pair(pair: Any) -> bool:
             and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in pair))
 
 
+def _pid(value: Any) -> bool:
+    """A process id: a positive integer of the kernel's range (a NaN or a list printed as a pid is no process)."""
+    return 0 < (json_int(value) or 0) < 1 << 31
+
+
 def parse_host(data: Any, path: str) -> HostSamples:
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         raise ProfkitError(f"{path}: not a {SCHEMA} document")
     listed = data.get("processes") if isinstance(data.get("processes"), list) else []
     processes, skipped = [], 0
     for p in listed:
-        if not isinstance(p, dict) or not isinstance(p.get("role"), str):
+        if not isinstance(p, dict) or not isinstance(p.get("role"), str) or not _pid(p.get("pid")):
             skipped += 1
             continue
         raw = p.get("cpu") if isinstance(p.get("cpu"), list) else []

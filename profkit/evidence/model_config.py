@@ -12,7 +12,9 @@ from typing import Any
 import msgspec
 
 from profkit.errors import ProfkitError
+from profkit.escape import one_line
 from profkit.inputs import read_json
+from profkit.numbers import json_int
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "float8_e4m3fn": 1, "fp8": 1}
 
@@ -57,32 +59,52 @@ class ModelShape(msgspec.Struct, frozen=True):
         return 4.0 * self.layers * self.heads * self.head_dim * query_tokens * context
 
 
-def _int(data: dict[str, Any], *keys: str) -> int | None:
-    for key in keys:
-        value = data.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 1 << 40:
-            return value
-    return None
+# Wide physical bounds on a transformer's shape (the largest published models are far inside them): a value
+# outside is not a model this profkit can reason about, and would print MFU in the billions.
+BOUNDS = {"hidden": 1 << 20, "layers": 10_000, "heads": 1 << 16, "kv_heads": 1 << 16, "head_dim": 1 << 16,
+          "intermediate": 1 << 24, "vocab": 1 << 27, "experts": 1 << 20}
+
+
+def _int(data: dict[str, Any], path: str, field: str, *keys: str) -> int | None:
+    """The first of `keys` the config has, which must be a positive integer within the field's bound; None when
+    the config has none of them. A value of another type or out of bounds is one error line naming the key: never
+    replaced silently by another key's value or a default."""
+    key = next((k for k in keys if data.get(k) is not None), None)
+    if key is None:
+        return None
+    value = data[key]
+    if json_int(value) is None:
+        raise ProfkitError(f"{path}: {key} is {one_line(repr(value), 40)}, not an integer")
+    if not 0 < value <= BOUNDS[field]:
+        raise ProfkitError(f"{path}: {key} = {one_line(repr(value), 40)} is not a plausible model size "
+                           f"(1 to {BOUNDS[field]:,})")
+    return value
 
 
 def parse_model_config(data: Any, path: str) -> ModelShape:
     if not isinstance(data, dict):
         raise ProfkitError(f"{path}: not a model config (expected a JSON object)")
     text = data.get("text_config") if isinstance(data.get("text_config"), dict) else data  # multimodal wrappers
-    hidden = _int(text, "hidden_size", "n_embd", "d_model")
-    layers = _int(text, "num_hidden_layers", "n_layer", "num_layers")
-    heads = _int(text, "num_attention_heads", "n_head")
-    vocab = _int(text, "vocab_size")
-    intermediate = _int(text, "intermediate_size", "ffn_dim", "n_inner")
+    hidden = _int(text, path, "hidden", "hidden_size", "n_embd", "d_model")
+    layers = _int(text, path, "layers", "num_hidden_layers", "n_layer", "num_layers")
+    heads = _int(text, path, "heads", "num_attention_heads", "n_head")
+    vocab = _int(text, path, "vocab", "vocab_size")
+    intermediate = _int(text, path, "intermediate", "intermediate_size", "ffn_dim", "n_inner")
     if None in (hidden, layers, heads, vocab, intermediate):
         raise ProfkitError(f"{path}: not a decoder model config this profkit reads (needs hidden_size, "
                            "num_hidden_layers, num_attention_heads, intermediate_size, vocab_size)")
-    kv_heads = _int(text, "num_key_value_heads", "num_kv_heads") or heads
-    head_dim = _int(text, "head_dim") or hidden // heads
+    kv_heads = _int(text, path, "kv_heads", "num_key_value_heads", "num_kv_heads") or heads
+    if heads % kv_heads:  # grouped-query attention: each KV head serves a whole group of query heads
+        raise ProfkitError(f"{path}: {kv_heads} KV heads do not divide {heads} attention heads")
+    head_dim = _int(text, path, "head_dim", "head_dim") or hidden // heads
+    if head_dim == 0:
+        raise ProfkitError(f"{path}: {heads} attention heads for a hidden size of {hidden}")
     archs = data.get("architectures")
     quant = data.get("quantization_config")
     dtype = text.get("torch_dtype", data.get("torch_dtype", text.get("dtype")))
-    experts = _int(text, "num_local_experts", "num_experts", "n_routed_experts")
+    # Some dense configs carry num_experts 0: no experts.
+    experts = _int({k: v for k, v in text.items() if v != 0}, path, "experts", "num_local_experts", "num_experts",
+                   "n_routed_experts")
     return ModelShape(path=path, architecture=str(archs[0]) if isinstance(archs, list) and archs else None,
                       layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
                       intermediate=intermediate, vocab=vocab, dtype=dtype if isinstance(dtype, str) else None,

@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 
 from profkit.inputs import read_text
+from profkit.numbers import parse_float, parse_int
 
 # One periodic stats line of vLLM V1's LoggingStatLogger, e.g.
 # "Engine 000: Avg prompt throughput: 5325.0 tokens/s, Avg generation throughput: 1218.6 tokens/s,
@@ -27,17 +28,23 @@ STAT_FIELDS = {
     "kv_cache_usage": r"GPU KV cache usage: ?(\d{1,3}(?:\.\d{1,6})?)%",
     "prefix_cache_hit_rate": r"Prefix cache hit rate: ?(\d{1,3}(?:\.\d{1,6})?)%",
 }
-_KV_TOKENS = re.compile(r"GPU KV cache size:\s*([\d,]+) tokens")
-_MAX_CONCURRENCY = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request:\s*([\d.]+)x")
-_BATCHED_TOKENS = re.compile(r"max_num_batched_tokens=(\d+)")
-_GPU_MEM_UTIL = re.compile(r"Desired GPU memory utilization is \(([\d.]+)")
+_KV_TOKENS = re.compile(r"GPU KV cache size:\s*([0-9][0-9,.]{0,60}) tokens")
+_MAX_CONCURRENCY = re.compile(r"Maximum concurrency for ([0-9][0-9,]{0,60}) tokens per request:"
+                              r"\s*([0-9][0-9.,]{0,60})x")
+_BATCHED_TOKENS = re.compile(r"max_num_batched_tokens=([0-9]{1,60})")
+_GPU_MEM_UTIL = re.compile(r"Desired GPU memory utilization is \(([0-9][0-9.]{0,60})")
 # Memory at start-up (vLLM 0.26 gpu_worker.py): with --kv-cache-memory-bytes it logs "Initial free memory
 # 78.66 GiB, reserved 0.28 GiB memory for KV Cache as specified by kv_cache_memory_bytes config"; without,
 # "Available KV cache memory: 69.54 GiB". model_runner.py: "Model loading took 2.06 GiB".
-_FREE_MEMORY = re.compile(r"Initial free memory ([\d.]+) GiB")
-_KV_RESERVED = re.compile(r"reserved ([\d.]+) GiB memory for KV Cache|Available KV cache memory: ([\d.]+) GiB")
-_MODEL_MEMORY = re.compile(r"Model loading took ([\d.]+) GiB")
+_FREE_MEMORY = re.compile(r"Initial free memory ([0-9][0-9.,]{0,60}) GiB")
+_KV_RESERVED = re.compile(r"reserved ([0-9][0-9.,]{0,60}) GiB memory for KV Cache"
+                          r"|Available KV cache memory: ([0-9][0-9.,]{0,60}) GiB")
+_MODEL_MEMORY = re.compile(r"Model loading took ([0-9][0-9.,]{0,60}) GiB")
 GIB = 1 << 30
+_STARTUP_NUMBERS = {"kv_cache_tokens": _KV_TOKENS, "max_concurrency": _MAX_CONCURRENCY,
+                    "logged_max_num_batched_tokens": _BATCHED_TOKENS, "logged_gpu_memory_utilization": _GPU_MEM_UTIL,
+                    "gpu_free_memory_bytes": _FREE_MEMORY, "kv_cache_memory_bytes": _KV_RESERVED,
+                    "model_memory_bytes": _MODEL_MEMORY}
 # "non-default args: {'tokenizer': '/tmp/tiny', 'max_model_len': 2048, ...}": the flags the run set.
 _NON_DEFAULT = re.compile(r"non-default args: (\{.*\})")
 _STARTUP_KEYS = ("GPU KV cache size", "Maximum concurrency", "max_num_batched_tokens=", "Desired GPU memory",
@@ -94,8 +101,8 @@ def parse_log(text: str) -> VllmLog:
         lines += 1
         for key, pattern in STAT_FIELDS.items():
             m = re.search(pattern, line)
-            if m:
-                stats[key].append(float(m.group(1)))
+            if m and (value := parse_float(m.group(1))) is not None:
+                stats[key].append(value)
     text = "\n".join(startup)
     out: dict[str, Any] = {"stats_lines": lines, "skipped_lines": skipped}
     for key, values in stats.items():
@@ -104,20 +111,20 @@ def parse_log(text: str) -> VllmLog:
             out[f"{key}_mean"] = sum(values) / len(values)
     if stats["preemptions"]:
         out["preemptions_total"] = int(sum(stats["preemptions"]))
-    if m := _KV_TOKENS.search(text):
-        out["kv_cache_tokens"] = int(m.group(1).replace(",", ""))
-    if m := _MAX_CONCURRENCY.search(text):
-        out["max_concurrency"] = float(m.group(2))
-    if m := _BATCHED_TOKENS.search(text):
-        out["logged_max_num_batched_tokens"] = int(m.group(1))
-    if m := _GPU_MEM_UTIL.search(text):
-        out["logged_gpu_memory_utilization"] = float(m.group(1))
-    if m := _FREE_MEMORY.search(text):
-        out["gpu_free_memory_bytes"] = int(float(m.group(1)) * GIB)
-    if m := _KV_RESERVED.search(text):
-        out["kv_cache_memory_bytes"] = int(float(m.group(1) or m.group(2)) * GIB)
-    if m := _MODEL_MEMORY.search(text):
-        out["model_memory_bytes"] = int(float(m.group(1)) * GIB)
+    # Start-up facts: each through the one text-to-number parser (an odd number, "1..2" or 5,000 digits, is
+    # not a number and the fact stays unknown).
+    found = {key: pattern.search(text) for key, pattern in _STARTUP_NUMBERS.items()}
+    if (m := found["kv_cache_tokens"]) and (v := parse_int(m.group(1))) is not None:
+        out["kv_cache_tokens"] = v
+    if (m := found["max_concurrency"]) and (v := parse_float(m.group(2))) is not None:
+        out["max_concurrency"] = v
+    if (m := found["logged_max_num_batched_tokens"]) and (v := parse_int(m.group(1))) is not None:
+        out["logged_max_num_batched_tokens"] = v
+    if (m := found["logged_gpu_memory_utilization"]) and (v := parse_float(m.group(1))) is not None:
+        out["logged_gpu_memory_utilization"] = v
+    for key in ("gpu_free_memory_bytes", "kv_cache_memory_bytes", "model_memory_bytes"):
+        if (m := found[key]) and (v := parse_float(m.group(1) or m.group(m.lastindex or 1))) is not None:
+            out[key] = int(v * GIB)
     if m := _NON_DEFAULT.search(text):
         # Only literal values (objects such as ProfilerConfig(...) are skipped).
         out["non_default_args"] = {k: _literal(v) for k, v in _LITERAL_ARG.findall(m.group(1))}

@@ -1,0 +1,59 @@
+"""The one way text and JSON values become numbers, wherever profkit reads them (logs, JSON files, command lines,
+export metadata): ASCII digits only, thousands separators only in well-formed groups, a bounded number of digits,
+finite values. Anything else is not a number (None), never an exception: a 5,000-digit "integer" would raise in
+Python's int() (its 4,300-digit limit), and no count, size or time a GPU run produces has more than a few dozen
+digits.
+
+At the bottom of the package: imports nothing of profkit."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+MAX_DIGITS = 40  # int64 has 19 digits; a byte count of any real machine fewer still
+_INT = re.compile(r"[+-]?(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)")
+_FLOAT = re.compile(r"[+-]?(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]{1,3})?"
+                    r"|[+-]?\.[0-9]+(?:[eE][+-]?[0-9]{1,3})?")
+
+
+def parse_int(text: Any) -> int | None:
+    """`"1,234"` -> 1234; None for anything that is not a plainly written integer of at most MAX_DIGITS digits."""
+    if not isinstance(text, str) or len(text) > 2 * MAX_DIGITS:
+        return None
+    text = text.strip()
+    if not _INT.fullmatch(text) or sum(c.isdigit() for c in text) > MAX_DIGITS:
+        return None
+    return int(text.replace(",", ""))
+
+
+def parse_float(text: Any) -> float | None:
+    """`"12.5"`, `"1,024.0"`, `"3e9"` -> a finite float; None for `"..."`, `"1..2"`, `"nan"`, `"1,2,,3"`, text."""
+    if not isinstance(text, str) or len(text) > 2 * MAX_DIGITS:
+        return None
+    text = text.strip()
+    if not _FLOAT.fullmatch(text) or sum(c.isdigit() for c in text) > MAX_DIGITS:
+        return None
+    value = float(text.replace(",", ""))
+    return value if math.isfinite(value) else None
+
+
+def json_int(value: Any) -> int | None:
+    """A JSON value that is an integer (not a bool, not a float), else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def json_number(value: Any) -> float | int | None:
+    """A JSON value that is a finite number (not a bool), else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return value if isinstance(value, int) or math.isfinite(value) else None
+
+
+def json_int_literal(text: str) -> int:
+    """`parse_int` for the JSON decoder's integer literals: over MAX_DIGITS digits raises ValueError, which the
+    JSON reader turns into one line naming the file (Python's own limit would raise at 4,300 digits, uncaught)."""
+    if len(text) > MAX_DIGITS + 1:
+        raise ValueError(f"an integer of {len(text.lstrip('-'))} digits")
+    return int(text)
