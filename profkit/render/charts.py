@@ -24,6 +24,7 @@ plt.rcParams.update({
     "axes.spines.top": False,
     "axes.spines.right": False,
     "svg.hashsalt": "profkit",  # deterministic ids: the same report renders the same bytes
+    "text.parse_math": False,  # trace text is plain text: a kernel named "$x^$" is not TeX to parse
 })
 BUSY, IDLE, ACCENT = "#2b7bb9", "#e4572e", "#76b041"
 PHASE_COLORS = ("#8e44ad", "#d4a017")
