@@ -19,13 +19,17 @@ compared with the peak of the precision the GEMMs run in (FP8 weights: the FP8 p
 from __future__ import annotations
 
 import json
+import math
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from profkit.evidence.model_config import DTYPE_BYTES, ModelShape
+from profkit.numbers import json_number
 
 PEAKS = Path(__file__).resolve().parent / "gpu_peaks.json"
+# The memory bandwidth a GPU can have (bytes/s): a figure outside, from an export's GPU row, is not used.
+MIN_BANDWIDTH, MAX_BANDWIDTH = 1e11, 1e14
 FP8_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_per_token_head")
 # Quantization methods whose weights are 8-bit floats (the FP8 tensor-core peak applies) or fewer bits.
 EIGHT_BIT = ("fp8", "fp8_per_tensor", "fp8_per_block", "fp8_per_channel", "fbgemm_fp8", "modelopt", "mxfp8",
@@ -91,8 +95,11 @@ def efficiency_section(gpu_name: str | None, model: ModelShape | None, config: d
     the benchmark's mean prompt and output tokens per request (the decode context where the step annotations do
     not carry it)."""
     peak = gpu_peak(gpu_name)
-    if isinstance(export_bandwidth, (int, float)) and not isinstance(export_bandwidth, bool) \
-            and 1e10 < export_bandwidth < 1e14:
+    withheld: list[str] = []
+    if (json_number(export_bandwidth) or 0) > 0 and not MIN_BANDWIDTH < export_bandwidth < MAX_BANDWIDTH:
+        withheld.append(f"the export's GPU row gives a memory bandwidth of {export_bandwidth / 1e9:,.1f} GB/s, outside "
+                        "any GPU's (100 GB/s to 100 TB/s): not used")
+    elif json_number(export_bandwidth) is not None:
         if peak is None:
             peak = {"name": gpu_name, "bf16_tflops": None, "fp8_tflops": None,
                     "bandwidth_tbs": export_bandwidth / 1e12, "source": "the trace's TARGET_INFO_GPU.memoryBandwidth"}
@@ -130,11 +137,51 @@ def efficiency_section(gpu_name: str | None, model: ModelShape | None, config: d
         out["model_shape"] = {**shape, **_rates(shape["flops"], shape["bytes"], seconds, compute_peak, peak)}
     out["phases"] = phase_estimates(model, steps, bits, kv, tp, compute_peak, peak,
                                     _decode_context(counters, requests, request_tokens))
+    withheld += _withhold_impossible(out, from_export=bool(peak and "TARGET_INFO_GPU" in str(peak.get("source"))))
+    if withheld:
+        out["withheld"] = withheld
     best = out["vllm_counters"] or out["model_shape"]
     out["window"] = {"seconds": seconds, "from": "vLLM's counters" if out["vllm_counters"] else
                      "the model's shape" if out["model_shape"] else None,
                      **({k: best[k] for k in ("tflops", "tbs", "mfu", "mbu", "intensity")} if best else {})}
     return out
+
+
+def _withhold_impossible(out: dict[str, Any], from_export: bool) -> list[str]:
+    """Physics as the bound: MFU and MBU are shares of the peak (0..1) and FLOPs, bytes and times are never
+    negative. A figure outside (and the rates it came from) comes from inconsistent inputs: it is set to None
+    here, never printed, and the returned line names the inputs it came from."""
+    peak_from = "the export's GPU row" if from_export else "profkit's peak table"
+    estimates = [(out.get("vllm_counters"), "vLLM's own counters", "vLLM's estimated FLOP and byte counters"),
+                 (out.get("model_shape"), "the model's shape", "the model config's shape or vLLM's token counters")]
+    estimates += [(row, f"the {row['phase']} steps", "the step annotations or the model config")
+                  for row in (out.get("phases") or {}).get("rows") or []]
+    lines = []
+    for est, label, inputs in estimates:
+        if not est:
+            continue
+        amounts = [est.get("flops"), est.get("bytes"), est.get("seconds"), est.get("attention_pairs"),
+                   *(est.get("parts") or {}).values()]
+        if any(isinstance(v, (int, float)) and (v < 0 or not math.isfinite(v)) for v in amounts):
+            _clear(est, "flops", "bytes", "tflops", "tbs", "mfu", "mbu", "intensity", "attention_pairs", "parts")
+            lines.append(f"{label}: every figure (a negative amount of work: {inputs} are inconsistent)")
+            continue
+        over = [name for key, name in (("mfu", "MFU"), ("mbu", "MBU"))
+                if est.get(key) is not None and not 0 <= est[key] <= 1]
+        if over:
+            if "MFU" in over:
+                _clear(est, "flops", "tflops", "mfu", "intensity")
+            if "MBU" in over:
+                _clear(est, "bytes", "tbs", "mbu", "intensity", "parts")
+            lines.append(f"{label}: {' and '.join(over)} and the rates behind {'them' if len(over) > 1 else 'it'} "
+                         f"(above the GPU's peak: {inputs} or {peak_from} are inconsistent)")
+    return lines
+
+
+def _clear(est: dict[str, Any], *keys: str) -> None:
+    for key in keys:
+        if key in est:
+            est[key] = None
 
 
 def _rates(flops: float, moved: float, seconds: float, compute_peak: float | None,

@@ -76,7 +76,7 @@ def efficiency_view(report: dict[str, Any]) -> dict[str, Any] | None:
             "ridge": _num(point, 0) if point else None, "estimates": estimates, "reading": reading,
             "phases": phases.get("from") and f"Phases: from {phases['from']} and the model's shape; each phase's "
                                              "time is its steps' own (start to the next step's start).",
-            "phases_note": phases.get("note"),
+            "phases_note": phases.get("note"), "withheld": list(eff.get("withheld") or []),
             "metrics": _metrics(eff.get("gpu_metrics")), "chart": _chart_data(eff, estimates)}
 
 

@@ -91,7 +91,7 @@ def efficiency_lines(report: dict[str, Any]) -> list[str]:
             "TB/s": lambda r: r["tbs"], "MBU": lambda r: r["mbu"], "FLOP/byte": lambda r: r["intensity"],
             "roofline": lambda r: r["side"]}, 4))
     for line in (view["phases"], view["phases_note"] and f"Per phase: not measured: {view['phases_note']}.",
-                 view["reading"]):
+                 *(f"Withheld: {w}." for w in view["withheld"]), view["reading"]):
         if line:
             out.append(f"  {terminal(line)}")
     m = view["metrics"]
