@@ -1,0 +1,220 @@
+"""Hostile input of the GPU era (issue 40): model configs, step annotations, GPU rows, host samples, odd numbers.
+
+Every case is a real recording with one thing made wrong: the profiled 14B-shape H100 run (tests/data/h100_phases),
+its model config, host samples, bench result and server log. Each case asserts the exit (one error line, never
+the internal error's 70) or, where the report goes on, that no impossible figure is printed and one line says
+which input is inconsistent."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+import sqlite3
+import tarfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from profkit.analysis.efficiency import efficiency_section
+from profkit.evidence.model_config import parse_model_config
+from profkit.numbers import parse_float, parse_int
+from tests.cli import one_error_line, profkit
+
+DATA = Path(__file__).parent / "data"
+EXAMPLES = int(__import__("os").environ.get("PROFKIT_FUZZ_EXAMPLES", "60"))
+
+
+@pytest.fixture(scope="module")
+def bf16(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("phases")
+    with tarfile.open(DATA / "h100_phases" / "bf16.tar.xz") as tar:
+        tar.extractall(out, filter="data")
+    return out / "bf16"
+
+
+def _edited(src: Path, dst: Path, edit) -> Path:
+    data = json.loads(src.read_text())
+    edit(data)
+    dst.write_text(json.dumps(data))
+    return dst
+
+
+# ---------------------------------------------------------------------------------------------- numbers as text
+
+@pytest.mark.parametrize(("text", "value"), [("253,392", 253392), ("12", 12), (" 7 ", 7), ("1,2,,3", None),
+                                             ("1,2345", None), ("9" * 41, None), ("٣", None), ("", None),
+                                             ("12a", None), ("-3", -3)])
+def test_parse_int(text: str, value: int | None) -> None:
+    assert parse_int(text) == value
+
+
+@pytest.mark.parametrize(("text", "value"), [("12.5", 12.5), ("1,024.0", 1024.0), ("3e9", 3e9), ("...", None),
+                                             ("..", None), ("1..2", None), ("nan", None), ("inf", None),
+                                             ("1e999", None), ("1.2.3", None), (".5", 0.5)])
+def test_parse_float(text: str, value: float | None) -> None:
+    assert parse_float(text) == value
+
+
+@settings(max_examples=EXAMPLES * 10, deadline=None)
+@given(st.text(alphabet=st.sampled_from("0123456789,.eE+- x٣"), max_size=120))
+def test_text_never_raises_as_a_number(text: str) -> None:
+    i, f = parse_int(text), parse_float(text)
+    assert i is None or isinstance(i, int)
+    assert f is None or math.isfinite(f)
+
+
+# ------------------------------------------------------------------------------------- JSON past Python's limits
+
+@pytest.mark.parametrize("what", ["model-config.json", "host.json", "bench.json"])
+def test_a_5000_digit_integer_is_one_line_naming_the_file(bf16: Path, tmp_path: Path, what: str) -> None:
+    text = (bf16 / what).read_text().rstrip()
+    bad = tmp_path / what
+    bad.write_text(text[:-1] + ', "x": ' + "9" * 5000 + "}")
+    option = {"model-config.json": "--model-config", "host.json": "--host", "bench.json": "--bench"}[what]
+    line = one_error_line(profkit("report", "--bench", bf16 / "bench.json", option, bad), str(bad))
+    assert "5000 digits" in line
+
+
+# ------------------------------------------------------------------------------------------- vLLM log numbers
+
+@pytest.mark.parametrize("odd", ["9" * 5000, "1,2,,3", "..", "...", "1..2", "٢٥٣"])
+def test_odd_numbers_in_the_log_leave_the_fact_unknown(bf16: Path, tmp_path: Path, odd: str) -> None:
+    log = (bf16 / "server.log").read_text()
+    assert "GPU KV cache size: 253,392 tokens" in log and "Maximum concurrency for 2,048 tokens per request:" in log
+    log = log.replace("GPU KV cache size: 253,392 tokens", f"GPU KV cache size: {odd} tokens")
+    log = re.sub(r"(Maximum concurrency for 2,048 tokens per request: )[0-9.]+x", rf"\g<1>{odd}x", log)
+    log = re.sub(r"Avg prompt throughput: [0-9.]+", f"Avg prompt throughput: {odd}", log)
+    (tmp_path / "server.log").write_text(log)
+    r = profkit("report", "--vllm-log", tmp_path / "server.log", "--bench", bf16 / "bench.json", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    vllm = json.loads(r.stdout)["facts"]
+    assert vllm["vllm.kv_cache_tokens"] is None
+    good = json.loads(profkit("report", "--vllm-log", bf16 / "server.log", "--format", "json").stdout)["facts"]
+    assert good["vllm.kv_cache_tokens"] == 253392
+
+
+# ---------------------------------------------------------------------------------------------- model configs
+
+@pytest.mark.parametrize(("edit", "needle"), [
+    (lambda c: c.update(num_attention_heads="40"), "num_attention_heads is '40', not an integer"),
+    (lambda c: c.update(num_attention_heads=True), "num_attention_heads is True, not an integer"),
+    (lambda c: c.update(num_key_value_heads=80), "80 KV heads do not divide 40 attention heads"),
+    (lambda c: c.update(num_key_value_heads=7), "7 KV heads do not divide 40 attention heads"),
+    (lambda c: c.update(hidden_size=5120 * 10**6), "hidden_size = 5120000000 is not a plausible model size"),
+    (lambda c: c.update(num_hidden_layers=-48), "num_hidden_layers = -48 is not a plausible model size"),
+    (lambda c: c.update(vocab_size=32000.0), "vocab_size is 32000.0, not an integer"),
+    (lambda c: c.update(intermediate_size=[13824]), "intermediate_size is [13824], not an integer"),
+])
+def test_an_implausible_model_shape_is_one_line_naming_the_field(bf16: Path, tmp_path: Path, edit, needle) -> None:
+    bad = _edited(bf16 / "model-config.json", tmp_path / "config.json", edit)
+    one_error_line(profkit("report", bf16, "--model-config", bad), needle)
+
+
+def test_a_head_count_as_text_is_not_replaced_by_another_key(bf16: Path) -> None:
+    """The old reader skipped a string `num_attention_heads` and took `n_head` (here 8) silently."""
+    cfg = json.loads((bf16 / "model-config.json").read_text())
+    cfg.update(num_attention_heads="40", n_head=8)
+    with pytest.raises(Exception, match="num_attention_heads is '40'"):
+        parse_model_config(cfg, "config.json")
+
+
+# ------------------------------------------------------------------------------------------------ host samples
+
+@pytest.mark.parametrize("pid", [float("nan"), list(range(20_000)), -1, 0, "894", True, 2**40])
+def test_a_host_process_without_a_real_pid_is_left_out(bf16: Path, tmp_path: Path, pid) -> None:
+    host = json.loads((bf16 / "host.json").read_text())
+    victim = host["processes"][1]
+    host["processes"][1] = {**victim, "pid": pid}
+    (tmp_path / "host.json").write_text(json.dumps(host, allow_nan=True))
+    r = profkit("report", "--host", tmp_path / "host.json", "--bench", bf16 / "bench.json", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    processes = json.loads(r.stdout)["host"]["processes"]
+    assert all(isinstance(p["pid"], int) and p["pid"] > 0 for p in processes)
+    assert len(processes) == len([p for p in host["processes"] if p.get("role")]) - 1
+    text = profkit("report", "--host", tmp_path / "host.json", "--bench", bf16 / "bench.json").stdout
+    assert "nan" not in text.split() and len(text) < 50_000
+
+
+# ------------------------------------------------------------------------------------ trace text in the charts
+
+def test_kernel_names_that_look_like_tex_stay_text_in_the_charts(sqlite_path, tmp_path: Path) -> None:
+    trace = tmp_path / "math.sqlite"
+    shutil.copy(sqlite_path("eager_b1"), trace)
+    with sqlite3.connect(trace) as conn:
+        conn.execute("UPDATE StringIds SET value = '$x^' || value || '$' "
+                     "WHERE id IN (SELECT demangledName FROM CUPTI_ACTIVITY_KIND_KERNEL)")
+    r = profkit("report", trace, "--format", "html")
+    assert r.returncode == 0, r.stderr
+    assert "$x^" in r.stdout
+
+
+# ---------------------------------------------------------------------------------------- physics as the bound
+
+SHARES = ("mfu", "mbu")
+AMOUNTS = ("flops", "bytes", "tflops", "tbs", "seconds", "attention_pairs")
+
+
+def _estimates(eff: dict) -> list[dict]:
+    rows = [eff.get("vllm_counters"), eff.get("model_shape"), *((eff.get("phases") or {}).get("rows") or [])]
+    return [r for r in rows if r]
+
+
+def assert_physical(eff: dict | None) -> None:
+    """Every share of a peak within 0..1 and no amount negative, in the section every format renders."""
+    for est in _estimates(eff or {}):
+        for key in SHARES:
+            assert est.get(key) is None or 0 <= est[key] <= 1, (key, est.get(key))
+        for key in AMOUNTS:
+            assert est.get(key) is None or est[key] >= 0, (key, est.get(key))
+        for value in (est.get("parts") or {}).values():
+            assert value is None or value >= 0
+
+
+def test_a_model_too_big_for_the_run_withholds_mfu_and_says_why(bf16: Path, tmp_path: Path) -> None:
+    """A 100x wider model than the one served: every shape-based figure would exceed the H100's peaks."""
+    big = _edited(bf16 / "model-config.json", tmp_path / "config.json",
+                  lambda c: c.update(hidden_size=c["hidden_size"] * 100,
+                                     intermediate_size=c["intermediate_size"] * 100))
+    doc = json.loads(profkit("report", bf16, "--model-config", big, "--format", "json").stdout)
+    eff = doc["efficiency"]
+    assert_physical(eff)
+    assert eff["model_shape"]["mfu"] is None and eff["model_shape"]["tflops"] is None
+    assert any(w.startswith("the model's shape: MFU and MBU") for w in eff["withheld"])
+    assert doc["facts"]["efficiency.prefill_mfu"] is None
+    for fmt in ("text", "md", "html"):
+        out = profkit("report", bf16, "--model-config", big, "--format", fmt).stdout
+        assert "Withheld: the model" in out.replace("&#39;", "'")
+        assert not re.search(r"\b\d{4,}(?:,\d{3})*\.\d%", out)  # no MFU of thousands of percent
+    # the real config: nothing withheld
+    good = json.loads(profkit("report", bf16, "--format", "json").stdout)["efficiency"]
+    assert "withheld" not in good and good["phases"]["rows"][0]["mfu"] > 0.3
+
+
+@pytest.mark.parametrize("bandwidth", [1.1e10, 1.2e10, 5e14])
+def test_an_export_bandwidth_no_gpu_has_is_not_used(bf16: Path, bandwidth: float) -> None:
+    shape = parse_model_config(json.loads((bf16 / "model-config.json").read_text()), "config.json")
+    eff = efficiency_section("NVIDIA Unknown GPU", shape, {}, {}, 10.0, 100, export_bandwidth=bandwidth)
+    assert eff["gpu"].get("bandwidth_tbs") is None
+    assert any("outside any GPU's" in w for w in eff["withheld"])
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(head_dim=st.integers(1, 1024), layers=st.integers(1, 10_000), heads=st.sampled_from([1, 2, 8, 40, 64]),
+       group=st.sampled_from([1, 2, 4, 8]), counters=st.lists(st.floats(-1e20, 1e22), min_size=6, max_size=6),
+       seconds=st.floats(1e-9, 1e4), bandwidth=st.one_of(st.none(), st.floats(-1e15, 1e15)))
+def test_every_efficiency_figure_is_physical_or_withheld(head_dim, layers, heads, group, counters, seconds,
+                                                         bandwidth) -> None:
+    hidden, kv_heads = heads * head_dim, heads // group if heads % group == 0 else heads
+    shape = parse_model_config({"hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
+                                "num_key_value_heads": kv_heads, "intermediate_size": 4 * hidden,
+                                "vocab_size": 32000, "torch_dtype": "bfloat16"}, "config.json")
+    names = ["flops", "read_bytes", "write_bytes"]
+    delta = {f"vllm:estimated_{n}_per_gpu_total": v for n, v in zip(names, counters[:3], strict=True)}
+    delta.update({"vllm:iteration_tokens_total_count": abs(counters[3]), "vllm:prompt_tokens_total": counters[4],
+                  "vllm:generation_tokens_total": abs(counters[5]), "vllm:request_success_total": 10.0})
+    eff = efficiency_section("NVIDIA H100 80GB HBM3", shape, {}, delta, seconds, 10, export_bandwidth=bandwidth)
+    assert_physical(eff)
