@@ -14,8 +14,9 @@ from profkit.units import change_from, change_to, clip, ns, pct, size
 def _table(rows: list[dict[str, Any]], columns: dict[str, Any], limit: int) -> str:
     if not rows:
         return "  (none)"
+    limit = max(limit, 0)  # a negative count would slice from the end
     table = [{title: terminal(fmt(r)) for title, fmt in columns.items()} for r in rows[:limit]]  # one line a cell
-    widths = {c: max(len(c), *(len(row[c]) for row in table)) for c in columns}
+    widths = {c: max([len(c), *(len(row[c]) for row in table)]) for c in columns}
     lines = ["  ".join(c.ljust(widths[c]) for c in columns).rstrip()]
     lines += ["  ".join(v.ljust(widths[c]) for c, v in row.items()).rstrip() for row in table]
     more = f"\n  ... {len(rows) - limit} more" if len(rows) > limit else ""
