@@ -218,3 +218,24 @@ def test_every_efficiency_figure_is_physical_or_withheld(head_dim, layers, heads
                   "vllm:generation_tokens_total": abs(counters[5]), "vllm:request_success_total": 10.0})
     eff = efficiency_section("NVIDIA H100 80GB HBM3", shape, {}, delta, seconds, 10, export_bandwidth=bandwidth)
     assert_physical(eff)
+
+
+@pytest.mark.parametrize("how", ["absent", "null"])
+def test_a_torch_trace_without_durations_renders_in_every_format(tmp_path: Path, how: str) -> None:
+    """No kernel time at all: shares of it are unknown (None), and the charts say "-" instead of multiplying."""
+    import gzip
+
+    from tests.conftest import FIXTURES
+
+    doc = json.loads(gzip.decompress((FIXTURES / "h100_toy" / "torch_eager_b1.json.gz").read_bytes()))
+    for e in doc["traceEvents"]:
+        if "dur" in e:
+            del e["dur"]
+            if how == "null":
+                e["dur"] = None
+    trace = tmp_path / "nodur.json.gz"
+    trace.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    for fmt in ("text", "md", "json", "html"):
+        r = profkit("report", trace, "--format", fmt)
+        assert r.returncode == 0, r.stderr
+    assert json.loads(profkit("report", trace, "--format", "json").stdout)["gpu"]["busy_ns"] == 0

@@ -15,7 +15,7 @@ matplotlib.use("svg")  # no display, no raster backend needed
 
 import matplotlib.pyplot as plt  # noqa: E402
 
-from profkit.units import clip, ns  # noqa: E402
+from profkit.units import clip, ns, pct  # noqa: E402
 
 plt.rcParams.update({
     "svg.fonttype": "none",  # text stays <text>: smaller files, selectable, searchable
@@ -92,7 +92,7 @@ def ranks_chart(report: dict[str, Any]) -> str:
 def category_chart(report: dict[str, Any]) -> str:
     cats = report["categories"]
     return _barh([c["category"] for c in cats], [c["total_ns"] / 1e6 for c in cats], "kernel time (ms)",
-                 annotate=[f"{100 * c['share']:.1f}%" for c in cats])
+                 annotate=[pct(c["share"]) for c in cats])  # no kernel time at all: no share
 
 
 def top_kernels_chart(report: dict[str, Any], top: int = 12) -> str:
