@@ -1,0 +1,160 @@
+"""What the model needs of a measured run, read from its report document (`profkit.report/1`): the workload, the
+engine's settings, the memory the KV cache got and what else holds the GPU's memory, the hardware's peaks, the
+model's bytes and FLOPs per token, the measured figures, and the host's CPU. Reading the document (the contract
+every format renders) keeps the model independent of how the report was assembled.
+
+`observe(doc)` returns an `Observation`, or raises `Unobservable` naming what the run lacks (a benchmark result,
+the KV cache's size, the model's shape)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from profkit.numbers import json_number
+
+GIB = 1 << 30
+
+
+class Unobservable(ValueError):
+    """The run lacks what the model is calibrated on."""
+
+
+@dataclass(frozen=True)
+class Measured:
+    request_throughput: float  # req/s
+    output_throughput: float  # tok/s
+    ttft_mean_s: float | None
+    tpot_mean_s: float | None
+    elapsed_s: float
+    preemptions: float | None
+    ttft_p99_s: float | None = None
+    tpot_p99_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Bytes of one GPU's memory: the KV cache's, the weights', and what vLLM's start-up measured besides."""
+
+    kv_bytes: float  # the KV cache vLLM allocated
+    kv_tokens: int  # its capacity in tokens
+    weights_bytes: float | None  # "Model loading took"
+    total_bytes: float | None  # the GPU's memory (the start-up line, else the peak table)
+    utilization: float | None  # --gpu-memory-utilization in force
+    kv_given: bool  # the KV cache's size was set with --kv-cache-memory-bytes
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        return self.kv_bytes / self.kv_tokens
+
+
+@dataclass(frozen=True)
+class Observation:
+    requests: int
+    prompt_tokens: int
+    output_tokens: int
+    request_rate: float | None
+    max_concurrency: int | None
+    config: dict[str, Any]  # effective settings: {dest: value}
+    memory: Memory
+    measured: Measured
+    bandwidth_bps: float  # the GPU's peak memory bandwidth, bytes/s
+    compute_flops: float  # its dense peak for the GEMMs' precision, FLOP/s
+    fp8_flops: float | None  # its FP8 peak (for --quantization fp8)
+    matmul_params: float  # weights every token multiplies (per GPU)
+    weight_bits: int
+    layers_heads_dim: float  # layers x attention heads x head dim (per GPU): attention FLOPs per pair / 4
+    gpu: str | None
+    phase_mfu: float | None = None  # the run's own prefill-bearing steps' MFU (vLLM's step annotations)
+    phase_mbu: float | None = None  # its decode-only steps' MBU
+    decode_step_s: float | None = None  # its decode-only steps' mean time
+    api_server_cpu: float | None = None  # cores the API server used, on average (host samples)
+    api_server_saturated: float | None = None  # share of samples with it at one core
+    notes: list[str] = field(default_factory=list)
+
+
+def _num(value: Any) -> float | None:
+    v = json_number(value)
+    return None if v is None else float(v)
+
+
+def observe(doc: dict[str, Any]) -> Observation:
+    """The model's inputs from a report document; `Unobservable` names the first thing missing."""
+    vllm = doc.get("vllm") or {}
+    bench = vllm.get("bench") or {}
+    facts = doc.get("facts") or {}
+    config = {k: (v or {}).get("value") for k, v in (vllm.get("config") or {}).items()}
+    eff = doc.get("efficiency") or {}
+    n, elapsed = _num(bench.get("num_requests")), _num(bench.get("elapsed_s"))
+    rps, inp, out = (_num(bench.get(k)) for k in ("requests_per_second", "input_tokens", "output_tokens"))
+    if not (n and elapsed and rps and inp is not None and out):
+        raise Unobservable("no benchmark result with its requests, duration and token counts (--bench, or a "
+                           "capture folder's bench.json from vllm bench serve)")
+    kv_tokens, kv_bytes = facts.get("vllm.kv_cache_tokens"), _num(facts.get("vllm.kv_cache_memory_bytes"))
+    if not kv_tokens or not kv_bytes:
+        raise Unobservable("the KV cache's size is unknown (vLLM's log: 'GPU KV cache size', 'KV cache memory')")
+    model, gpu, prec = eff.get("model") or {}, eff.get("gpu") or {}, eff.get("precision") or {}
+    params, bits = _num(model.get("matmul_params")), prec.get("weight_bits")
+    if not params or not bits:
+        raise Unobservable("the model's shape or precision is unknown (the model's config.json: --model-config)")
+    bandwidth, bf16 = _num(gpu.get("bandwidth_tbs")), _num(gpu.get("bf16_tflops"))
+    if not bandwidth or not bf16:
+        raise Unobservable(f"the GPU's peaks are unknown ({gpu.get('name') or 'no GPU name'} is not in profkit's "
+                           "peak table)")
+    tp = config.get("tensor_parallel_size") or 1
+    fp8 = _num(gpu.get("fp8_tflops"))
+    compute = fp8 if bits <= 8 and fp8 else bf16
+    memory = Memory(kv_bytes=kv_bytes, kv_tokens=int(kv_tokens),
+                    weights_bytes=_num(facts.get("vllm.model_memory_bytes")),
+                    total_bytes=_total_memory(vllm, gpu), utilization=_num(config.get("gpu_memory_utilization")),
+                    kv_given=config.get("kv_cache_memory_bytes") is not None)
+    ms = (lambda key: None if _num(bench.get(key)) is None else _num(bench.get(key)) / 1e3)  # noqa: E731
+    measured = Measured(request_throughput=rps, output_throughput=_num(bench.get("output_throughput")) or out / elapsed,
+                        ttft_mean_s=ms("ttft_mean_ms"), tpot_mean_s=ms("tpot_mean_ms"), elapsed_s=elapsed,
+                        preemptions=_num(facts.get("vllm.preemptions")), ttft_p99_s=ms("ttft_p99_ms"),
+                        tpot_p99_s=ms("tpot_p99_ms"))
+    phases = {row.get("phase"): row for row in (eff.get("phases") or {}).get("rows") or []}
+    steps = (doc.get("steps") or {}).get("decode-only") or {}
+    decode_step = (_num(steps.get("cycle_ns")) or 0) / max(steps.get("count") or 0, 1) / 1e9 or None
+    peak_in_flight = _num(bench.get("peak_concurrent_requests"))
+    concurrency = _num(bench.get("max_concurrency"))
+    if concurrency is None and peak_in_flight and peak_in_flight < n:
+        concurrency = peak_in_flight  # a rate-limited or capped client: what it kept in flight at most
+    return Observation(
+        requests=int(n), prompt_tokens=round(inp / n), output_tokens=max(1, round(out / n)),
+        request_rate=_num(bench.get("request_rate")), max_concurrency=int(concurrency) if concurrency else None,
+        config=config, memory=memory, measured=measured, bandwidth_bps=bandwidth * 1e12,
+        compute_flops=compute * 1e12, fp8_flops=fp8 * 1e12 if fp8 else None, matmul_params=params / tp,
+        weight_bits=int(bits), layers_heads_dim=_attention_width(eff, doc) / tp, gpu=gpu.get("name"),
+        phase_mfu=_num((phases.get("prefill-bearing") or {}).get("mfu")),
+        phase_mbu=_num((phases.get("decode-only") or {}).get("mbu")), decode_step_s=decode_step,
+        api_server_cpu=_num(facts.get("host.api_server_cpu")),
+        api_server_saturated=_num(facts.get("host.api_server_saturated_share")))
+
+
+def _total_memory(vllm: dict[str, Any], gpu: dict[str, Any]) -> float | None:
+    """The GPU's memory as vLLM saw it at start-up, else the peak table's (decimal GB)."""
+    logged = _num((vllm.get("log") or {}).get("gpu_total_memory_bytes"))
+    if logged:
+        return logged
+    table = _num(gpu.get("memory_gb"))
+    return table * 1e9 if table else None
+
+
+def _attention_width(eff: dict[str, Any], doc: dict[str, Any]) -> float:
+    """Layers x attention heads x head dim: attention's FLOPs per (query, key) pair are 4x this. From the phases'
+    own figures where they exist (FLOPs over pairs), else the matmul weights' share of a Llama-shaped layer."""
+    for row in (eff.get("phases") or {}).get("rows") or []:
+        pairs, flops, tokens = _num(row.get("attention_pairs")), _num(row.get("flops")), row.get("tokens") or {}
+        params = _num((eff.get("model") or {}).get("matmul_params"))
+        total = sum(v for v in tokens.values() if isinstance(v, (int, float)))
+        if pairs and flops and params and total:
+            width = (flops - 2.0 * params * total) / (4.0 * pairs)
+            if width > 0:
+                return width
+    params = _num((eff.get("model") or {}).get("matmul_params")) or 0.0
+    shape = (eff.get("model") or {}).get("shape") or {}
+    if shape.get("layers") and shape.get("heads") and shape.get("head_dim"):
+        return float(shape["layers"] * shape["heads"] * shape["head_dim"])
+    # A Llama-like proportion: params ~ 12 x layers x hidden^2 and heads x head dim = hidden, at hidden 4096.
+    return params / 12.0 / 4096.0

@@ -1,0 +1,287 @@
+"""Calibrate the step-level simulation on the measured run, then predict the run under other flag values.
+
+Calibration: a step's costs start from the hardware's peaks, the model's bytes and FLOPs per token and the run's
+own efficiencies where vLLM's step annotations measured them (decode MBU, prefill MFU); two factors (one on the
+memory-bound work, one on the arithmetic) are then fitted so that the simulated benchmark takes the measured
+time and gives the measured mean TPOT. What was not fitted (mean TTFT, preemptions) is the model's own error on
+the run it knows best, and widens every range.
+
+A change moves the simulation's inputs, and only those the change physically moves: the KV cache's size
+(`--gpu-memory-utilization`, `--kv-cache-memory-bytes`, FP8 KV cache or weights), the scheduler's caps
+(`--max-num-seqs`, `--max-num-batched-tokens`), the bytes and arithmetic rate of a step (FP8 weights: half the
+bytes, a GEMM rate between 1.2x and 1.9x, the two ends simulated), the per-step overhead (CUDA graphs off or on),
+the API servers' ceiling. A flag the model does not know is listed as unmodelled, never guessed."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from profkit.model.observe import Observation
+from profkit.model.simulate import Engine, SimResult, StepCost, Workload, simulate
+
+SCHEMA = "profkit.prediction/1"
+METRICS = (("request_throughput", "req/s"), ("output_throughput", "tok/s"), ("ttft_mean_ms", "ms"),
+           ("tpot_mean_ms", "ms"))
+# The run-to-run spread of a benchmark against one server with distinct seeds, when the run has no replicates:
+# GPU-bound runs measured 0.4 % (14B, 3 replicates), short serve runs up to 7 % (tests/data READMEs).
+DEFAULT_NOISE = 0.03
+# What FP8 does to a step's costs, as (low, middle, high) factors, each end simulated. GEMMs: the dense peak
+# doubles, and vLLM's FP8 GEMMs realise 1.3-2.2x the 16-bit rate (the 14B-shape run's prefill-bearing steps: 464 ->
+# 1,039 TFLOP/s, tests/data/h100_phases). Attention over an FP8 KV cache reads half the bytes but dequantises as it
+# goes: the same run's decode-only steps reached 35 % of the bandwidth with FP8 against 75 % in 16 bits, so a cached
+# token costs 0.5-1.0x its 16-bit time.
+FP8_GEMM_SPEEDUP = (1.3, 1.7, 2.2)
+FP8_KV_TOKEN_COST = (1.0, 0.8, 0.5)
+# Launching a step's kernels one by one without CUDA graphs: kernels per layer x a launch each.
+KERNELS_PER_LAYER, LAUNCH_S = 14, 5e-6
+GRAPH_OVERHEAD_S = 4e-4
+# The share of the KV cache an admission leaves free: vLLM's scheduler admits less eagerly than a greedy fill (a
+# greedy fill preempts 3x what the 14B run measured; 1 % reproduces it, and was vLLM V0's watermark). Fitted per run
+# where its preemptions are known.
+DEFAULT_RESERVE, RESERVES = 0.01, (0.0, 0.005, 0.01, 0.02, 0.04, 0.08)
+MODELLED = {"gpu_memory_utilization", "kv_cache_memory_bytes", "kv_cache_dtype", "quantization", "max_num_seqs",
+            "max_num_batched_tokens", "max_model_len", "enforce_eager", "api_server_count"}
+
+
+@dataclass(frozen=True)
+class Calibrated:
+    observation: Observation
+    workload: Workload
+    engine: Engine
+    cost: StepCost
+    memory_factor: float  # the fitted factor on the memory-bound work (1: the prior was right)
+    compute_factor: float
+    baseline: SimResult
+    fit_error: dict[str, float]  # |log(simulated / measured)| of each metric, fitted or not
+
+
+@dataclass
+class Prediction:
+    changes: dict[str, Any]
+    metrics: dict[str, dict[str, float | None]]
+    limit_before: str
+    limit_after: str
+    reasoning: list[str]
+    unmodelled: list[str]
+    trades: list[str] = field(default_factory=list)
+
+    def document(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, "changes": self.changes, "metrics": self.metrics, "limit": {
+            "before": self.limit_before, "after": self.limit_after}, "reasoning": self.reasoning,
+            "unmodelled": self.unmodelled, "trades": self.trades}
+
+
+# ------------------------------------------------------------------------------------------------ calibration
+
+def _prior_cost(obs: Observation, eager: bool) -> StepCost:
+    mbu = obs.phase_mbu if obs.phase_mbu and 0.2 < obs.phase_mbu <= 1 else 0.75
+    mfu = obs.phase_mfu if obs.phase_mfu and 0.1 < obs.phase_mfu <= 1 else 0.55
+    bw, flops = obs.bandwidth_bps * mbu, obs.compute_flops * mfu
+    weights = obs.matmul_params * obs.weight_bits / 8
+    layers = max(1.0, obs.layers_heads_dim / 5120.0)
+    return StepCost(overhead_s=_overhead(eager, layers),
+                    weights_s=weights / bw, token_s=2.0 * obs.matmul_params / flops,
+                    kv_token_s=obs.memory.kv_bytes_per_token / bw, pair_s=4.0 * obs.layers_heads_dim / flops)
+
+
+def _overhead(eager: bool, layers: float) -> float:
+    return GRAPH_OVERHEAD_S + (KERNELS_PER_LAYER * LAUNCH_S * layers if eager else 0.0)
+
+
+def _scaled(cost: StepCost, memory: float, compute: float) -> StepCost:
+    return replace(cost, weights_s=cost.weights_s * memory, kv_token_s=cost.kv_token_s * memory,
+                   token_s=cost.token_s * compute, pair_s=cost.pair_s * compute)
+
+
+def calibrate(obs: Observation) -> Calibrated:
+    """One factor on every step cost, fitted so that the simulated benchmark takes the measured time. (A second
+    factor splitting memory-bound from arithmetic work is not identifiable from the benchmark's figures: both move
+    the duration and TPOT alike; the split comes from the hardware's peaks and the run's own phase efficiencies.)"""
+    work = Workload(obs.requests, obs.prompt_tokens, obs.output_tokens, obs.request_rate, obs.max_concurrency)
+    prior = _prior_cost(obs, bool(obs.config.get("enforce_eager")))
+    m = obs.measured
+    engine = Engine(obs.memory.kv_tokens, int(obs.config.get("max_num_seqs") or 256),
+                    int(obs.config.get("max_num_batched_tokens") or 8192), reserve=DEFAULT_RESERVE)
+    if m.preemptions is not None:  # the cache's slack from the run's own preemptions (each one recomputes)
+        tried = {w: simulate(work, replace(engine, reserve=w), prior).preemptions for w in RESERVES}
+        best = min(tried, key=lambda w: (abs(math.log((tried[w] + 1) / (m.preemptions + 1))), abs(w - DEFAULT_RESERVE)))
+        engine = replace(engine, reserve=best)
+
+    def gap(log_scale: float) -> tuple[float, SimResult]:
+        r = simulate(work, engine, _scaled(prior, math.exp(log_scale), math.exp(log_scale)))
+        return math.log(r.elapsed_s / m.elapsed_s), r
+
+    # secant on log(scale): the duration is close to proportional to the step costs
+    x0, (f0, sim) = 0.0, gap(0.0)
+    x1 = -f0
+    for _ in range(8):
+        f1, sim1 = gap(x1)
+        if abs(f1) < 0.002 or f1 == f0:
+            x0, sim = x1, sim1
+            break
+        x0, x1, f0, sim = x1, max(-4.0, min(4.0, x1 - f1 * (x1 - x0) / (f1 - f0))), f1, sim1
+    scale = math.exp(x0)
+    cost = _scaled(prior, scale, scale)
+    error = {"elapsed": abs(math.log(sim.elapsed_s / m.elapsed_s))}
+    if m.tpot_mean_s:
+        error["tpot"] = abs(math.log(sim.tpot_mean_s / m.tpot_mean_s))
+    if m.ttft_mean_s:
+        error["ttft"] = abs(math.log(max(sim.ttft_mean_s, 1e-6) / m.ttft_mean_s))
+    return Calibrated(obs, work, engine, cost, scale, scale, sim, error)
+
+
+# ------------------------------------------------------------------------------------------------- prediction
+
+def predict(cal: Calibrated, changes: dict[str, Any], noise: float | None = None) -> Prediction:
+    """The run under `changes` ({vLLM dest: value}, e.g. {"kv_cache_dtype": "fp8"}): each metric's prediction with
+    its range, the limit before and after, and the reasoning."""
+    obs = cal.observation
+    unmodelled = sorted(k for k in changes if k not in MODELLED)
+    reasoning: list[str] = []
+    trades: list[str] = []
+    engine, cost, work = cal.engine, cal.cost, cal.workload
+    fp8_weights = _is_fp8(changes.get("quantization")) and obs.weight_bits > 8
+    fp8_kv = _is_fp8(changes.get("kv_cache_dtype")) and obs.memory.kv_bytes_per_token > 0 \
+        and not _is_fp8(obs.config.get("kv_cache_dtype"))
+    # the KV cache's size
+    kv_bytes = _kv_bytes(obs, changes, fp8_weights, reasoning)
+    per_token = obs.memory.kv_bytes_per_token / (2 if fp8_kv else 1)
+    kv_tokens = int(kv_bytes / per_token) if kv_bytes and kv_bytes > 0 else 0
+    if kv_tokens != obs.memory.kv_tokens:
+        reasoning.append(f"KV cache {obs.memory.kv_tokens:,} -> {kv_tokens:,} tokens"
+                         + (" (FP8 KV cache: half the bytes per token)" if fp8_kv else ""))
+    if fp8_kv or fp8_weights:
+        trades.append("changes model precision (FP8): check accuracy before shipping")
+    seqs = int(changes.get("max_num_seqs", engine.max_num_seqs))
+    batched = int(changes.get("max_num_batched_tokens", engine.max_num_batched_tokens))
+    if seqs != engine.max_num_seqs:
+        reasoning.append(f"--max-num-seqs {engine.max_num_seqs} -> {seqs}")
+    if batched != engine.max_num_batched_tokens:
+        reasoning.append(f"--max-num-batched-tokens {engine.max_num_batched_tokens} -> {batched}: prompt chunks "
+                         "per step")
+    limit_len = changes.get("max_model_len")
+    if limit_len is not None and obs.prompt_tokens + obs.output_tokens > int(limit_len):
+        reasoning.append(f"--max-model-len {limit_len} is shorter than the workload's requests "
+                         f"({obs.prompt_tokens + obs.output_tokens} tokens): vLLM would refuse them")
+    new_engine = Engine(max(kv_tokens, 1), seqs, batched, reserve=engine.reserve)
+    # the step's costs
+    eager_before = bool(obs.config.get("enforce_eager"))
+    eager_after = bool(changes.get("enforce_eager", eager_before))
+    layers = max(1.0, obs.layers_heads_dim / 5120.0)
+    overhead = cost.overhead_s - _overhead(eager_before, layers) + _overhead(eager_after, layers)
+    if eager_after != eager_before:
+        reasoning.append(f"CUDA graphs {'off' if eager_after else 'on'}: each step's launch overhead "
+                         f"{cost.overhead_s * 1e3:.2f} -> {overhead * 1e3:.2f} ms")
+    base_cost = replace(cost, overhead_s=overhead)
+    speedups = FP8_GEMM_SPEEDUP if fp8_weights else (1.0, 1.0, 1.0)
+    kv_costs = FP8_KV_TOKEN_COST if fp8_kv else (1.0, 1.0, 1.0)
+    if fp8_weights:
+        reasoning.append(f"FP8 weights: each step reads half the weight bytes; GEMMs {speedups[0]}x-{speedups[-1]}x "
+                         "the 16-bit rate")
+    if fp8_kv:
+        reasoning.append(f"FP8 KV cache: a cached token read in {kv_costs[-1]}x-{kv_costs[0]}x its 16-bit time "
+                         "(half the bytes, dequantised as read)")
+    runs = [simulate(work, new_engine, replace(base_cost, weights_s=base_cost.weights_s / (2 if fp8_weights else 1),
+                                                token_s=base_cost.token_s / g, pair_s=base_cost.pair_s / g,
+                                                kv_token_s=base_cost.kv_token_s * k))
+            for g, k in zip(speedups, kv_costs, strict=True)]
+    if not (fp8_weights or fp8_kv):
+        runs = runs[:1]
+    mid = runs[len(runs) // 2]
+    ceiling = _frontend_ceiling(obs, changes, reasoning)
+    before = cal.baseline
+    spread = (noise if noise is not None else DEFAULT_NOISE) + max(cal.fit_error.values(), default=0.0)
+    metrics: dict[str, dict[str, float | None]] = {}
+    measured = obs.measured
+    for name, _ in METRICS:
+        values = [_metric(r, name, ceiling, obs) for r in runs]
+        base_sim = _metric(before, name, _frontend_ceiling(obs, {}, []), obs)
+        meas = _measured(measured, name)
+        # scale each simulated value by the measured/simulated ratio of the baseline: the fit's bias cancels
+        ratio = meas / base_sim if meas and base_sim else 1.0
+        scaled = [v * ratio for v in values]
+        err = spread + (cal.fit_error.get("ttft", 0.0) if name == "ttft_mean_ms" else 0.0)
+        metrics[name] = {"before": meas, "predicted": _metric(mid, name, ceiling, obs) * ratio,
+                         "low": min(scaled) * math.exp(-err), "high": max(scaled) * math.exp(err)}
+    limit_after = limit_of(mid, new_engine, work, ceiling, obs)
+    limit_before = limit_of(before, engine, work, _frontend_ceiling(obs, {}, []), obs)
+    if mid.batch_mean and before.batch_mean and abs(mid.batch_mean / before.batch_mean - 1) > 0.02:
+        reasoning.append(f"the decoding batch {before.batch_mean:.0f} -> {mid.batch_mean:.0f} requests on average "
+                         f"(at most {before.batch_max} -> {mid.batch_max})")
+    if not math.isnan(mid.decode_step_s) and not math.isnan(before.decode_step_s):
+        reasoning.append(f"a decode step {before.decode_step_s * 1e3:.1f} -> {mid.decode_step_s * 1e3:.1f} ms")
+    if before.preemptions or mid.preemptions:
+        reasoning.append(f"preemptions {before.preemptions} -> {mid.preemptions} (simulated)")
+    rt = metrics["request_throughput"]
+    if rt["before"] and rt["predicted"]:
+        reasoning.append(f"request throughput x{rt['predicted'] / rt['before']:.2f}")
+    return Prediction(changes, metrics, limit_before, limit_after, reasoning, unmodelled, trades)
+
+
+def _is_fp8(value: Any) -> bool:
+    return isinstance(value, str) and value.lower().startswith("fp8")
+
+
+def _kv_bytes(obs: Observation, changes: dict[str, Any], fp8_weights: bool, reasoning: list[str]) -> float:
+    """The KV cache's bytes under the changes: vLLM gives it what the memory budget leaves after the weights and
+    the start-up's activations, or what --kv-cache-memory-bytes says."""
+    mem = obs.memory
+    given = changes.get("kv_cache_memory_bytes")
+    if given is not None:
+        return float(given)
+    freed = mem.weights_bytes / 2 if fp8_weights and mem.weights_bytes else 0.0
+    if fp8_weights and mem.weights_bytes:
+        reasoning.append(f"FP8 weights free {freed / 2**30:.1f} GiB for the KV cache")
+    util = changes.get("gpu_memory_utilization")
+    if util is not None and mem.total_bytes and mem.utilization:
+        delta = (float(util) - mem.utilization) * mem.total_bytes
+        reasoning.append(f"--gpu-memory-utilization {mem.utilization} -> {util}: "
+                         f"{delta / 2**30:+.1f} GiB for the KV cache")
+        return mem.kv_bytes + delta + freed
+    if mem.kv_given:
+        return mem.kv_bytes  # a fixed size: freed weights do not move it
+    return mem.kv_bytes + freed
+
+
+def _frontend_ceiling(obs: Observation, changes: dict[str, Any], reasoning: list[str]) -> float | None:
+    """Output tokens/s the API servers can stream: one saturated server streams what it did; more servers more.
+    None where the host samples do not show the API server near a core."""
+    if obs.api_server_cpu is None or not obs.api_server_saturated or obs.api_server_saturated < 0.25:
+        return None
+    count_before = int(obs.config.get("api_server_count") or 1)
+    count = int(changes.get("api_server_count", count_before))
+    per_server = obs.measured.output_throughput / count_before / max(obs.api_server_cpu / count_before, 0.5)
+    if count != count_before:
+        reasoning.append(f"--api-server-count {count_before} -> {count}: the servers stream up to "
+                         f"{per_server * count:,.0f} tok/s")
+    return per_server * count
+
+
+def _metric(r: SimResult, name: str, ceiling: float | None, obs: Observation) -> float:
+    scale = 1.0
+    if ceiling and r.output_throughput > ceiling:
+        scale = ceiling / r.output_throughput
+    return {"request_throughput": r.request_throughput * scale, "output_throughput": r.output_throughput * scale,
+            "ttft_mean_ms": r.ttft_mean_s * 1e3 / scale, "tpot_mean_ms": r.tpot_mean_s * 1e3 / scale}[name]
+
+
+def _measured(m: Any, name: str) -> float | None:
+    return {"request_throughput": m.request_throughput, "output_throughput": m.output_throughput,
+            "ttft_mean_ms": m.ttft_mean_s * 1e3 if m.ttft_mean_s else None,
+            "tpot_mean_ms": m.tpot_mean_s * 1e3 if m.tpot_mean_s else None}[name]
+
+
+def limit_of(r: SimResult, engine: Engine, work: Workload, ceiling: float | None, obs: Observation) -> str:
+    """What caps the run, in words: the API servers, the KV cache, --max-num-seqs, the client, or the GPU."""
+    if ceiling and r.output_throughput >= ceiling:
+        return "the API server (streaming the tokens)"
+    in_flight = min(work.requests, work.max_concurrency or work.requests)
+    if r.preemptions or r.kv_full_share > 0.2:
+        return "the KV cache's size (it caps the batch)"
+    if r.batch_max >= engine.max_num_seqs and engine.max_num_seqs < in_flight:
+        return "--max-num-seqs (it caps the batch)"
+    if r.batch_max >= in_flight:
+        return "the client's requests in flight (every request is running: the GPU's speed decides)"
+    return "the GPU's step time"
