@@ -31,7 +31,8 @@ from profkit.errors import ProfkitError
 from profkit.escape import one_line, terminal
 from profkit.inputs import read_text
 from profkit.resources import shipped_dir
-from profkit.vllm.command import changes_precision, coerce, dest_of
+from profkit.vllm.command import changes_precision, dest_of
+from profkit.vllm.options import coerce
 
 SEVERITIES = ("critical", "warning", "info")
 SEVERITY_ORDER = {s: i for i, s in enumerate(SEVERITIES)}

@@ -29,7 +29,8 @@ from profkit.compare.gate import Condition, parse_condition
 from profkit.diagnose.priority import candidate_key, priority
 from profkit.diagnose.suggestion import suggest
 from profkit.errors import ProfkitError
-from profkit.vllm.command import UserCommand, changes_precision, normalize_flag, spec_for, takes
+from profkit.vllm.command import UserCommand, changes_precision
+from profkit.vllm.options import normalize_flag, spec_for, takes
 
 SCHEMA = "profkit.tune/1"
 PROFILE_MODES = ("never", "first", "always")
