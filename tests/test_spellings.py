@@ -12,7 +12,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from profkit.diagnose.engine import load_rules
+from profkit.diagnose.rule_files import load_rules
 from profkit.diagnose.suggestion import suggest
 from profkit.vllm.command import UserCommand, VllmCommand
 from profkit.vllm.options import recorded_specs, spellings

@@ -89,7 +89,7 @@ def allowed_flags(rules_dirs: list[Path] | None = None, allow_precision: bool = 
     """Every server flag a rule can change: the only flags tune may ever apply. Benchmark-client flags
     (--max-concurrency, --request-rate) are left out: changing them changes the workload, not the server; so are
     flags that change the model's numerics unless `allow_precision`."""
-    from profkit.diagnose.engine import load_rules
+    from profkit.diagnose.rule_files import load_rules
 
     server = spec_for(["serve"])
     flags = {normalize_flag(c.flag) for r in load_rules(rules_dirs) for c in r.changes}
