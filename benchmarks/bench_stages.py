@@ -26,7 +26,7 @@ from profkit.analysis.sched import process_cpu  # noqa: E402
 from profkit.analysis.steps import engine_steps  # noqa: E402
 from profkit.analysis.transfers import memop_summary, memory_kinds  # noqa: E402
 from profkit.analysis.window import choose_window, with_seq_ranges  # noqa: E402
-from profkit.diagnose.engine import load_rules  # noqa: E402
+from profkit.diagnose.rule_files import load_rules  # noqa: E402
 from profkit.report import build_report  # noqa: E402
 from profkit.traces import open_trace  # noqa: E402
 

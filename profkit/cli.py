@@ -348,7 +348,7 @@ def rules() -> None:
 @click.option("--rules", "rules_dirs", type=click.Path(file_okay=False, path_type=Path), multiple=True)
 def rules_list(rules_dirs: tuple[Path, ...]) -> None:
     """Every rule: id, severity, title."""
-    from profkit.diagnose.engine import load_rules
+    from profkit.diagnose.rule_files import load_rules
 
     for r in load_rules(list(rules_dirs)):
         click.echo(f"{terminal(r.id):24} {r.severity:9} {terminal(r.title)}")
@@ -359,12 +359,13 @@ def rules_list(rules_dirs: tuple[Path, ...]) -> None:
 @click.option("--rules", "rules_dirs", type=click.Path(file_okay=False, path_type=Path), multiple=True)
 def rules_explain(rule_id: str, rules_dirs: tuple[Path, ...]) -> None:
     """What a rule looks for, its thresholds and their sources, and the flags it changes."""
-    from profkit.diagnose.engine import explain, load_rules
+    from profkit.diagnose.explain import explain
+    from profkit.diagnose.rule_files import load_rules
 
     found = [r for r in load_rules(list(rules_dirs)) if r.id == rule_id]
     if not found:
         raise ProfkitError(f"no rule {rule_id!r}; see `profkit rules list`")
-    click.echo(explain(found[0]))  # terminal-safe line by line (engine.explain)
+    click.echo(explain(found[0]))  # terminal-safe line by line (diagnose.explain)
 
 
 @rules.command("facts")

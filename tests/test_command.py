@@ -19,13 +19,9 @@ from profkit.diagnose.suggestion import suggest
 from profkit.evidence.folder import manifest_user_command, without_capture_args
 from profkit.evidence.manifest import parse_manifest
 from profkit.report import build_report
-from profkit.vllm.command import (
-    UserCommand,
-    VllmCommand,
-    check_recorded,
-    from_non_default_args,
-    recorded_specs,
-)
+from profkit.vllm.check import check_recorded
+from profkit.vllm.command import UserCommand, VllmCommand, from_non_default_args
+from profkit.vllm.options import recorded_specs
 from tests.conftest import FIXTURES
 
 EAGER_CAPTURE = FIXTURES / "h100_vllm" / "capture_thr_eager"

@@ -26,8 +26,9 @@ from hypothesis import HealthCheck, Phase, event, example, given, settings
 from hypothesis import strategies as st
 
 from profkit.compare.gate import parse_condition
-from profkit.diagnose.engine import RuleError, load_rule_file
 from profkit.diagnose.facts import known_fact_names
+from profkit.diagnose.rule_files import load_rule_file
+from profkit.diagnose.sandbox import RuleError
 from profkit.errors import ProfkitError
 from profkit.escape import one_line
 from profkit.evidence.bench import parse_bench
@@ -868,7 +869,8 @@ def test_rule_files_that_ask_for_huge_text(tmp_path_factory, report_all, when: s
     format, center, round), repetition, concatenation (~ and +), join, replace and powers, N up to 10^12: evaluated
     over a real report's facts with every text it renders at most 20,000 characters, or one RuleError naming the
     file, line and part (when, gain, summary; a change's why, to, changes.when); peak memory bounded."""
-    from profkit.diagnose.engine import MAX_TEMPLATE_OUTPUT, evaluate
+    from profkit.diagnose.engine import evaluate
+    from profkit.diagnose.sandbox import MAX_TEMPLATE_OUTPUT
 
     global _RULE_FACTS
     _RULE_FACTS = _RULE_FACTS or report_all("eager_b1")["facts"]
@@ -1152,7 +1154,7 @@ def test_rules_explain_prints_no_control_character(tmp_path_factory, rule_id: st
     one line per entry (the description its own lines, each value on its line)."""
     import unicodedata
 
-    from profkit.diagnose.engine import explain
+    from profkit.diagnose.explain import explain
     from profkit.escape import terminal
 
     literal = "".join(ch for ch in literal if ch not in "'\\\n\r\x00")  # stays one Python string literal

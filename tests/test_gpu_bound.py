@@ -347,7 +347,8 @@ def test_decode_and_speculative_rules_on_the_real_runs_facts(gpu_bound: Path) ->
     """The recorded 14B run's facts as they are (232 running: speculation stays quiet at high concurrency; no
     --max-num-seqs cap reached: no larger batch), then with the batch capped by the user at 128 (decode-memory-bound
     proposes 2x, bounded by what the KV cache holds) and with two requests running (speculative decoding)."""
-    from profkit.diagnose.engine import evaluate, load_rules
+    from profkit.diagnose.engine import evaluate
+    from profkit.diagnose.rule_files import load_rules
 
     doc = build_report(gpu_bound / "tune" / "runs" / "01-baseline" / "r1").document()
     facts = dict(doc["facts"])

@@ -10,8 +10,10 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from profkit.diagnose.engine import RuleError, evaluate, load_rule_file, load_rules
+from profkit.diagnose.engine import evaluate
 from profkit.diagnose.facts import known_fact_names
+from profkit.diagnose.rule_files import load_rule_file, load_rules
+from profkit.diagnose.sandbox import RuleError
 from profkit.evidence.metrics import parse_metrics
 from profkit.evidence.vllm_log import parse_log
 from profkit.report import build_report

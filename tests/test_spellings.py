@@ -12,9 +12,10 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from profkit.diagnose.engine import load_rules
+from profkit.diagnose.rule_files import load_rules
 from profkit.diagnose.suggestion import suggest
-from profkit.vllm.command import UserCommand, VllmCommand, recorded_specs, spellings
+from profkit.vllm.command import UserCommand, VllmCommand
+from profkit.vllm.options import recorded_specs, spellings
 
 # what the user may have written for the settings rules touch, each a different spelling of one setting
 SPELLED = {
@@ -122,7 +123,7 @@ def test_no_change_adds_a_second_spelling(given_spellings: tuple, changes: tuple
 
 
 def test_every_rule_change_names_a_setting_vllm_serve_takes() -> None:
-    from profkit.vllm.command import spec_for, takes
+    from profkit.vllm.options import spec_for, takes
 
     serve, client = spec_for(["serve"]), spec_for(["bench", "serve"])
     for rule in load_rules():

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from profkit.diagnose.engine import fact_names, load_rules
 from profkit.diagnose.facts import FACTS, UNITS
+from profkit.diagnose.rule_files import fact_names, load_rules
 from tests.cli import one_error_line, profkit
 from tests.conftest import FIXTURES, GROUND_TRUTH
 from tests.test_capture import FAKES, capture, free_port, manifest

@@ -19,7 +19,8 @@ from profkit.errors import ProfkitError
 from profkit.escape import shell, shell_word
 from profkit.evidence import folder as files
 from profkit.evidence.folder import CaptureFolder
-from profkit.vllm.command import UserCommand, VllmCommand, profiler_config_keys
+from profkit.vllm.command import UserCommand, VllmCommand
+from profkit.vllm.options import profiler_config_keys
 
 NSYS_TRACE_FLAGS = ["-t", "cuda,nvtx,osrt", "--sample=none", "--cpuctxsw=none", "--trace-fork-before-exec=true",
                     "--cuda-graph-trace=node"]

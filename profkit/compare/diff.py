@@ -25,7 +25,8 @@ from profkit.errors import ProfkitError
 from profkit.evidence.folder import CaptureFolder
 from profkit.inputs import read_json, require_file
 from profkit.resources import process_context
-from profkit.vllm.command import VllmCommand, normalize_flag
+from profkit.vllm.command import VllmCommand
+from profkit.vllm.options import normalize_flag
 
 SCHEMA = "profkit.diff/2"
 REPORT_SCHEMA = "profkit.report/1"

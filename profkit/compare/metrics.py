@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from profkit.units import is_share  # noqa: F401 - the naming convention's home is units
-from profkit.vllm.command import flag_for
+from profkit.vllm.options import flag_for
 
 # name -> (where in the report's `vllm.bench` section, which direction is better)
 # Higher is better for throughput; lower for latencies. The bench JSON of `vllm bench throughput` has

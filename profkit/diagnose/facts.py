@@ -15,7 +15,7 @@ from typing import Any
 from profkit.analysis.api import GRAPH_LAUNCH_APIS, LAUNCH_APIS, SYNC_APIS
 from profkit.analysis.categories import categories
 from profkit.analysis.sections import Rank, TraceSections
-from profkit.vllm.command import VLLM_DEFAULTS
+from profkit.vllm.options import VLLM_DEFAULTS
 
 # Units: what a value counts. `share` is 0..1 of what the doc says; `value` a flag's value as vLLM reads it.
 UNITS = {

@@ -13,8 +13,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from profkit.diagnose.engine import SEVERITY_ORDER, Finding, ProposedChange
-from profkit.vllm.command import VLLM_DEFAULTS, default_max_num_seqs, dest_of
+from profkit.diagnose.engine import Finding, ProposedChange
+from profkit.diagnose.rule_files import SEVERITY_ORDER
+from profkit.vllm.command import dest_of
+from profkit.vllm.options import VLLM_DEFAULTS, default_max_num_seqs
 
 
 def default_of(setting: str, gpu: str | None) -> Any:

@@ -15,7 +15,8 @@ from typing import Any
 import msgspec
 
 from profkit.diagnose.engine import Finding, ProposedChange
-from profkit.vllm.command import UserCommand, VllmCommand, dest_of, normalize_flag, spec_for, takes
+from profkit.vllm.command import UserCommand, VllmCommand, dest_of
+from profkit.vllm.options import normalize_flag, spec_for, takes
 
 
 class AppliedChange(msgspec.Struct, frozen=True):

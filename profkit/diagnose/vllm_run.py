@@ -12,7 +12,7 @@ import msgspec
 from profkit.evidence.bench import BenchResult
 from profkit.evidence.metrics import MetricsScrape, counter_delta
 from profkit.evidence.vllm_log import VllmLog
-from profkit.vllm.command import default_max_num_seqs, effective_config
+from profkit.vllm.options import default_max_num_seqs, effective_config
 
 
 class VllmSection(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):

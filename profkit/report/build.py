@@ -19,9 +19,10 @@ from profkit.analysis.communication import rank_imbalance
 from profkit.analysis.efficiency import efficiency_section
 from profkit.analysis.host import host_section
 from profkit.analysis.sections import TraceSections
-from profkit.diagnose.engine import evaluate, load_rules
+from profkit.diagnose.engine import evaluate
 from profkit.diagnose.facts import compute_facts
 from profkit.diagnose.priority import order_findings
+from profkit.diagnose.rule_files import load_rules
 from profkit.diagnose.suggestion import suggest, user_command
 from profkit.diagnose.vllm_run import NOT_VLLM_NOTE, vllm_run_evidence, vllm_section
 from profkit.errors import ProfkitError, TraceError

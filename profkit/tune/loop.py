@@ -29,7 +29,8 @@ from profkit.compare.gate import Condition, parse_condition
 from profkit.diagnose.priority import candidate_key, priority
 from profkit.diagnose.suggestion import suggest
 from profkit.errors import ProfkitError
-from profkit.vllm.command import UserCommand, changes_precision, normalize_flag, spec_for, takes
+from profkit.vllm.command import UserCommand, changes_precision
+from profkit.vllm.options import normalize_flag, spec_for, takes
 
 SCHEMA = "profkit.tune/1"
 PROFILE_MODES = ("never", "first", "always")
@@ -88,7 +89,7 @@ def allowed_flags(rules_dirs: list[Path] | None = None, allow_precision: bool = 
     """Every server flag a rule can change: the only flags tune may ever apply. Benchmark-client flags
     (--max-concurrency, --request-rate) are left out: changing them changes the workload, not the server; so are
     flags that change the model's numerics unless `allow_precision`."""
-    from profkit.diagnose.engine import load_rules
+    from profkit.diagnose.rule_files import load_rules
 
     server = spec_for(["serve"])
     flags = {normalize_flag(c.flag) for r in load_rules(rules_dirs) for c in r.changes}
