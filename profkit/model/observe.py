@@ -68,8 +68,8 @@ class Observation:
     phase_mfu: float | None = None  # the run's own prefill-bearing steps' MFU (vLLM's step annotations)
     phase_mbu: float | None = None  # its decode-only steps' MBU
     decode_step_s: float | None = None  # its decode-only steps' mean time
-    api_server_cpu: float | None = None  # cores the API server used, on average (host samples)
-    api_server_saturated: float | None = None  # share of samples with it at one core
+    host: dict[str, float] = field(default_factory=dict)  # the host samples' facts (host.*: cores, saturated shares)
+    gpu_busy: float | None = None  # share of the benchmark the GPU was busy (NVML, else the trace)
     notes: list[str] = field(default_factory=list)
 
 
@@ -128,8 +128,9 @@ def observe(doc: dict[str, Any]) -> Observation:
         weight_bits=int(bits), layers_heads_dim=_attention_width(eff, doc) / tp, gpu=gpu.get("name"),
         phase_mfu=_num((phases.get("prefill-bearing") or {}).get("mfu")),
         phase_mbu=_num((phases.get("decode-only") or {}).get("mbu")), decode_step_s=decode_step,
-        api_server_cpu=_num(facts.get("host.api_server_cpu")),
-        api_server_saturated=_num(facts.get("host.api_server_saturated_share")))
+        host={k.removeprefix("host."): float(v) for k, v in facts.items()
+              if k.startswith("host.") and _num(v) is not None},
+        gpu_busy=_num(facts.get("host.gpu_util_mean")) or _num(facts.get("gpu.utilization")))
 
 
 def _total_memory(vllm: dict[str, Any], gpu: dict[str, Any]) -> float | None:

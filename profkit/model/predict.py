@@ -41,6 +41,18 @@ GRAPH_OVERHEAD_S = 4e-4
 # greedy fill preempts 3x what the 14B run measured; 1 % reproduces it, and was vLLM V0's watermark). Fitted per run
 # where its preemptions are known.
 DEFAULT_RESERVE, RESERVES = 0.01, (0.0, 0.005, 0.01, 0.02, 0.04, 0.08)
+# The host processes on the token path (host samples' roles), and what "saturated" and "busy" mean for the run.
+HOST_NAMES = {"api_server": "the API server", "engine_core": "the engine core", "client": "the benchmark client"}
+SATURATED, GPU_BUSY = 0.5, 0.8
+# Those whose work is per streamed token (a ceiling in tokens/s); the engine core's is per step (in the simulation).
+FRONTEND = ("api_server", "client")
+# The engine core's CPU per step and per request in it, before calibration (the tiny model's KV-starved run: 2.9 ms
+# a step at 8 requests; its default run: ~30 us more per request at ~900).
+CPU_STEP_S, CPU_SEQ_S = 2.5e-3, 3e-5
+# A frontend process's CPU per engine step it receives outputs of (one message a step, whatever its batch): the tiny
+# model's API server spent ~0.4 ms a step at 345 steps/s (KV-starved) and ~0.12 ms per token at large batches.
+FRONTEND_STEP_S = 3e-4
+EXTRAPOLATED_CEILING = 0.15
 MODELLED = {"gpu_memory_utilization", "kv_cache_memory_bytes", "kv_cache_dtype", "quantization", "max_num_seqs",
             "max_num_batched_tokens", "max_model_len", "enforce_eager", "api_server_count"}
 
@@ -83,7 +95,8 @@ def _prior_cost(obs: Observation, eager: bool) -> StepCost:
     layers = max(1.0, obs.layers_heads_dim / 5120.0)
     return StepCost(overhead_s=_overhead(eager, layers),
                     weights_s=weights / bw, token_s=2.0 * obs.matmul_params / flops,
-                    kv_token_s=obs.memory.kv_bytes_per_token / bw, pair_s=4.0 * obs.layers_heads_dim / flops)
+                    kv_token_s=obs.memory.kv_bytes_per_token / bw, pair_s=4.0 * obs.layers_heads_dim / flops,
+                    cpu_step_s=CPU_STEP_S, cpu_seq_s=CPU_SEQ_S)
 
 
 def _overhead(eager: bool, layers: float) -> float:
@@ -109,8 +122,22 @@ def calibrate(obs: Observation) -> Calibrated:
         best = min(tried, key=lambda w: (abs(math.log((tried[w] + 1) / (m.preemptions + 1))), abs(w - DEFAULT_RESERVE)))
         engine = replace(engine, reserve=best)
 
+    bound = host_bound(obs) if obs.host else "unknown"
+    # a frontend process set the pace: the duration hides the engine's speed
+    if bound and bound not in ("engine_core", "unknown"):
+        sim = simulate(work, engine, prior)
+        return Calibrated(obs, work, engine, prior, 1.0, 1.0, sim, {})
+
+    def scaled(log_scale: float) -> StepCost:
+        f = math.exp(log_scale)
+        cpu = replace(prior, cpu_step_s=prior.cpu_step_s * f, cpu_seq_s=prior.cpu_seq_s * f)
+        if bound == "engine_core":  # the engine core's CPU per step set the pace: fit it, not the GPU
+            return cpu
+        # no host samples: whichever side set the pace, every cost scales alike
+        return _scaled(cpu if bound == "unknown" else prior, f, f)
+
     def gap(log_scale: float) -> tuple[float, SimResult]:
-        r = simulate(work, engine, _scaled(prior, math.exp(log_scale), math.exp(log_scale)))
+        r = simulate(work, engine, scaled(log_scale))
         return math.log(r.elapsed_s / m.elapsed_s), r
 
     # secant on log(scale): the duration is close to proportional to the step costs
@@ -123,7 +150,7 @@ def calibrate(obs: Observation) -> Calibrated:
             break
         x0, x1, f0, sim = x1, max(-4.0, min(4.0, x1 - f1 * (x1 - x0) / (f1 - f0))), f1, sim1
     scale = math.exp(x0)
-    cost = _scaled(prior, scale, scale)
+    cost = scaled(x0)
     error = {"elapsed": abs(math.log(sim.elapsed_s / m.elapsed_s))}
     if m.tpot_mean_s:
         error["tpot"] = abs(math.log(sim.tpot_mean_s / m.tpot_mean_s))
@@ -190,23 +217,28 @@ def predict(cal: Calibrated, changes: dict[str, Any], noise: float | None = None
     if not (fp8_weights or fp8_kv):
         runs = runs[:1]
     mid = runs[len(runs) // 2]
-    ceiling = _frontend_ceiling(obs, changes, reasoning)
+    caps_before, caps = host_ceilings(obs, {}, cal.baseline), host_ceilings(obs, changes, cal.baseline, mid)
+    for name, cap in caps.items():
+        if cap != caps_before.get(name):
+            reasoning.append(f"{HOST_NAMES[name]}: up to {caps_before[name]:,.0f} -> {cap:,.0f} tok/s")
     before = cal.baseline
     spread = (noise if noise is not None else DEFAULT_NOISE) + max(cal.fit_error.values(), default=0.0)
+    if caps and not cal.fit_error:
+        spread += EXTRAPOLATED_CEILING  # a ceiling read off an unsaturated process, and an uncalibrated GPU
     metrics: dict[str, dict[str, float | None]] = {}
     measured = obs.measured
+    base_values = _metrics(before, caps_before)
     for name, _ in METRICS:
-        values = [_metric(r, name, ceiling, obs) for r in runs]
-        base_sim = _metric(before, name, _frontend_ceiling(obs, {}, []), obs)
+        values = [_metrics(r, caps)[name] for r in runs]
         meas = _measured(measured, name)
         # scale each simulated value by the measured/simulated ratio of the baseline: the fit's bias cancels
-        ratio = meas / base_sim if meas and base_sim else 1.0
+        ratio = meas / base_values[name] if meas and base_values[name] else 1.0
         scaled = [v * ratio for v in values]
         err = spread + (cal.fit_error.get("ttft", 0.0) if name == "ttft_mean_ms" else 0.0)
-        metrics[name] = {"before": meas, "predicted": _metric(mid, name, ceiling, obs) * ratio,
+        metrics[name] = {"before": meas, "predicted": _metrics(mid, caps)[name] * ratio,
                          "low": min(scaled) * math.exp(-err), "high": max(scaled) * math.exp(err)}
-    limit_after = limit_of(mid, new_engine, work, ceiling, obs)
-    limit_before = limit_of(before, engine, work, _frontend_ceiling(obs, {}, []), obs)
+    limit_after = limit_of(mid, new_engine, work, caps)
+    limit_before = limit_of(before, engine, work, caps_before)
     if mid.batch_mean and before.batch_mean and abs(mid.batch_mean / before.batch_mean - 1) > 0.02:
         reasoning.append(f"the decoding batch {before.batch_mean:.0f} -> {mid.batch_mean:.0f} requests on average "
                          f"(at most {before.batch_max} -> {mid.batch_max})")
@@ -245,26 +277,48 @@ def _kv_bytes(obs: Observation, changes: dict[str, Any], fp8_weights: bool, reas
     return mem.kv_bytes + freed
 
 
-def _frontend_ceiling(obs: Observation, changes: dict[str, Any], reasoning: list[str]) -> float | None:
-    """Output tokens/s the API servers can stream: one saturated server streams what it did; more servers more.
-    None where the host samples do not show the API server near a core."""
-    if obs.api_server_cpu is None or not obs.api_server_saturated or obs.api_server_saturated < 0.25:
+def host_bound(obs: Observation) -> str | None:
+    """The host process that set the run's pace (at one core most of the time while the GPU was not busy), if
+    one did: the most saturated of those on the token path."""
+    if obs.gpu_busy is not None and obs.gpu_busy >= GPU_BUSY:
         return None
-    count_before = int(obs.config.get("api_server_count") or 1)
-    count = int(changes.get("api_server_count", count_before))
-    per_server = obs.measured.output_throughput / count_before / max(obs.api_server_cpu / count_before, 0.5)
-    if count != count_before:
-        reasoning.append(f"--api-server-count {count_before} -> {count}: the servers stream up to "
-                         f"{per_server * count:,.0f} tok/s")
-    return per_server * count
+    shares = {p: obs.host.get(f"{p}_saturated_share", 0.0) for p in HOST_NAMES}
+    name = max(shares, key=shares.__getitem__)
+    return name if shares[name] >= SATURATED else None
 
 
-def _metric(r: SimResult, name: str, ceiling: float | None, obs: Observation) -> float:
-    scale = 1.0
-    if ceiling and r.output_throughput > ceiling:
-        scale = ceiling / r.output_throughput
+def host_ceilings(obs: Observation, changes: dict[str, Any], before: SimResult,
+                  after: SimResult | None = None) -> dict[str, float]:
+    """Output tokens/s each frontend process can carry at one core (the API servers: one core each,
+    --api-server-count of them). Its CPU is a cost per engine step's batch of outputs (FRONTEND_STEP_S, one message
+    a step) plus a cost per token fitted on this run: so its ceiling rises with the batch. A saturated process's
+    ceiling is what it carried."""
+    out = obs.measured.output_throughput
+    steps_per_s = before.steps / before.elapsed_s if before.elapsed_s else 0.0
+    batch_after = (after or before).output_throughput / ((after or before).steps / (after or before).elapsed_s) \
+        if (after or before).steps else 1.0
+    caps: dict[str, float] = {}
+    for name in FRONTEND:
+        cpu = obs.host.get(f"{name}_cpu")
+        if not cpu or cpu <= 0 or not out:
+            continue
+        processes = int(obs.config.get("api_server_count") or 1) if name == "api_server" else 1
+        count = int(changes.get("api_server_count", processes)) if name == "api_server" else 1
+        per_process = cpu / processes
+        if obs.host.get(f"{name}_saturated_share", 0.0) >= SATURATED:
+            per_process = 1.0  # it carried what one core carries
+        per_token = max(per_process - FRONTEND_STEP_S * steps_per_s / processes, 0.2 * per_process) / (out / processes)
+        caps[name] = count / (FRONTEND_STEP_S / max(batch_after, 1.0) + per_token)
+    return caps
+
+
+def _metrics(r: SimResult, caps: dict[str, float]) -> dict[str, float]:
+    """The simulated run's metrics under the host's ceilings: past one, the tokens wait for the host and every
+    time stretches by the same factor."""
+    cap = min(caps.values(), default=math.inf)
+    scale = cap / r.output_throughput if r.output_throughput > cap else 1.0
     return {"request_throughput": r.request_throughput * scale, "output_throughput": r.output_throughput * scale,
-            "ttft_mean_ms": r.ttft_mean_s * 1e3 / scale, "tpot_mean_ms": r.tpot_mean_s * 1e3 / scale}[name]
+            "ttft_mean_ms": r.ttft_mean_s * 1e3 / scale, "tpot_mean_ms": r.tpot_mean_s * 1e3 / scale}
 
 
 def _measured(m: Any, name: str) -> float | None:
@@ -273,10 +327,10 @@ def _measured(m: Any, name: str) -> float | None:
             "tpot_mean_ms": m.tpot_mean_s * 1e3 if m.tpot_mean_s else None}[name]
 
 
-def limit_of(r: SimResult, engine: Engine, work: Workload, ceiling: float | None, obs: Observation) -> str:
-    """What caps the run, in words: the API servers, the KV cache, --max-num-seqs, the client, or the GPU."""
-    if ceiling and r.output_throughput >= ceiling:
-        return "the API server (streaming the tokens)"
+def limit_of(r: SimResult, engine: Engine, work: Workload, caps: dict[str, float]) -> str:
+    """What caps the run, in words: a host process, the KV cache, --max-num-seqs, the client, or the GPU."""
+    if caps and r.output_throughput >= min(caps.values()):
+        return f"{HOST_NAMES[min(caps, key=caps.__getitem__)]} (its CPU)"
     in_flight = min(work.requests, work.max_concurrency or work.requests)
     if r.preemptions or r.kv_full_share > 0.2:
         return "the KV cache's size (it caps the batch)"

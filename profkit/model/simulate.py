@@ -1,18 +1,18 @@
-"""A step-level simulation of vLLM V1's scheduler over one benchmark's requests (the Vidur idea, at the granularity
-of engine steps, with step costs calibrated on the user's own run instead of profiled offline).
+"""A step-level simulation of vLLM V1's scheduler over one benchmark's requests (the Vidur idea, at the granularity of
+engine steps, with step costs calibrated on the user's own run instead of profiled offline).
 
-Each engine step: the running requests that have their prompt decode one token each; prompts are computed in
-chunks within the step's token budget (`--max-num-batched-tokens`, chunked prefill), first the running requests'
-then new ones, admitted first come first served while fewer than `--max-num-seqs` run and the KV cache has room.
-A decoding request that finds no free KV slot preempts the most recently admitted request (vLLM V1 recomputes it:
-its KV is freed and it later computes its prompt and what it had generated again), and a step that preempted
-admits nobody. A step's time is the engine's
-overhead, plus the larger of reading every weight once and the step's GEMM arithmetic, plus the attention's KV
-reads and FLOPs (`StepCost`). Requests arrive all at once (`--request-rate inf`), at a steady rate, and never more
-than the client's `--max-concurrency` in flight.
+Each engine step: the running requests that have their prompt decode one token each; prompts are computed in chunks
+within the step's token budget (`--max-num-batched-tokens`, chunked prefill), first the running requests' then new
+ones, admitted first come first served while fewer than `--max-num-seqs` run and the KV cache has room. A decoding
+request that finds no free KV slot preempts the most recently admitted request (vLLM V1 recomputes it: its KV is
+freed and it later computes its prompt and what it had generated again), and a step that preempted admits nobody. A
+step's time is the engine's overhead, plus the larger of reading every weight once and the step's GEMM arithmetic,
+plus the attention's KV reads and FLOPs, or the engine core's CPU time for the step where that is longer
+(`StepCost`). Requests arrive all at once (`--request-rate inf`), at a steady rate, and never more than the client's
+`--max-concurrency` in flight.
 
-Pure and deterministic: the same inputs give the same run. One step costs a few vector operations over the
-requests (numpy), so a benchmark of a thousand requests simulates in well under a second."""
+Pure and deterministic: the same inputs give the same run. One step costs a few vector operations over the requests
+(numpy), so a benchmark of a thousand requests simulates in well under a second."""
 
 from __future__ import annotations
 
@@ -48,10 +48,15 @@ class StepCost:
     token_s: float  # the GEMMs of one token (2 x params FLOPs at the achieved rate)
     kv_token_s: float  # reading one cached token's K and V
     pair_s: float  # one (query, key) pair of attention arithmetic
+    cpu_step_s: float = 0.0  # the engine core's CPU per step (scheduling, sampling, output processing) ...
+    cpu_seq_s: float = 0.0  # ... and per request in the step
 
-    def step_s(self, tokens: float, kv_read: float, pairs: float) -> float:
-        return self.overhead_s + max(self.weights_s, tokens * self.token_s) + kv_read * self.kv_token_s \
+    def step_s(self, tokens: float, kv_read: float, pairs: float, seqs: int = 0) -> float:
+        """The GPU's time for the step, or the engine core's CPU time where that is longer (with asynchronous
+        scheduling the CPU prepares the next step while the GPU runs this one)."""
+        gpu = self.overhead_s + max(self.weights_s, tokens * self.token_s) + kv_read * self.kv_token_s \
             + pairs * self.pair_s
+        return max(gpu, self.cpu_step_s + seqs * self.cpu_seq_s)
 
 
 @dataclass(frozen=True)
@@ -156,7 +161,7 @@ def simulate(work: Workload, engine: Engine, cost: StepCost, max_steps: int = 2_
             tokens += c
         if tokens == 0:  # nothing fits: the cache is held by requests that cannot move (cannot happen in vLLM)
             raise ValueError("the KV cache cannot hold one request's next token")
-        dt = cost.step_s(tokens, kv_read, pairs)
+        dt = cost.step_s(tokens, kv_read, pairs, len(decoding) + len(chunks))
         clock += dt
         steps += 1
         if len(dec):
