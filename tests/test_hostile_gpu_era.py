@@ -239,3 +239,44 @@ def test_a_torch_trace_without_durations_renders_in_every_format(tmp_path: Path,
         r = profkit("report", trace, "--format", fmt)
         assert r.returncode == 0, r.stderr
     assert json.loads(profkit("report", trace, "--format", "json").stdout)["gpu"]["busy_ns"] == 0
+
+
+# ---------------------------------------------------------------------------------- rule files of another shape
+
+RULE = Path(__file__).parent.parent / "rules" / "batch-cap.yaml"
+
+
+@pytest.mark.parametrize(("edit", "needle"), [
+    (lambda r: r.update({1: "x", "zz": 2}), "unknown key(s) [1, 'zz']"),
+    (lambda r: r.update(evidence=[{"fact": {"a": 1}}]), "evidence: fact is a fact's name"),
+    (lambda r: r.update(evidence=[{"fact": "vllm.waiting_max", "threshold": [1, 2]}]), "threshold and source are"),
+    (lambda r: r.update(evidence={"fact": "vllm.waiting_max"}), "evidence must be a list"),
+    (lambda r: r.update(evidence=[["vllm.waiting_max"]]), "evidence items are {fact, threshold, source}"),
+    (lambda r: r.update(changes=[{"flag": "--max-num-seqs", "to": {"a": 1}, "why": "x"}]), "changes.to is a value"),
+    (lambda r: r.update(changes=[{"flag": "--max-num-seqs", "to": [1], "why": "x"}]), "changes.to is a value"),
+    (lambda r: r.update(id=[1, 2]), "id must be a text"),
+])
+def test_a_rule_file_of_another_shape_is_one_line(sqlite_path, tmp_path: Path, edit, needle: str) -> None:
+    import yaml
+
+    rule = yaml.safe_load(RULE.read_text())
+    edit(rule)
+    (tmp_path / "rule.yaml").write_text(yaml.safe_dump(rule))
+    one_error_line(profkit("report", sqlite_path("eager_b1"), "--rules", tmp_path), needle)
+
+
+# ------------------------------------------------------------------------- settings of the wrong type, given
+
+@pytest.mark.parametrize("args", ["--max-num-seqs abc --gpu-memory-utilization high --enforce-eager=maybe",
+                                  "--max-num-seqs= --max-model-len=", "--max-num-seqs nan --gpu-memory-utilization inf",
+                                  "--max-num-seqs " + "9" * 5000])
+def test_settings_that_are_not_numbers_are_no_values(bf16: Path, args: str) -> None:
+    r = profkit("report", "--vllm-log", bf16 / "server.log", "--bench", bf16 / "bench.json", "--vllm-args",
+                f"vllm serve /m {args}", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    config = json.loads(r.stdout)["vllm"]["config"]
+    assert config["max_num_seqs"]["value"] is None
+    assert "is not a number (vLLM would refuse it)" in config["max_num_seqs"]["source"]
+    for fmt in ("text", "md", "html"):
+        assert profkit("report", "--vllm-log", bf16 / "server.log", "--vllm-args", f"vllm serve /m {args}",
+                       "--format", fmt).returncode == 0

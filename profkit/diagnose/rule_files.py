@@ -154,10 +154,14 @@ def load_rule_file(path: Path, known_facts: set[str]) -> Rule:
     top = data.get("__line__", 1)
     unknown = set(data) - ALLOWED_KEYS - {"__line__"}
     if unknown:
-        raise RuleError(f"{path}:{top}: unknown key(s) {sorted(unknown)}; allowed: {sorted(ALLOWED_KEYS)}")
+        shown = sorted(unknown, key=str)  # YAML keys may be integers, dates, ...: not comparable with text
+        raise RuleError(f"{path}:{top}: unknown key(s) {shown}; allowed: {sorted(ALLOWED_KEYS)}")
     for key in ("id", "title", "severity", "when", "summary"):
         if not data.get(key):
             raise RuleError(f"{path}:{top}: missing {key!r}")
+    for key in ("id", "title"):
+        if not isinstance(data[key], (str, int)) or isinstance(data[key], bool):
+            raise RuleError(f"{path}:{top}: {key} must be a text")
     if data["severity"] not in SEVERITIES:
         raise RuleError(f"{path}:{top}: severity must be one of {SEVERITIES}, not {data['severity']!r}")
     for key in ("evidence", "changes"):
@@ -177,9 +181,13 @@ def load_rule_file(path: Path, known_facts: set[str]) -> Rule:
         line = item.get("__line__", top) if isinstance(item, dict) else top
         if not isinstance(item, dict) or "fact" not in item or set(item) - EVIDENCE_KEYS - {"__line__"}:
             raise RuleError(f"{path}:{line}: evidence items are {{fact, threshold, source}}")
+        if not all(isinstance(item.get(k), (str, type(None))) or _scalar(item[k]) for k in EVIDENCE_KEYS) \
+                or not isinstance(item["fact"], str):
+            raise RuleError(f"{path}:{line}: evidence: fact is a fact's name, threshold and source are texts")
         if item["fact"] not in known_facts:
             raise RuleError(f"{path}:{line}: evidence: unknown fact {item['fact']!r}")
-        evidence.append({k: v for k, v in item.items() if k != "__line__"})
+        evidence.append({k: v if v is None or isinstance(v, str) else str(v) for k, v in item.items()
+                         if k != "__line__"})
     changes = []
     for item in data.get("changes") or []:
         line = item.get("__line__", top) if isinstance(item, dict) else top
@@ -189,6 +197,8 @@ def load_rule_file(path: Path, known_facts: set[str]) -> Rule:
         cond = _check_expression(item["when"], f"{path}:{line}: changes.when", known_facts) if "when" in item else None
         if not isinstance(item["flag"], str) or not item["flag"].startswith("--"):
             raise RuleError(f"{path}:{line}: changes.flag must be a flag such as --max-num-seqs")
+        if not (item["to"] is None or _scalar(item["to"])):
+            raise RuleError(f"{path}:{line}: changes.to is a value (a number, a text, true/false) or null")
         _check_template(str(item["why"]), f"{path}:{line}: why")
         if isinstance(item["to"], str):
             _check_template(item["to"], f"{path}:{line}: to")
@@ -196,6 +206,11 @@ def load_rule_file(path: Path, known_facts: set[str]) -> Rule:
     return Rule(id=str(data["id"]), title=str(data["title"]), severity=data["severity"], when=when,
                 summary=str(data["summary"]), path=path, description=str(data.get("description", "")).strip(),
                 evidence=evidence, changes=changes, gain=gain, line=top)
+
+
+def _scalar(value: Any) -> bool:
+    """A YAML scalar a rule may hold as a value: text, a number, true/false (not a list, a map or a date)."""
+    return isinstance(value, (str, int, float, bool))
 
 
 def _check_template(text: str, where: str) -> None:

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import re
 import sys
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any
+
+from profkit.escape import one_line
 
 RECORDED_VERSION = "0.26.0"
 _RECORDED = Path(__file__).resolve().parent / "vllm_options" / f"{RECORDED_VERSION}.json"
@@ -51,6 +54,11 @@ VLLM_DEFAULTS: dict[str, Any] = {
     "quantization": None,  # the checkpoint's own (none: its dtype)
     "speculative_config": None,
 }
+# The settings above that vLLM reads as numbers, and as switches: a value of another type is no value of theirs.
+NUMERIC_SETTINGS = frozenset({"tensor_parallel_size", "max_num_seqs", "max_num_batched_tokens",
+                              "gpu_memory_utilization", "max_model_len", "kv_cache_memory_bytes", "cpu_offload_gb",
+                              "api_server_count", "stream_interval", "max_cudagraph_capture_size"})
+SWITCHES = frozenset({"enforce_eager", "enable_chunked_prefill", "enable_prefix_caching", "async_scheduling"})
 # Settings whose default is "none" (not unknown): no quantization beyond the checkpoint's, no speculative decoding.
 DEFAULT_IS_NONE = frozenset({"quantization", "speculative_config"})
 # vLLM 0.26 sizes --max-num-seqs by the GPU (EngineArgs._set_default_max_num_seqs_and_batched_tokens_args):
@@ -84,9 +92,10 @@ def coerce(value: Any) -> Any:
         return None
     for cast in (int, float):
         try:
-            return cast(value.strip())
+            number = cast(value.strip())  # ValueError too past Python's 4,300 digits: stays text
         except ValueError:
-            pass
+            continue
+        return number if cast is int or math.isfinite(number) else value  # 'nan', 'inf': no setting's number
     return value
 
 
@@ -271,13 +280,25 @@ def effective_config(flags: dict[str, Any], logged: dict[str, Any], gpu: str | N
         if key == "max_cudagraph_capture_size" and out["max_num_seqs"]["value"] is not None:
             default = min(2 * out["max_num_seqs"]["value"], 512)
         if key in flags:
-            out[key] = {"value": flags[key], "source": "given"}
+            out[key] = _typed(key, flags[key], "given")
         elif logged.get(key) is not None:
-            out[key] = {"value": logged[key], "source": "vLLM log"}
+            out[key] = _typed(key, logged[key], "vLLM log")
         else:
             known = default is not None or key in DEFAULT_IS_NONE
             out[key] = {"value": default, "source": "vLLM 0.26 default" if known else "unknown"}
     return out
+
+
+def _typed(key: str, value: Any, source: str) -> dict[str, Any]:
+    """A setting's value where it has the type vLLM reads it as (a number, true/false for a switch); else no value,
+    and the source says what was given (vLLM would refuse it)."""
+    number = key in NUMERIC_SETTINGS
+    wrong = (number and value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)))) \
+        or (key in SWITCHES and not isinstance(value, bool))
+    if wrong:
+        return {"value": None, "source": f"{source}: {one_line(repr(value), 40)} is not a "
+                                         f"{'number' if number else 'true/false'} (vLLM would refuse it)"}
+    return {"value": value, "source": source}
 
 
 # --- vLLM's own parsers (the GPU box) --------------------------------------------------------------------------
