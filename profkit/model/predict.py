@@ -177,16 +177,16 @@ def predict(cal: Calibrated, changes: dict[str, Any], noise: float | None = None
     per_token = obs.memory.kv_bytes_per_token / (2 if fp8_kv else 1)
     kv_tokens = int(kv_bytes / per_token) if kv_bytes and kv_bytes > 0 else 0
     if kv_tokens != obs.memory.kv_tokens:
-        reasoning.append(f"KV cache {obs.memory.kv_tokens:,} -> {kv_tokens:,} tokens"
+        reasoning.append(f"KV cache {obs.memory.kv_tokens:,} → {kv_tokens:,} tokens"
                          + (" (FP8 KV cache: half the bytes per token)" if fp8_kv else ""))
     if fp8_kv or fp8_weights:
         trades.append("changes model precision (FP8): check accuracy before shipping")
     seqs = int(changes.get("max_num_seqs", engine.max_num_seqs))
     batched = int(changes.get("max_num_batched_tokens", engine.max_num_batched_tokens))
     if seqs != engine.max_num_seqs:
-        reasoning.append(f"--max-num-seqs {engine.max_num_seqs} -> {seqs}")
+        reasoning.append(f"--max-num-seqs {engine.max_num_seqs} → {seqs}")
     if batched != engine.max_num_batched_tokens:
-        reasoning.append(f"--max-num-batched-tokens {engine.max_num_batched_tokens} -> {batched}: prompt chunks "
+        reasoning.append(f"--max-num-batched-tokens {engine.max_num_batched_tokens} → {batched}: prompt chunks "
                          "per step")
     limit_len = changes.get("max_model_len")
     if limit_len is not None and obs.prompt_tokens + obs.output_tokens > int(limit_len):
@@ -200,7 +200,7 @@ def predict(cal: Calibrated, changes: dict[str, Any], noise: float | None = None
     overhead = cost.overhead_s - _overhead(eager_before, layers) + _overhead(eager_after, layers)
     if eager_after != eager_before:
         reasoning.append(f"CUDA graphs {'off' if eager_after else 'on'}: each step's launch overhead "
-                         f"{cost.overhead_s * 1e3:.2f} -> {overhead * 1e3:.2f} ms")
+                         f"{cost.overhead_s * 1e3:.2f} → {overhead * 1e3:.2f} ms")
     base_cost = replace(cost, overhead_s=overhead)
     speedups = FP8_GEMM_SPEEDUP if fp8_weights else (1.0, 1.0, 1.0)
     kv_costs = FP8_KV_TOKEN_COST if fp8_kv else (1.0, 1.0, 1.0)
@@ -218,9 +218,10 @@ def predict(cal: Calibrated, changes: dict[str, Any], noise: float | None = None
         runs = runs[:1]
     mid = runs[len(runs) // 2]
     caps_before, caps = host_ceilings(obs, {}, cal.baseline), host_ceilings(obs, changes, cal.baseline, mid)
-    for name, cap in caps.items():
-        if cap != caps_before.get(name):
-            reasoning.append(f"{HOST_NAMES[name]}: up to {caps_before[name]:,.0f} -> {cap:,.0f} tok/s")
+    for name, cap in caps.items():  # said where the change moves a ceiling by itself or one binds
+        binds = cap <= mid.output_throughput or caps_before[name] <= cal.baseline.output_throughput
+        if "api_server_count" in changes and name == "api_server" or binds:
+            reasoning.append(f"{HOST_NAMES[name]} carries up to {caps_before[name]:,.0f} → {cap:,.0f} tok/s")
     before = cal.baseline
     spread = (noise if noise is not None else DEFAULT_NOISE) + max(cal.fit_error.values(), default=0.0)
     if caps and not cal.fit_error:
@@ -240,12 +241,12 @@ def predict(cal: Calibrated, changes: dict[str, Any], noise: float | None = None
     limit_after = limit_of(mid, new_engine, work, caps)
     limit_before = limit_of(before, engine, work, caps_before)
     if mid.batch_mean and before.batch_mean and abs(mid.batch_mean / before.batch_mean - 1) > 0.02:
-        reasoning.append(f"the decoding batch {before.batch_mean:.0f} -> {mid.batch_mean:.0f} requests on average "
-                         f"(at most {before.batch_max} -> {mid.batch_max})")
+        reasoning.append(f"the decoding batch {before.batch_mean:.0f} → {mid.batch_mean:.0f} requests on average "
+                         f"(at most {before.batch_max} → {mid.batch_max})")
     if not math.isnan(mid.decode_step_s) and not math.isnan(before.decode_step_s):
-        reasoning.append(f"a decode step {before.decode_step_s * 1e3:.1f} -> {mid.decode_step_s * 1e3:.1f} ms")
+        reasoning.append(f"a decode step {before.decode_step_s * 1e3:.1f} → {mid.decode_step_s * 1e3:.1f} ms")
     if before.preemptions or mid.preemptions:
-        reasoning.append(f"preemptions {before.preemptions} -> {mid.preemptions} (simulated)")
+        reasoning.append(f"preemptions {before.preemptions} → {mid.preemptions} (simulated)")
     rt = metrics["request_throughput"]
     if rt["before"] and rt["predicted"]:
         reasoning.append(f"request throughput x{rt['predicted'] / rt['before']:.2f}")
@@ -269,7 +270,7 @@ def _kv_bytes(obs: Observation, changes: dict[str, Any], fp8_weights: bool, reas
     util = changes.get("gpu_memory_utilization")
     if util is not None and mem.total_bytes and mem.utilization:
         delta = (float(util) - mem.utilization) * mem.total_bytes
-        reasoning.append(f"--gpu-memory-utilization {mem.utilization} -> {util}: "
+        reasoning.append(f"--gpu-memory-utilization {mem.utilization} → {util}: "
                          f"{delta / 2**30:+.1f} GiB for the KV cache")
         return mem.kv_bytes + delta + freed
     if mem.kv_given:

@@ -13,7 +13,7 @@ from typing import Any
 from profkit.errors import ProfkitError
 
 SCHEMAS = {"profkit.report/1": "report", "profkit.diff/1": "diff", "profkit.diff/2": "diff",
-           "profkit.tune/1": "tune", "profkit.history/1": "history"}
+           "profkit.tune/1": "tune", "profkit.history/1": "history", "profkit.prediction/1": "prediction"}
 
 # (kind, format) -> (module, function, takes `top`); a kind's formats in the order its errors list them.
 RENDERERS: dict[tuple[str, str], tuple[str, str, bool]] = {
@@ -31,6 +31,10 @@ RENDERERS: dict[tuple[str, str], tuple[str, str, bool]] = {
     ("history", "text"): ("profkit.render.history", "render_history_text", False),
     ("history", "json"): ("profkit.render.json", "render_json", False),
     ("history", "md"): ("profkit.render.history", "render_history_markdown", False),
+    ("prediction", "text"): ("profkit.render.prediction", "render_prediction_text", False),
+    ("prediction", "json"): ("profkit.render.json", "render_json", False),
+    ("prediction", "md"): ("profkit.render.prediction", "render_prediction_markdown", False),
+    ("prediction", "html"): ("profkit.render.prediction", "render_prediction_html", False),
 }
 
 

@@ -1,0 +1,81 @@
+"""The prediction (`profkit.prediction/1`) and a report's prescription, laid out once for every format: each metric
+measured, predicted and its range, the limit before and after, the reasoning, what the change trades, the flags the
+model does not know, and how well the model fitted the run it was calibrated on. Values are formatted here; the
+templates only place them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from profkit.escape import document, terminal
+
+NAMES = {"request_throughput": ("requests/s", "{:,.2f}"), "output_throughput": ("output tokens/s", "{:,.0f}"),
+         "ttft_mean_ms": ("mean TTFT (ms)", "{:,.0f}"), "tpot_mean_ms": ("mean TPOT (ms)", "{:,.1f}")}
+
+
+def _fmt(name: str, value: float | None) -> str:
+    return "-" if value is None else NAMES[name][1].format(value)
+
+
+def metric_rows(predicted: dict[str, Any]) -> list[dict[str, str]]:
+    rows = []
+    for name, m in predicted.items():
+        if name not in NAMES:
+            continue
+        before, mid = m.get("before"), m.get("predicted")
+        change = f"{(mid / before - 1) * 100:+.0f}%" if before and mid is not None else "-"
+        rows.append({"metric": NAMES[name][0], "before": _fmt(name, before), "predicted": _fmt(name, mid),
+                     "range": f"{_fmt(name, m.get('low'))} - {_fmt(name, m.get('high'))}", "change": change})
+    return rows
+
+
+def prediction_view(doc: dict[str, Any]) -> dict[str, Any]:
+    fit = doc.get("calibration") or {}
+    errors = fit.get("fit_error") or {}
+    fitted = ", ".join(f"{k} {v * 100:.1f}%" for k, v in errors.items())
+    return {
+        "changes": doc.get("changes_text") or " ".join(f"--{k.replace('_', '-')} {v}" for k, v in
+                                                      (doc.get("changes") or {}).items()),
+        "rows": metric_rows(doc.get("metrics") or {}),
+        "limit_before": (doc.get("limit") or {}).get("before"), "limit_after": (doc.get("limit") or {}).get("after"),
+        "reasoning": list(doc.get("reasoning") or []), "trades": list(doc.get("trades") or []),
+        "unmodelled": list(doc.get("unmodelled") or []),
+        "fit": (f"calibrated on the run ({fit.get('calibrated_on')}): simulated vs measured {fitted}" if fitted
+                else fit.get("calibrated_on")),
+        "source": (doc.get("source") or {}).get("path"),
+    }
+
+
+def _table(rows: list[dict[str, str]]) -> list[str]:
+    cols = ("metric", "before", "predicted", "range", "change")
+    widths = {c: max([len(c), *(len(terminal(r[c])) for r in rows)]) for c in cols}
+    lines = ["  " + "  ".join(c.ljust(widths[c]) for c in cols).rstrip()]
+    lines += ["  " + "  ".join(terminal(r[c]).ljust(widths[c]) for c in cols).rstrip() for r in rows]
+    return lines
+
+
+def render_prediction_text(doc: dict[str, Any]) -> str:
+    v = prediction_view(doc)
+    out = [f"profkit predict: {terminal(v['source'] or '')}", f"  changes: {terminal(v['changes'])}",
+           f"  limit: {terminal(v['limit_before'])} -> {terminal(v['limit_after'])}", ""]
+    out += _table(v["rows"])
+    out += ["", "Why:"] + [f"  - {terminal(r)}" for r in v["reasoning"]]
+    if v["trades"]:
+        out += ["Trades:"] + [f"  - {terminal(t)}" for t in v["trades"]]
+    if v["unmodelled"]:
+        out += [f"Not modelled (no prediction for these): {terminal(', '.join(v['unmodelled']))}"]
+    if v["fit"]:
+        out += [f"Model: {terminal(v['fit'])}"]
+    return document("\n".join(out) + "\n")
+
+
+def render_prediction_markdown(doc: dict[str, Any]) -> str:
+    from profkit.render import markdown
+
+    return document(markdown.environment().get_template("prediction.md.j2").render(v=prediction_view(doc)))
+
+
+def render_prediction_html(doc: dict[str, Any]) -> str:
+    from profkit.render import html
+
+    return document(html.environment().get_template("prediction.html.j2").render(v=prediction_view(doc)))
