@@ -89,15 +89,17 @@ def report(traces: tuple[Path, ...], window: str, fmt: str, output: Path | None,
 
     Without a trace (an unprofiled capture folder, or only --bench/--vllm-log/--metrics/--vllm-args)
     the report holds vLLM's evidence and the findings it supports."""
-    from profkit.report import build_report
+    from profkit.evidence.record import Evidence
+    from profkit.report import ReportOptions, build_report
 
     show = sys.stderr.isatty() if progress is None else progress
     trace = list(traces) if len(traces) > 1 else (traces[0] if traces else None)
+    options = ReportOptions(window=window, gap_threshold_ns=parse_duration(gap_threshold), rules_dirs=rules_dirs,
+                            jobs=jobs, dask=dask_address)
+    evidence = Evidence.read(bench=bench, log=vllm_log, metrics=metrics, vllm_args=vllm_args,
+                             model_config=model_config, host=host_json)
     with _Steps(show) as steps:
-        doc = build_report(trace, window=window, gap_threshold_ns=parse_duration(gap_threshold),
-                           progress=steps.step, bench=bench, vllm_log=vllm_log, metrics=list(metrics) or None,
-                           vllm_args=vllm_args, rules_dirs=list(rules_dirs), host=host_json, jobs=jobs,
-                           dask=dask_address, model_config=model_config)
+        doc = build_report(trace, evidence, options, progress=steps.step)
     from profkit.evidence.folder import PROTECTED
 
     inputs = [p for p in (*traces, bench, vllm_log, host_json, model_config, *metrics) if p is not None]

@@ -51,13 +51,13 @@ def sqlite_path(trace_dir: Path):
 @pytest.fixture(scope="session")
 def report_all(sqlite_path):
     """Cached `build_report(..., window='all')` per fixture."""
-    from profkit.report import build_report
+    from profkit.report import ReportOptions, build_report
 
     cache: dict[str, dict] = {}
 
     def get(name: str) -> dict:
         if name not in cache:
-            cache[name] = build_report(sqlite_path(name), window="all").document()
+            cache[name] = build_report(sqlite_path(name), options=ReportOptions(window="all")).document()
         return cache[name]
 
     return get

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from profkit.analysis import gaps as gaps_module
-from profkit.report import build_report
+from profkit.report import ReportOptions, build_report
 from profkit.traces import columns, open_trace
 from tests.conftest import FIXTURES, TOY
 
@@ -29,7 +29,7 @@ def _report(path, window: str, monkeypatch, adbc: bool) -> tuple[dict, int]:
 
     monkeypatch.setattr(columns, "_read_adbc", spy)
     monkeypatch.setattr(columns, "ADBC_MIN_ROWS", 0 if adbc else 1 << 62)
-    report = build_report(path, window=window).document()
+    report = build_report(path, options=ReportOptions(window=window)).document()
     report.pop("profkit_version")
     return report, len(reads)
 

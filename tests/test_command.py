@@ -18,6 +18,7 @@ import pytest
 from profkit.diagnose.suggestion import suggest
 from profkit.evidence.folder import manifest_user_command, without_capture_args
 from profkit.evidence.manifest import parse_manifest
+from profkit.evidence.record import Evidence
 from profkit.report import build_report
 from profkit.vllm.check import check_recorded
 from profkit.vllm.command import UserCommand, VllmCommand, from_non_default_args
@@ -136,18 +137,20 @@ def test_quoting_survives_paths_and_json() -> None:
 
 
 def test_vllm_args_forms(sqlite_path) -> None:
-    full = build_report(sqlite_path("eager_b1"), vllm_args=USER_EAGER).document()
+    full = build_report(sqlite_path("eager_b1"), Evidence.read(vllm_args=USER_EAGER)).document()
     assert full["command"]["source"] == "--vllm-args"
     assert full["suggested_command"] == USER_EAGER.removesuffix(" --enforce-eager")
-    flags = build_report(sqlite_path("eager_b1"), vllm_args="--max-num-seqs 64 --enforce-eager").document()
+    given = Evidence.read(vllm_args="--max-num-seqs 64 --enforce-eager")
+    flags = build_report(sqlite_path("eager_b1"), given).document()
     assert flags["suggested_command"] == "--max-num-seqs 64"  # a bare flag list stays a flag list
     assert flags["command"]["checks"][0]["ok"]
 
 
 def test_serve_suggestion_from_the_log_is_said_as_such(sqlite_path) -> None:
     """No manifest, no --vllm-args: rebuilt from the real serve log's non-default args, said as such."""
-    doc = build_report(sqlite_path("hostgap_b16"), vllm_log=REAL_SERVE / "server.log",
-                       metrics=[REAL_SERVE / "metrics-before.txt", REAL_SERVE / "metrics-after.txt"]).document()
+    evidence = Evidence.read(log=REAL_SERVE / "server.log",
+                             metrics=[REAL_SERVE / "metrics-before.txt", REAL_SERVE / "metrics-after.txt"])
+    doc = build_report(sqlite_path("hostgap_b16"), evidence).document()
     cmd = doc["command"]
     assert cmd["source"].startswith("vLLM log's non-default args (the command you ran is not known")
     assert cmd["original"] == [

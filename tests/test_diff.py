@@ -16,6 +16,7 @@ import pytest
 from profkit.compare import gate
 from profkit.compare.diff import Side, diff, diff_reports
 from profkit.errors import ProfkitError
+from profkit.evidence.record import Evidence
 from profkit.render.diff import verdict_sentence
 from profkit.render.json import render_json
 from profkit.report import build_report
@@ -129,7 +130,7 @@ def test_evidence_only_sides(tmp_path: Path) -> None:
 def test_replicates_measure_the_noise(tmp_path: Path) -> None:
     """Two runs of one configuration per side: their spread is the threshold (here real figures of the
     recorded serve run, and the same run with its throughput moved within and beyond that spread)."""
-    base = build_report(None, bench=REAL_SERVE / "bench.json", vllm_log=REAL_SERVE / "server.log").document()
+    base = build_report(None, Evidence.read(bench=REAL_SERVE / "bench.json", log=REAL_SERVE / "server.log")).document()
     rt = base["vllm"]["bench"]["requests_per_second"]
 
     def with_rt(value: float) -> dict:

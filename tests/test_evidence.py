@@ -1,20 +1,25 @@
 """The evidence stage: each reader turns one real file into a typed record, numbers as the file holds them, and
-names the file in one line when it is broken. Real files: the H100 14B GPU-bound control run and the 1.1B
-KV-starved serve run (tests/data)."""
+names the file in one line when it is broken; the records of a run make one `Evidence`, an explicit option beating
+the capture folder. Real files: the H100 14B GPU-bound control run and the 1.1B KV-starved serve run
+(tests/data)."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import msgspec
 import pytest
 
 from profkit.errors import ProfkitError
+from profkit.evidence import folder as files
 from profkit.evidence.bench import BenchResult, read_bench
+from profkit.evidence.folder import CaptureFolder
 from profkit.evidence.host import read_host
 from profkit.evidence.manifest import read_manifest
 from profkit.evidence.metrics import counter_delta, read_metrics
+from profkit.evidence.record import Evidence
 from profkit.evidence.vllm_log import read_log
 
 REAL_SERVE = Path(__file__).parent / "data" / "vllm_serve_kv300mb"
@@ -82,3 +87,33 @@ def test_a_broken_file_is_one_line_naming_it(tmp_path: Path, reader, text: str, 
     with pytest.raises(ProfkitError) as exc:
         reader(path)
     assert str(exc.value).startswith(str(path)) and needle in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_an_explicit_option_beats_the_folder(tmp_path: Path, h100_host: Path) -> None:
+    """Each piece the options give stays; each they lack comes from the folder; a folder file an option replaces
+    is never read (here a broken one)."""
+    folder = tmp_path / "ctl"
+    shutil.copytree(h100_host / "ctl", folder)
+    shutil.copy(folder / files.BENCH, tmp_path / "given.json")
+    (folder / files.BENCH).write_text("{")
+    given = Evidence.read(bench=tmp_path / "given.json", vllm_args="--max-num-seqs 64")
+    merged = given.over(CaptureFolder(folder))
+    assert merged.bench == given.bench and merged.flags() == {"max_num_seqs": 64}
+    assert merged.command.source == "--vllm-args" and merged.manifest.vllm_args != given.vllm_args
+    assert merged.log == read_log(folder / files.SERVER_LOG) and len(merged.metrics) == 2
+    assert merged.host.cores == 16 and merged.model is None and merged.gpu_metrics is None
+    with pytest.raises(ProfkitError, match="not a benchmark JSON"):  # nothing replaces it: the folder's is read
+        Evidence().over(CaptureFolder(folder))
+
+
+def test_one_evidence_test(tmp_path: Path) -> None:
+    """Anything of the run but its traces is evidence; a manifest counts by what it records (its environment,
+    even an empty one; the flags; the commands), not by being there."""
+    assert Evidence().is_empty() and not Evidence.read(vllm_args="--enforce-eager").is_empty()
+    manifest = tmp_path / files.MANIFEST
+    manifest.write_text(json.dumps({"status": "ok"}))
+    assert Evidence().over(CaptureFolder(tmp_path)).is_empty()
+    manifest.write_text(json.dumps({"status": "ok", "environment": {}}))
+    assert not Evidence().over(CaptureFolder(tmp_path)).is_empty()
+    with pytest.raises(ProfkitError, match="--vllm-args: No closing quotation"):
+        Evidence.read(vllm_args="--model 'm")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from profkit.report import build_report
+from profkit.report import ReportOptions, build_report
 from tests.cli import profkit
 
 DATA = Path(__file__).parent / "data" / "foreign"
@@ -45,7 +45,7 @@ def reports() -> dict:
 
     def get(name: str) -> dict:
         if name not in cache:
-            cache[name] = build_report(DATA / f"{name}.json.gz", window="all").document()
+            cache[name] = build_report(DATA / f"{name}.json.gz", options=ReportOptions(window="all")).document()
         return cache[name]
 
     return get
@@ -145,7 +145,7 @@ def test_nsys_exports_2021_to_2024(nsys_file, name: str) -> None:
     gpu_col = "id" if b"id" in {r[1] for r in conn.execute("PRAGMA table_info(TARGET_INFO_GPU)")} else "deviceId"
     gpu = conn.execute(f"SELECT name FROM TARGET_INFO_GPU ORDER BY {gpu_col} LIMIT 1").fetchone()[0].decode()
     conn.close()
-    rep = build_report(path, window="all").document()
+    rep = build_report(path, options=ReportOptions(window="all")).document()
     assert rep["facts"]["kernels.count"] == count > 0 and rep["facts"]["kernels.total_ns"] == total
     assert rep["source"]["tool_version"] == version and rep["source"]["gpu"] == gpu
     assert rep["run"]["vllm"] == [] and all(f["changes"] == [] for f in rep["findings"])
@@ -154,8 +154,9 @@ def test_nsys_exports_2021_to_2024(nsys_file, name: str) -> None:
 def test_nsys_2022_metadata_and_the_oldest_gpu_table(nsys_file) -> None:
     """2022.1 kept its metadata in EXPORT_META_DATA (with a Latin-1 user name); ~2021 had no metadata
     table and a five-column TARGET_INFO_GPU keyed by deviceId."""
-    assert build_report(nsys_file("extrap_con_kernel"), window="all").source["tool_version"] == "2022.1.1.61"
-    assert build_report(nsys_file("extrap_exgpu_s10_2021"), window="all").source["gpu"] == "A100-PCIE-40GB"
+    everything = ReportOptions(window="all")
+    assert build_report(nsys_file("extrap_con_kernel"), options=everything).source["tool_version"] == "2022.1.1.61"
+    assert build_report(nsys_file("extrap_exgpu_s10_2021"), options=everything).source["gpu"] == "A100-PCIE-40GB"
 
 
 def test_export_without_cuda_kernels_is_one_line(nsys_file) -> None:

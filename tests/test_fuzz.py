@@ -212,7 +212,7 @@ def _check_mutated(base: Path, folder: Path, mutations: list[tuple]) -> None:
     import shutil
     import sqlite3
 
-    from profkit.report import build_report
+    from profkit.report import ReportOptions, build_report
 
     path = folder / "t.sqlite"
     shutil.copyfile(base, path)
@@ -223,7 +223,7 @@ def _check_mutated(base: Path, folder: Path, mutations: list[tuple]) -> None:
     conn.close()
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     try:
-        report = build_report(path, window="all").document()
+        report = build_report(path, options=ReportOptions(window="all")).document()
     except ProfkitError as exc:
         assert printable(exc)
     else:
@@ -267,12 +267,12 @@ def test_row_order_and_duplicates_change_nothing(sqlite_path, tmp_path_factory, 
     import shutil
     import sqlite3
 
-    from profkit.report import build_report
+    from profkit.report import ReportOptions, build_report
 
     path = tmp_path_factory.mktemp("order") / "t.sqlite"
     shutil.copyfile(sqlite_path("prefill_long"), path)
     path.chmod(0o644)
-    good = build_report(path, window=window).document()
+    good = build_report(path, options=ReportOptions(window=window)).document()
     with sqlite3.connect(path) as conn:
         for table, order, every in changes:  # rows in another order; every `every`-th row twice (0: none)
             if not conn.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (table,)).fetchone():
@@ -282,7 +282,7 @@ def test_row_order_and_duplicates_change_nothing(sqlite_path, tmp_path_factory, 
             conn.execute(f"CREATE TABLE {table} AS SELECT * FROM (SELECT * FROM old_rows{twice}) ORDER BY {order}")
             conn.execute("DROP TABLE old_rows")
     conn.close()
-    doc = build_report(path, window=window).document()
+    doc = build_report(path, options=ReportOptions(window=window)).document()
     same = ("kernels", "api", "gpu", "gaps", "gap_classes", "timeline", "window", "launch", "steps", "memops",
             "memory_kinds")
     assert {k: doc[k] for k in same} == {k: good[k] for k in same}

@@ -23,7 +23,7 @@ import pytest
 
 from profkit.analysis.efficiency import gpu_peak
 from profkit.analysis.gpu_metrics import summary, within
-from profkit.report import build_report
+from profkit.report import ReportOptions, build_report
 from profkit.traces.gpu_metrics import open_gpu_metrics
 from profkit.tune.loop import allowed_flags
 from tests.cli import profkit
@@ -90,7 +90,7 @@ def test_unknown_gpus_have_no_peak_and_lookalikes_are_not_taken() -> None:
 
 def test_the_h100_bandwidth_agrees_with_the_exports_target_info(gemm_copy: Path) -> None:
     """TARGET_INFO_GPU.memoryBandwidth of the real export (bytes/s) is the table's 3.35 TB/s."""
-    doc = build_report(gemm_copy, window="all").document()
+    doc = build_report(gemm_copy, options=ReportOptions(window="all")).document()
     gpu = doc["efficiency"]["gpu"]
     assert gpu["export_bandwidth_tbs"] == pytest.approx(gpu["bandwidth_tbs"], rel=0.001)
 
@@ -131,7 +131,7 @@ def test_tensor_active_under_the_gemm_is_the_share_of_the_peak_at_the_sampled_cl
     clock_hz = recipe("gemm")["GPC Clock Frequency [MHz]"]["Mean"]  # nsys 2025.3 stores Hz under the MHz label
     assert 1.0e9 < clock_hz < 1.99e9
     peak_at_clock = gpu_peak(loop["gpu"])["bf16_tflops"] * clock_hz / 1.83e9  # type: ignore[index]
-    doc = build_report(gemm_copy, window="all").document()
+    doc = build_report(gemm_copy, options=ReportOptions(window="all")).document()
     gemm = doc["efficiency"]["gpu_metrics"]["categories"]["gemm"]
     assert gemm["tensor_active"]["mean"] == pytest.approx(100 * loop["gemm"]["tflops"] / peak_at_clock, abs=3)
     # and the datasheet peak is not reached at that clock: the report's MFU-style reading must not read 93 %
@@ -142,7 +142,7 @@ def test_dram_read_plus_write_under_the_copy_is_its_share_of_the_bandwidth_peak(
     """A 1 GiB device copy reads and writes every byte: 3.01 TB/s by CUDA events, 90 % of 3.35 TB/s; the DRAM
     read + write metrics under the copies say the same within 1 point."""
     loop = json.loads(GEMM_COPY.with_suffix(".json").read_text())
-    doc = build_report(gemm_copy, window="all").document()
+    doc = build_report(gemm_copy, options=ReportOptions(window="all")).document()
     copy = doc["efficiency"]["gpu_metrics"]["categories"]["memory copy/set"]
     dram = copy["dram_read"]["mean"] + copy["dram_write"]["mean"]
     assert dram == pytest.approx(100 * loop["copy"]["tbs_read_write"] / 3.35, abs=1.0)

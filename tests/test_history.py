@@ -34,10 +34,12 @@ HOSTILE = "a|b `code` [x](javascript:x) <i>&_y\x1b[31m\nz\\|w"
 
 @pytest.fixture(scope="module")
 def evidence_report() -> dict:
+    from profkit.evidence.record import Evidence
     from profkit.report import build_report
 
-    return build_report(None, bench=SERVE / "bench.json", vllm_log=SERVE / "server.log",
-                        metrics=[SERVE / "metrics-before.txt", SERVE / "metrics-after.txt"]).document()
+    evidence = Evidence.read(bench=SERVE / "bench.json", log=SERVE / "server.log",
+                             metrics=[SERVE / "metrics-before.txt", SERVE / "metrics-after.txt"])
+    return build_report(None, evidence).document()
 
 
 @pytest.fixture

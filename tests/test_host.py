@@ -303,10 +303,10 @@ def test_trace_context_switches_give_each_process_cpu(sqlite_path, h100_host: Pa
     agree with host.json's 10 Hz samples of the same run: the API server's main thread at a full core."""
     import sqlite3
 
-    from profkit.report import build_report
+    from profkit.report import ReportOptions, build_report
 
     path = sqlite_path("serve_frontend")
-    rep = build_report(path, window="all").document()
+    rep = build_report(path, options=ReportOptions(window="all")).document()
     sc = rep["sched"]
     a = rep["window"]["start_ns"]
     b = a + rep["window"]["duration_ns"]

@@ -241,12 +241,12 @@ SAME = ("kernels", "api", "gpu", "gaps", "gap_classes", "timeline", "window", "l
 def test_duplicated_and_unordered_rows_are_counted_once_and_said(tmp_path: Path, sqlite_path, window: str) -> None:
     """Duplicated events doubled every count, and rows out of start order broke the binary searches behind a
     window (wrong numbers without a word). Now they are sorted and counted once, and the report says so."""
-    from profkit.report import build_report
+    from profkit.report import ReportOptions, build_report
 
     trace = tmp_path / "t.sqlite"
     shutil.copyfile(sqlite_path("thr_graphs"), trace)
     trace.chmod(0o644)
-    good = build_report(trace, window=window).document()
+    good = build_report(trace, options=ReportOptions(window=window)).document()
     k, r = "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME"
     with sqlite3.connect(trace) as conn:
         kernels = conn.execute(f"SELECT count(*) FROM {k}").fetchone()[0]
@@ -256,7 +256,7 @@ def test_duplicated_and_unordered_rows_are_counted_once_and_said(tmp_path: Path,
         == 2 * kernels
     _rewrite_rows(trace, r, "SELECT * FROM {t} UNION ALL SELECT * FROM {t} WHERE rowid % 3 = 0")
     memsets = _rewrite_rows(trace, "CUPTI_ACTIVITY_KIND_MEMSET", "SELECT * FROM {t} UNION ALL SELECT * FROM {t}") // 2
-    doc = build_report(trace, window=window).document()
+    doc = build_report(trace, options=ReportOptions(window=window)).document()
     assert {key: doc[key] for key in SAME} == {key: good[key] for key in SAME}
     said = doc["source"]["inconsistent"]
     assert f"{kernels} duplicated kernel rows (same device, stream, start, end, correlation) counted once" in said
@@ -270,7 +270,7 @@ def test_duplicated_and_unordered_rows_are_counted_once_and_said(tmp_path: Path,
 def test_disorder_and_duplicates_beside_a_row_left_out_are_found(tmp_path: Path, sqlite_path, between: str) -> None:
     """Found in review: each row was compared with the next row id only, so a row the view leaves out (or a
     deleted one) between two rows out of order, or between a row and its duplicate, hid them."""
-    from profkit.report import build_report
+    from profkit.report import ReportOptions, build_report
 
     trace = tmp_path / "t.sqlite"
     shutil.copyfile(sqlite_path("eager_b1"), trace)
@@ -292,7 +292,7 @@ def test_disorder_and_duplicates_beside_a_row_left_out_are_found(tmp_path: Path,
         truth = conn.execute(f"SELECT count(*) FROM {k} WHERE start BETWEEN ? AND ? AND end >= start "
                              f"AND deviceId >= 0 AND rowid != 502", (s100 - 1000, s100 + 2_000_000)).fetchone()[0]
     window = f"{s100 - 1000}:{s100 + 2_000_000}"
-    report = build_report(trace, window=window).document()
+    report = build_report(trace, options=ReportOptions(window=window)).document()
     assert report["facts"]["kernels.count"] == truth
     assert "1 duplicated kernel rows" in report["source"]["inconsistent"]
 
@@ -305,17 +305,17 @@ def test_duplicated_torch_events_are_counted_once_and_said(tmp_path: Path) -> No
     """The same for a torch.profiler trace: events written twice (a merge gone wrong) doubled every count."""
     import gzip
 
-    from profkit.report import build_report
+    from profkit.report import ReportOptions, build_report
     from tests.conftest import FIXTURES
 
     source = FIXTURES / "h100_toy" / "torch_graphs_b16.json.gz"
-    good = build_report(source, window="all").document()
+    good = build_report(source, options=ReportOptions(window="all")).document()
     doc = json.loads(gzip.decompress(source.read_bytes()))
     twice = doc["traceEvents"][::3]
     doc["traceEvents"] += twice
     trace = tmp_path / "t.pt.trace.json"
     trace.write_text(json.dumps(doc))
-    report = build_report(trace, window="all").document()
+    report = build_report(trace, options=ReportOptions(window="all")).document()
     same = [key for key in SAME if key != "steps"] + ["cpu_ops", "nvtx", "sync"]
     assert {key: report[key] for key in same} == {key: good[key] for key in same}
     said = report["source"]["inconsistent"]
@@ -592,7 +592,7 @@ def test_rows_with_a_number_of_the_wrong_type_are_left_out_and_said(tmp_path: Pa
     real export (swap_b16: kernels, copies, memsets, syncs, NVTX) hold a real number, text or a blob there. The
     column is declared without a type, so that text stays text. The report is exactly that of the export
     without those rows, and says how many it left out and why (`before`: what it did instead)."""
-    from profkit.report import build_report
+    from profkit.report import ReportOptions, build_report
 
     trace, without = tmp_path / "t.sqlite", tmp_path / "without.sqlite"
     for path in (trace, without):
@@ -601,8 +601,8 @@ def test_rows_with_a_number_of_the_wrong_type_are_left_out_and_said(tmp_path: Pa
     n = _retype(trace, table, column, "", where, value)
     with sqlite3.connect(without) as conn:
         assert conn.execute(f"DELETE FROM {table} WHERE {where}").rowcount == n > 0
-    doc = build_report(trace, window="all").document()
-    good = build_report(without, window="all").document()
+    doc = build_report(trace, options=ReportOptions(window="all")).document()
+    good = build_report(without, options=ReportOptions(window="all")).document()
     assert doc["source"]["inconsistent"] == f"{n} {ROWS_OF[table]} rows with {what} in {column} where nsys " \
         "writes integers; left out"
     same = (*SAME, "sync", "nvtx", "memory_kinds", "categories")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from profkit.evidence.record import Evidence
 from profkit.render.html import render_html
 from profkit.render.markdown import render_markdown
 from profkit.report import build_report
@@ -75,8 +76,8 @@ def test_every_torch_fixture_renders_within_budget(name: str, tmp_path: Path) ->
 
 def test_chromium_renders_the_vllm_report(sqlite_path, tmp_path: Path) -> None:
     vllm = FIXTURES / "h100_vllm"
-    report = build_report(sqlite_path("thr_graphs"), bench=vllm / "thr_graphs.json",
-                          vllm_log=vllm / "thr_graphs.log").document()
+    report = build_report(sqlite_path("thr_graphs"),
+                          Evidence.read(bench=vllm / "thr_graphs.json", log=vllm / "thr_graphs.log")).document()
     dom, log, shot = browse(write(tmp_path, report), tmp_path)
     assert "CONSOLE" not in log and "Uncaught" not in log
     assert "Findings (3)" in dom and "GPU waits on the host between steps" in dom
@@ -128,8 +129,9 @@ def test_capture_folder_html(sqlite_path, tmp_path: Path) -> None:
 def test_markdown_for_a_ticket(sqlite_path) -> None:
     from tests.test_rules import REAL_SERVE
 
-    report = build_report(sqlite_path("hostgap_b16"), vllm_log=REAL_SERVE / "server.log",
-                          metrics=[REAL_SERVE / "metrics-before.txt", REAL_SERVE / "metrics-after.txt"]).document()
+    evidence = Evidence.read(log=REAL_SERVE / "server.log",
+                             metrics=[REAL_SERVE / "metrics-before.txt", REAL_SERVE / "metrics-after.txt"])
+    report = build_report(sqlite_path("hostgap_b16"), evidence).document()
     md = render_markdown(report)
     assert "**[critical] Requests preempted for lack of KV cache** (kv-preemption)" in md
     assert "| `--kv-cache-memory-bytes` | 300000000 (vLLM log) | **(remove the flag)** | remove |" in md

@@ -154,12 +154,13 @@ GAP_THRESHOLDS_NS = [ms * 1_000_000 for ms in (500, 1000, 2000, 10000)] + [_THR_
 @pytest.mark.parametrize("threshold", GAP_THRESHOLDS_NS)
 def test_long_gaps_equal_gpu_gaps_rule(threshold: int, sqlite_path) -> None:
     """The report's gaps at a threshold are exactly nsys's gpu_gaps rows at or above it (start and length)."""
-    from profkit.report import build_report
+    from profkit.report import ReportOptions, build_report
 
     theirs = {(int(r["Start (ns)"]), int(r["Duration (ns)"])) for r in nsys_csv("thr_graphs", "gpu_gaps")
               if int(r["Duration (ns)"]) >= threshold}
     assert 0 < len(theirs) <= 50  # the report lists the 50 longest
-    report = build_report(sqlite_path("thr_graphs"), window="all", gap_threshold_ns=threshold).document()
+    options = ReportOptions(window="all", gap_threshold_ns=threshold)
+    report = build_report(sqlite_path("thr_graphs"), options=options).document()
     assert {(g["start_ns"], g["duration_ns"]) for g in report["gaps"]} == theirs
 
 

@@ -24,7 +24,7 @@ import pytest
 from profkit.analysis.efficiency import phase_estimates
 from profkit.analysis.steps import parse_step_name
 from profkit.evidence.model_config import read_model_config
-from profkit.report import build_report
+from profkit.report import ReportOptions, build_report
 from tests.cli import profkit
 from tests.test_gpu_bound import PRECISION_FLAGS, changes_of, counter_delta
 
@@ -45,7 +45,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def reports(runs: dict[str, Path]) -> dict[str, dict]:
-    return {name: build_report(folder, window="all").document() for name, folder in runs.items()}
+    return {name: build_report(folder, options=ReportOptions(window="all")).document() for name, folder in runs.items()}
 
 
 def annotated_steps(folder: Path) -> list[tuple[int, tuple[int, ...]]]:
@@ -289,7 +289,7 @@ def test_a_step_name_with_numbers_no_step_holds_is_left_out(runs: dict[str, Path
                  ("execute_1_context_0(sq0sk0sqsq0sqsk0)_generation_1(sq1sk" + "9" * 30 + "sqsq1sqsk1025)", start))
     conn.commit()
     conn.close()
-    doc = build_report(folder, window="all").document()
+    doc = build_report(folder, options=ReportOptions(window="all")).document()
     assert doc["steps"]["count"] == len(annotated_steps(runs["fp8"])) - 1
     assert all(row["mbu"] < 1 for row in phases(doc).values())
 
@@ -327,7 +327,8 @@ def test_each_rank_names_its_steps_and_the_gpus_own_are_read(runs: dict[str, Pat
                  "WHERE text LIKE 'execute%'")
     conn.commit()
     conn.close()
-    doc = build_report(folder, window="all").document()
+    everything = ReportOptions(window="all")
+    doc = build_report(folder, options=everything).document()
     assert doc["steps"]["count"] == len(annotated_steps(runs["bf16"]))
-    assert phases(doc)["decode-only"]["mbu"] == pytest.approx(phases(build_report(runs["bf16"], window="all")
+    assert phases(doc)["decode-only"]["mbu"] == pytest.approx(phases(build_report(runs["bf16"], options=everything)
                                                                      .document())["decode-only"]["mbu"])

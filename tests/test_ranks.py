@@ -19,7 +19,7 @@ import pytest
 from hta.trace_analysis import TraceAnalysis
 
 from profkit.analysis.communication import merge_intervals, overlap_ns
-from profkit.report import build_report
+from profkit.report import ReportOptions, build_report
 from tests.cli import profkit
 
 DATA = Path(__file__).parent / "data" / "foreign"
@@ -37,7 +37,7 @@ def ns(us: float) -> int:
 
 @pytest.fixture(scope="module")
 def joined() -> dict:
-    return build_report(RANKS, window="all", jobs=2).document()
+    return build_report(RANKS, options=ReportOptions(window="all", jobs=2)).document()
 
 
 def test_rank_traces_report_as_one(joined: dict, tmp_path: Path) -> None:
@@ -57,7 +57,7 @@ def test_rank_traces_report_as_one(joined: dict, tmp_path: Path) -> None:
         assert categories["communication"] == comm["total_ns"]
         assert sum(categories.values()) == entry["kernels"]["total_ns"]
     # the top-level sections are rank 0's own report
-    alone = build_report(RANKS[0], window="all").document()
+    alone = build_report(RANKS[0], options=ReportOptions(window="all")).document()
     assert "ranks" not in alone and "imbalance" not in alone  # one GPU: today's shape
     assert joined["kernels"] == alone["kernels"] and joined["gpu"] == alone["gpu"]
     assert joined["facts"]["ranks.count"] == 2
@@ -67,7 +67,7 @@ def test_rank_traces_report_as_one(joined: dict, tmp_path: Path) -> None:
     folder.mkdir()
     for p in RANKS:
         shutil.copy(p, folder / p.name)
-    from_folder = build_report(folder, window="all", jobs=1).document()
+    from_folder = build_report(folder, options=ReportOptions(window="all", jobs=1)).document()
     assert from_folder["ranks"] == [{**r, "source": str(folder / Path(r["source"]).name)} for r in joined["ranks"]]
     assert from_folder["imbalance"] == joined["imbalance"]
 
@@ -126,7 +126,7 @@ def test_overlap_of_merged_intervals_on_real_kernels() -> None:
 def test_dask_gives_the_local_report(joined: dict) -> None:
     """Each trace's analysis as a task on a Dask cluster (here a LocalCluster of two processes)."""
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as c:
-        on_dask = build_report(RANKS, window="all", dask=c.scheduler_address).document()
+        on_dask = build_report(RANKS, options=ReportOptions(window="all", dask=c.scheduler_address)).document()
     local = dict(joined)
     for doc in (on_dask, local):
         doc.pop("profkit_version")

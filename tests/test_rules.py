@@ -15,8 +15,9 @@ from profkit.diagnose.facts import known_fact_names
 from profkit.diagnose.rule_files import load_rule_file, load_rules
 from profkit.diagnose.sandbox import RuleError
 from profkit.evidence.metrics import parse_metrics
+from profkit.evidence.record import Evidence
 from profkit.evidence.vllm_log import parse_log
-from profkit.report import build_report
+from profkit.report import ReportOptions, build_report
 from profkit.vllm.command import VllmCommand
 from tests.cli import one_error_line, profkit
 from tests.conftest import FIXTURES
@@ -33,10 +34,11 @@ STATS = ("(APIServer pid=1) INFO 11-22 19:01:05 [loggers.py:255] Engine 000: Avg
 def auto(sqlite_path):
     cache: dict[str, dict] = {}
 
-    def get(name: str, **kw) -> dict:
-        key = name + json.dumps({k: str(v) for k, v in kw.items()}, sort_keys=True)
+    def get(name: str, window: str = "auto", **evidence) -> dict:
+        key = name + window + json.dumps({k: str(v) for k, v in evidence.items()}, sort_keys=True)
         if key not in cache:
-            cache[key] = build_report(sqlite_path(name), **kw).document()
+            report = build_report(sqlite_path(name), Evidence.read(**evidence), ReportOptions(window=window))
+            cache[key] = report.document()
         return cache[key]
 
     return get
@@ -108,7 +110,7 @@ def test_kv_preemption_from_the_log_stats_line(auto, tmp_path: Path) -> None:
                               STATS.format(pre="Preemptions: 19, ", kv="100.0")]))
     info = msgspec.to_builtins(parse_log(log.read_text()))
     assert info["preemptions_total"] == 31 and info["kv_cache_usage_max"] == 100.0 and info["waiting_max"] == 148
-    r = auto("thr_graphs", vllm_log=log, vllm_args="--kv-cache-memory-bytes 300000000 --max-num-seqs 256")
+    r = auto("thr_graphs", log=log, vllm_args="--kv-cache-memory-bytes 300000000 --max-num-seqs 256")
     f = next(f for f in r["findings"] if f["rule"] == "kv-preemption")
     assert "31 preemptions" in f["summary"]
     flags = {c["flag"]: c for c in f["changes"]}
@@ -123,18 +125,18 @@ def test_kv_preemption_from_the_log_stats_line(auto, tmp_path: Path) -> None:
 def test_kv_preemption_quiet_without_preemptions(auto, tmp_path: Path) -> None:
     log = tmp_path / "server.log"
     log.write_text(STATS.format(pre="Preemptions: 0, ", kv="41.0"))
-    r = auto("thr_graphs", vllm_log=log)
+    r = auto("thr_graphs", log=log)
     assert r["facts"]["vllm.preemptions"] == 0
     assert "kv-preemption" not in fired(r) and "kv-cache-pressure" not in fired(r)
     # The real vLLM log of the throughput run has no stats lines: the rule cannot tell, and says so.
-    bare = auto("thr_graphs", vllm_log=VLLM / "thr_graphs.log")
+    bare = auto("thr_graphs", log=VLLM / "thr_graphs.log")
     assert {"rule": "kv-preemption", "missing": ["vllm.preemptions"]} in bare["rules_skipped"]
 
 
 def test_kv_cache_pressure_fires_at_95_percent(auto, tmp_path: Path) -> None:
     log = tmp_path / "server.log"
     log.write_text(STATS.format(pre="", kv="96.5"))
-    assert "kv-cache-pressure" in fired(auto("thr_graphs", vllm_log=log))
+    assert "kv-cache-pressure" in fired(auto("thr_graphs", log=log))
 
 
 def test_metrics_counter_delta_drives_preemptions(auto, tmp_path: Path) -> None:
@@ -153,7 +155,7 @@ def test_metrics_counter_delta_drives_preemptions(auto, tmp_path: Path) -> None:
 
 
 def test_bench_json_and_flags_become_facts(auto) -> None:
-    r = auto("thr_graphs", bench=VLLM / "thr_graphs.json", vllm_log=VLLM / "thr_graphs.log")
+    r = auto("thr_graphs", bench=VLLM / "thr_graphs.json", log=VLLM / "thr_graphs.log")
     assert r["facts"]["vllm.requests_per_second"] == pytest.approx(144.97748213994387)
     # From the log's "non-default args" and start-up lines, not from defaults.
     assert r["facts"]["config.max_model_len"] == 2048 and r["facts"]["config_source.max_model_len"] == "vLLM log"
@@ -208,11 +210,11 @@ def test_prefix_caching_fires_when_off_and_is_evaluated_false_when_on(auto) -> N
     stays quiet. The same run given `--no-enable-prefix-caching` fires it, proposing the flag back on."""
     log = REAL_SERVE / "server.log"
     assert "enable_prefix_caching" not in logged_args(log.read_text())
-    on = auto("hostgap_b16", vllm_log=log)
+    on = auto("hostgap_b16", log=log)
     assert (on["facts"]["config.enable_prefix_caching"], on["facts"]["config_source.enable_prefix_caching"]) == (
         True, "vLLM 0.26 default")
     assert_evaluated_false(on, "prefix-caching")
-    off = auto("hostgap_b16", vllm_log=log, vllm_args="--no-enable-prefix-caching")
+    off = auto("hostgap_b16", log=log, vllm_args="--no-enable-prefix-caching")
     assert proposed(off, "prefix-caching") == [("--enable-prefix-caching", False, "given", True)]
 
 
@@ -227,12 +229,12 @@ def test_prefill_dominated_fires_with_the_logged_share_and_budget(auto, h100_tun
     share = prompt / (prompt + gen)
     budget = logged_args(text)["max_num_batched_tokens"]
     assert share > 0.7 and budget == 16384
-    r = auto("hostgap_b16", vllm_log=log)
+    r = auto("hostgap_b16", log=log)
     assert r["facts"]["vllm.prompt_token_share"] == pytest.approx(share)
     assert proposed(r, "prefill-dominated") == [("--max-num-batched-tokens", budget, "vLLM log", 8192)]
     finding = next(f for f in r["findings"] if f["rule"] == "prefill-dominated")
     assert finding["summary"].startswith(f"{100 * share:.1f}% of processed tokens were prompt tokens")
-    off = auto("hostgap_b16", vllm_log=log, vllm_args="--no-enable-chunked-prefill")
+    off = auto("hostgap_b16", log=log, vllm_args="--no-enable-chunked-prefill")
     assert proposed(off, "prefill-dominated") == [("--enable-chunked-prefill", False, "given", True),
                                                   ("--max-num-batched-tokens", budget, "vLLM log", 8192)]
 
@@ -249,7 +251,7 @@ def test_prefill_dominated_is_evaluated_false_on_a_decode_heavy_interval(auto, h
     stats = log_stats(log.read_text())
     share = stats["prompt"][0] / (stats["prompt"][0] + stats["generation"][0])
     assert len(stats["prompt"]) == 1 and 0.6 < share < 0.7
-    r = auto("hostgap_b16", vllm_log=log)
+    r = auto("hostgap_b16", log=log)
     assert r["facts"]["vllm.prompt_token_share"] == pytest.approx(share)
     assert_evaluated_false(r, "prefill-dominated")
 
@@ -262,13 +264,13 @@ def test_underfilled_batches_fires_on_the_real_capture_and_is_evaluated_false_wi
     many concurrent requests from the client. The kv300mb run queued 125 requests: evaluated, quiet."""
     log = h100_host / "nsys_def2" / "server.log"
     stats = log_stats(log.read_text())
-    r = auto("serve_frontend", vllm_log=log)
+    r = auto("serve_frontend", log=log)
     assert r["source"]["gpu"] == "NVIDIA H100 80GB HBM3" and r["facts"]["config.max_num_seqs"] == 1024
     assert r["facts"]["vllm.running_mean"] == pytest.approx(sum(stats["running"]) / len(stats["running"]))
     assert r["facts"]["vllm.waiting_max"] == max(stats["waiting"]) == 0
     assert r["facts"]["vllm.running_mean"] < 512 and r["facts"]["gpu.utilization"] < 0.85
     assert proposed(r, "underfilled-batches") == [("--max-concurrency", None, "unknown", 1024)]
-    queued = auto("hostgap_b16", vllm_log=REAL_SERVE / "server.log")
+    queued = auto("hostgap_b16", log=REAL_SERVE / "server.log")
     assert queued["facts"]["vllm.waiting_max"] == max(log_stats((REAL_SERVE / "server.log").read_text())["waiting"])
     assert queued["facts"]["vllm.waiting_max"] > 0 and queued["facts"]["vllm.running_mean"] < 512
     assert_evaluated_false(queued, "underfilled-batches")
@@ -372,7 +374,7 @@ def test_real_vllm_serve_log_metrics_and_bench() -> None:
 
 
 def test_kv_preemption_on_the_real_serve_run(auto) -> None:
-    r = auto("hostgap_b16", vllm_log=REAL_SERVE / "server.log", bench=REAL_SERVE / "bench.json",
+    r = auto("hostgap_b16", log=REAL_SERVE / "server.log", bench=REAL_SERVE / "bench.json",
              metrics=[REAL_SERVE / "metrics-before.txt", REAL_SERVE / "metrics-after.txt"])
     assert r["facts"]["vllm.preemptions"] == 29  # counter delta over the benchmark
     assert r["facts"]["vllm.ttft_p99_ms"] == pytest.approx(17451.70002086997)
@@ -390,7 +392,7 @@ def test_kv_preemption_on_the_real_serve_run(auto) -> None:
 
 
 def test_real_serve_log_alone_cannot_tell_preemptions(auto) -> None:
-    r = auto("hostgap_b16", vllm_log=REAL_SERVE / "server.log")
+    r = auto("hostgap_b16", log=REAL_SERVE / "server.log")
     assert {"rule": "kv-preemption", "missing": ["vllm.preemptions"]} in r["rules_skipped"]
     assert "kv-cache-pressure" in fired(r)  # 95.6 % usage is the sign left in the log
     quiet = auto("hostgap_b16", metrics=[REAL_SERVE / "metrics-before.txt"])

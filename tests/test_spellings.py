@@ -86,11 +86,12 @@ def test_the_check_refuses_what_vllm_refuses() -> None:
 def test_the_rule_undoes_the_narrowed_capture_size_in_one_spelling(sqlite_path) -> None:
     """cuda-graph-coverage on a real trace whose kernels mostly launched outside graphs (thr_graphs, whole
     process), for a user who narrowed the capture sizes: the flag goes; no second spelling is added."""
-    from profkit.report import build_report
+    from profkit.evidence.record import Evidence
+    from profkit.report import ReportOptions, build_report
 
     for spelled in SPELLED["max_cudagraph_capture_size"]:
-        report = build_report(sqlite_path("thr_graphs"), window="all",
-                              vllm_args=f"vllm serve /m --max-num-seqs 256 {spelled}")
+        given = Evidence.read(vllm_args=f"vllm serve /m --max-num-seqs 256 {spelled}")
+        report = build_report(sqlite_path("thr_graphs"), given, ReportOptions(window="all"))
         finding = next(f for f in report.findings if f.rule == "cuda-graph-coverage")
         change = finding.changes[0]
         assert (change.flag, change.from_, change.from_source, change.to, change.action) == \

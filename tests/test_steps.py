@@ -9,7 +9,7 @@ import re
 import pytest
 
 from profkit.evidence.folder import CaptureFolder
-from profkit.report import build_report
+from profkit.report import ReportOptions, build_report
 from profkit.traces import open_trace
 from tests.conftest import FIXTURES, REPO
 
@@ -44,7 +44,7 @@ def brute_force(path) -> list[tuple[int, int, bool]]:
 
 @pytest.mark.parametrize("name", sorted(TRACES))
 def test_steps_equal_a_brute_force_union(name: str) -> None:
-    doc = build_report(TRACES[name], window="all").document()
+    doc = build_report(TRACES[name], options=ReportOptions(window="all")).document()
     steps = doc["steps"]
     expected = brute_force(TRACES[name])
     assert steps["count"] == len(expected) > 30
@@ -102,7 +102,7 @@ def test_nsys_steps_from_vllms_own_kernels(sqlite_path) -> None:
     come from vLLM's per-step kernels, each with the host's scheduling gap before it, checked against a
     brute-force pass over the raw events. The offline throughput trace gives its prefill steps too."""
     for name, count, prefills in (("serve_frontend", 23, 23), ("thr_graphs", 139, 11)):
-        doc = build_report(sqlite_path(name), window="all").document()
+        doc = build_report(sqlite_path(name), options=ReportOptions(window="all")).document()
         steps = doc["steps"]
         expected = brute_force_kernel_steps(sqlite_path(name))
         assert steps["source"].startswith("vLLM's per-step input kernels")
@@ -112,5 +112,5 @@ def test_nsys_steps_from_vllms_own_kernels(sqlite_path) -> None:
             [(c, b, p) for c, b, _, p in expected]
         assert steps["wait_share"] == pytest.approx(sum(w for _, _, w, _ in expected) / sum(c for c, *_ in expected))
     # the frontend-bound server: each step starts after a ~2.5 ms GPU wait while the host schedules it
-    doc = build_report(sqlite_path("serve_frontend"), window="all").document()
+    doc = build_report(sqlite_path("serve_frontend"), options=ReportOptions(window="all")).document()
     assert 2_000_000 < doc["steps"]["wait_p50_ns"] < 3_000_000 and doc["facts"]["steps.wait_share"] > 0.1

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from hta.trace_analysis import TraceAnalysis  # a declared test dependency: missing, the module fails, not skips
 
-from profkit.report import build_report
+from profkit.report import ReportOptions, build_report
 from tests.cli import one_error_line, profkit
 from tests.conftest import FIXTURES
 
@@ -38,7 +38,7 @@ def reports() -> dict:
 
     def get(name: str) -> dict:
         if name not in cache:
-            cache[name] = build_report(TORCH[name], window="all").document()
+            cache[name] = build_report(TORCH[name], options=ReportOptions(window="all")).document()
         return cache[name]
 
     return get
@@ -113,7 +113,7 @@ def test_idle_time_equals_hta(name: str, reports, tmp_path: Path) -> None:
     per event: up to 1 us at each end)."""
     ref = hta_temporal(TORCH[name])
     copy = hta_rounded_copy(TORCH[name], tmp_path / "rounded.json.gz")
-    rounded = build_report(copy, window="all").document()
+    rounded = build_report(copy, options=ReportOptions(window="all")).document()
     # the same whole-microsecond events for both (HTA's own rounding is a no-op on them)
     same = hta_temporal(copy)
     assert rounded["gpu"]["idle_ns"] == same["idle_us"] * 1000
@@ -196,7 +196,7 @@ def test_generic_json_layout_goes_through_ijson(tmp_path: Path, reports, monkeyp
     monkeypatch.setattr(kineto, "_load_ijson", lambda *a: calls.append(1) or real(*a))
     p = tmp_path / "compact.json"
     p.write_text(json.dumps(load(TORCH["toy_hostgap_b16"]), separators=(",", ":")))
-    compact = build_report(p, window="all").document()
+    compact = build_report(p, options=ReportOptions(window="all")).document()
     assert calls == [1]
     ref = reports("toy_hostgap_b16")
     assert compact["kernels"] == ref["kernels"] and compact["gpu"] == ref["gpu"]

@@ -9,13 +9,13 @@ import pandas as pd
 import pytest
 
 from profkit.analysis.categories import categorize
-from profkit.report import build_report
+from profkit.report import ReportOptions, build_report
 from tests.conftest import FIXTURES, GROUND_TRUTH
 
 
 @pytest.fixture(scope="module")
 def vllm_auto(sqlite_path) -> dict:
-    return build_report(sqlite_path("thr_graphs"), window="auto").document()
+    return build_report(sqlite_path("thr_graphs"), options=ReportOptions(window="auto")).document()
 
 
 def test_auto_window_finds_the_benchmark_phase(vllm_auto: dict, report_all) -> None:
@@ -34,7 +34,7 @@ def test_auto_window_finds_the_benchmark_phase(vllm_auto: dict, report_all) -> N
 
 
 def test_auto_window_on_a_capture_range_trace_is_the_whole_gpu_span(report_all, sqlite_path) -> None:
-    auto = build_report(sqlite_path("hostgap_b16"), window="auto").document()
+    auto = build_report(sqlite_path("hostgap_b16"), options=ReportOptions(window="auto")).document()
     assert auto["window"]["start_ns"] == report_all("hostgap_b16")["window"]["start_ns"]
     assert auto["window"]["duration_ns"] == report_all("hostgap_b16")["window"]["duration_ns"]
 
@@ -184,9 +184,9 @@ def test_launch_latency_sampled_uniformly(sqlite_path, monkeypatch) -> None:
     monkeypatch.setattr(launch, "LATENCY_SAMPLE", 2000)
     with open_trace(sqlite_path("eager_b1")) as trace:
         got = launch.launch_latency(trace, choose_window(trace, "all"), eager_kernels=len(raw))
-    assert got["sample_step"] == len(raw) // 2000
-    assert 1500 < got["sampled"] < 2500
-    assert got["median_ns"] == pytest.approx(raw.quantile(0.5), rel=0.05)
+    assert got.sample_step == len(raw) // 2000
+    assert 1500 < got.sampled < 2500
+    assert got.median_ns == pytest.approx(raw.quantile(0.5), rel=0.05)
 
 
 @pytest.mark.parametrize("name", ["thr_graphs", "hostgap_b16"])
@@ -238,5 +238,5 @@ def test_launch_latency_in_a_bounded_window_equals_the_raw_join(sqlite_path) -> 
            JOIN CUPTI_ACTIVITY_KIND_RUNTIME r ON r.correlationId = k.correlationId
            WHERE k.graphNodeId IS NULL AND k.start >= ? AND k.start < ?""", conn,
         params=(win.start_ns, win.end_ns))["latency"]
-    assert got["sampled"] == len(raw) > 1000
-    assert got["median_ns"] == raw.quantile(0.5) and got["p90_ns"] == raw.quantile(0.9)
+    assert got.sampled == len(raw) > 1000
+    assert got.median_ns == raw.quantile(0.5) and got.p90_ns == raw.quantile(0.9)

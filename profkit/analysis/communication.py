@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from profkit.analysis.categories import OTHER, category_breakdown
-from profkit.analysis.sections import RankPart
+from profkit.analysis.sections import BusySpread, CollectiveWait, Communication, Imbalance, RankPart, Straggler
 from profkit.analysis.seq import seq_bounds
 from profkit.analysis.stats import CHUNK_ROWS
 from profkit.analysis.window import Window
@@ -46,11 +46,11 @@ class DeviceKernels:
     comm_starts: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     comm_names: list[str] = field(default_factory=list)
 
-    def communication(self) -> dict[str, Any]:
-        return {"count": self.comm_count, "total_ns": self.comm_total_ns,
-                "share": self.comm_total_ns / self.total_ns if self.total_ns else None,
-                "busy_ns": self.comm_busy_ns, "overlap_ns": self.overlap_ns,
-                "overlap_share": self.overlap_ns / self.comm_busy_ns if self.comm_busy_ns else None}
+    def communication(self) -> Communication:
+        return Communication(count=self.comm_count, total_ns=self.comm_total_ns,
+                             share=self.comm_total_ns / self.total_ns if self.total_ns else None,
+                             busy_ns=self.comm_busy_ns, overlap_ns=self.overlap_ns,
+                             overlap_share=self.overlap_ns / self.comm_busy_ns if self.comm_busy_ns else None)
 
 
 
@@ -133,18 +133,17 @@ def overlap_ns(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray
     return int((np.diff(times)[running[:-1] == 3]).sum())
 
 
-def rank_imbalance(parts: list[RankPart]) -> dict[str, Any]:
+def rank_imbalance(parts: list[RankPart]) -> Imbalance:
     """The report's `imbalance`: busy time across the ranks, and the wait inside collectives."""
     busy = [p.entry.gpu["busy_ns"] or 0 for p in parts]
     collectives = {p.entry.rank: (p.comm_starts, p.comm_names) for p in parts}
     window_ns = {p.entry.rank: p.window_ns for p in parts}
-    return {"busy_ns": {"min": min(busy), "max": max(busy),
-                        "spread_share": (max(busy) - min(busy)) / max(busy) if max(busy) else None},
-            "collectives": collective_imbalance(collectives, window_ns)}
+    return Imbalance(BusySpread(min(busy), max(busy), (max(busy) - min(busy)) / max(busy) if max(busy) else None),
+                     collective_imbalance(collectives, window_ns))
 
 
 def collective_imbalance(collectives: dict[Any, tuple[np.ndarray, list[str]]],
-                         window_ns: dict[Any, int]) -> dict[str, Any] | None:
+                         window_ns: dict[Any, int]) -> CollectiveWait | None:
     """Cross-rank wait inside collectives: `collectives` maps a rank to its communication kernels' starts
     (sorted) and names; `window_ns` each rank's window length. The k-th collective of every rank is matched
     (the sequences are first aligned on their names where the counts differ, e.g. a window that cut one)."""
@@ -167,16 +166,15 @@ def collective_imbalance(collectives: dict[Any, tuple[np.ndarray, list[str]]],
     rows = [{"rank": r, "wait_ns": int(wait[i]), "wait_share": int(wait[i]) / window_ns[r] if window_ns[r] else None,
              "last_share": float(last[i] / n), "collectives": len(collectives[r][0])} for i, r in enumerate(ranks)]
     top = int(np.argmax(last))
-    return {
-        "collectives": int(n),
-        "names_agree": float(same_name),
-        "spread_ns": {"median": float(np.median(spread)), "p90": float(np.quantile(spread, 0.9)),
-                      "max": int(spread.max()), "total": int(spread.sum())},
-        "ranks": rows,
+    return CollectiveWait(
+        collectives=int(n),
+        names_agree=float(same_name),
+        spread_ns={"median": float(np.median(spread)), "p90": float(np.quantile(spread, 0.9)),
+                   "max": int(spread.max()), "total": int(spread.sum())},
+        ranks=rows,
         # The rank that arrives last most often holds the others; named when that is more than chance.
-        "straggler": {"rank": ranks[top], "last_share": float(last[top] / n)}
-        if last[top] / n > max(0.5, 1.5 / len(ranks)) else None,
-    }
+        straggler=Straggler(ranks[top], float(last[top] / n)) if last[top] / n > max(0.5, 1.5 / len(ranks)) else None,
+    )
 
 
 def _align(ref: list[str], other: list[str], max_shift: int = 16) -> int:

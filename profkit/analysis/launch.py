@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
+from profkit.analysis.sections import LaunchLatency
 from profkit.analysis.seq import seq_bounds, seq_range
 from profkit.analysis.timeline import LOOKBACK_NS
 from profkit.analysis.window import Window
@@ -19,7 +18,7 @@ from profkit.traces.model import Trace
 LATENCY_SAMPLE = 50_000
 
 
-def launch_latency(trace: Trace, window: Window, eager_kernels: int) -> dict[str, Any]:
+def launch_latency(trace: Trace, window: Window, eager_kernels: int) -> LaunchLatency:
     """Median/p90 of (kernel start - launch call start) over eager kernels, joined by correlation id.
 
     For a bounded window only the API rows from LOOKBACK_NS (100 ms) before it to its end are read
@@ -27,7 +26,7 @@ def launch_latency(trace: Trace, window: Window, eager_kernels: int) -> dict[str
     Both sides are read as columns with the sample's filter (every `step`-th correlation id) in the query,
     and joined in numpy: a sort of the sampled calls by correlation id, a binary search per kernel."""
     if eager_kernels == 0 or not trace.has("api"):
-        return {"sampled": 0}
+        return LaunchLatency(sampled=0)
     step = max(1, eager_kernels // LATENCY_SAMPLE)
     k = read_columns(trace, "kernels", {"c": "correlation", "p": "pid", "s": "start"},
                      where=f"graph_node IS NULL AND correlation IS NOT NULL AND {window.where('kernels')} "
@@ -51,12 +50,12 @@ def launch_latency(trace: Trace, window: Window, eager_kernels: int) -> dict[str
     ok = (k["s"][ik] >= a["s"][ia]) & ((kp == ap) | (kp == NULL_INT) | (ap == NULL_INT))
     latency = (k["s"][ik] - a["s"][ia])[ok]
     if not len(latency):
-        return {"sampled": 0}
+        return LaunchLatency(sampled=0)
     call = (a["e"][ia] - a["s"][ia])[ok]
-    return {
-        "sampled": int(len(latency)),
-        "sample_step": step,
-        "median_ns": float(np.quantile(latency, 0.5)),
-        "p90_ns": float(np.quantile(latency, 0.9)),
-        "call_median_ns": float(np.median(call)),
-    }
+    return LaunchLatency(
+        sampled=int(len(latency)),
+        sample_step=step,
+        median_ns=float(np.quantile(latency, 0.5)),
+        p90_ns=float(np.quantile(latency, 0.9)),
+        call_median_ns=float(np.median(call)),
+    )

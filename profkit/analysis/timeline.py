@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from profkit.analysis.gaps import GpuGaps, gpu_gaps
+from profkit.analysis.sections import GapClass, GapClasses
 from profkit.analysis.seq import seq_bounds, seq_range
 from profkit.analysis.window import PHASE_GAP_NS, Window
 from profkit.traces.model import Trace
@@ -28,9 +29,9 @@ class ListedGap(NamedTuple):
     end: int
 
 
-# Idle time is reported by gap size class (upper bounds). Gaps under 20 us are the launch-to-launch
-# spacing of back-to-back kernels; 1 ms and more is host-side work between GPU steps.
-GAP_CLASSES = [(20_000, "lt_20us"), (1_000_000, "20us_1ms"), (100_000_000, "1ms_100ms"), (None, "ge_100ms")]
+# Idle time is reported by gap size class: the upper bounds of `GapClasses`' fields, in order. Gaps under 20 us
+# are the launch-to-launch spacing of back-to-back kernels; 1 ms and more is host-side work between GPU steps.
+GAP_UPPER_BOUNDS = (20_000, 1_000_000, 100_000_000, None)
 
 
 def build_gap_table(trace: Trace) -> GpuGaps:
@@ -93,7 +94,7 @@ class Timeline:
     idle_ns: int
     utilization: float
     gaps: list[dict[str, Any]] = field(default_factory=list)
-    gap_classes: dict[str, dict[str, int]] = field(default_factory=dict)
+    gap_classes: GapClasses = field(default_factory=GapClasses)
     buckets: dict[str, Any] = field(default_factory=dict)
 
 
@@ -125,23 +126,23 @@ def gpu_timeline(trace: Trace, window: Window, gap_threshold_ns: int = 100_000, 
     )
 
 
-def _gap_classes(gaps: GpuGaps, w0: int, w1: int) -> dict[str, dict[str, int]]:
+def _gap_classes(gaps: GpuGaps, w0: int, w1: int) -> GapClasses:
     """Idle time by gap size class. Gaps inside the window count by their duration; the few that cross
     a window edge are clipped."""
     bounds, lower = [], 0
-    for upper, label in GAP_CLASSES:
-        bounds.append((label, lower, upper))
+    for i, upper in enumerate(GAP_UPPER_BOUNDS):
+        bounds.append((i, lower, upper))
         lower = upper or 0
-    out = {label: {"count": 0, "idle_ns": 0} for label, _, _ in bounds}
+    out = [{"count": 0, "idle_ns": 0} for _ in bounds]
     for d in gaps.devices.values():
         a = np.searchsorted(d.start, w0, side="left")
         b = np.searchsorted(d.start, w1, side="left")
         length = d.end[a:b] - d.start[a:b]
         inside = d.end[a:b] <= w1
-        for label, lo, hi in bounds:  # masks, no copies: a window can hold millions of gaps
+        for i, lo, hi in bounds:  # masks, no copies: a window can hold millions of gaps
             mask = inside & (length >= lo) if hi is None else inside & (length >= lo) & (length < hi)
-            out[label]["count"] += int(np.count_nonzero(mask))
-            out[label]["idle_ns"] += int(np.sum(length, where=mask))
+            out[i]["count"] += int(np.count_nonzero(mask))
+            out[i]["idle_ns"] += int(np.sum(length, where=mask))
         # At most one gap crosses each window edge.
         crossing = []
         if a > 0 and d.end[a - 1] > w0:
@@ -149,10 +150,10 @@ def _gap_classes(gaps: GpuGaps, w0: int, w1: int) -> dict[str, dict[str, int]]:
         crossing += [min(int(e), w1) - int(s) for s, e in zip(d.start[a:b][~inside], d.end[a:b][~inside],
                                                               strict=True)]
         for dur in crossing:
-            label = next(lb for lb, lo, hi in bounds if dur >= lo and (hi is None or dur < hi))
-            out[label]["count"] += 1
-            out[label]["idle_ns"] += int(dur)
-    return out
+            i = next(k for k, lo, hi in bounds if dur >= lo and (hi is None or dur < hi))
+            out[i]["count"] += 1
+            out[i]["idle_ns"] += int(dur)
+    return GapClasses(*(GapClass(**c) for c in out))
 
 
 def _gap_list(trace: Trace, all_gaps: GpuGaps, w0: int, w1: int, threshold: int,

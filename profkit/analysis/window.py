@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
-from typing import Any
 
 from profkit.analysis.seq import seq_range
 from profkit.errors import ProfkitError
@@ -55,15 +54,6 @@ class Window:
     @property
     def params(self) -> dict[str, int]:
         return {"w0": self.start_ns, "w1": self.end_ns}
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "start_ns": self.start_ns,
-            "end_ns": self.end_ns,
-            "duration_ns": self.duration_ns,
-            "how": self.how,
-            "detail": self.detail,
-        }
 
 
 def with_seq_ranges(trace: Trace, window: Window) -> Window:

@@ -1,9 +1,10 @@
 """The facts rules read (`gpu.utilization`, `launch.api_share`, ...): each declared ONCE here, with its doc and
 unit, and derived here from the report's sections and vLLM's evidence.
 
-Every fact is a plain number (or None when the inputs cannot tell), derived only from sections and records: a
-rule never recomputes a metric, and this module never reads a trace or a file. `profkit rules facts` lists
-`FACTS`; rule files are validated against it.
+Every fact is a plain number (or None when the inputs cannot tell), derived only from sections and records (the
+typed sections' attributes: `profkit.analysis.sections`): a rule never recomputes a metric, and this module never
+reads a trace or a file. `profkit rules facts` lists `FACTS`; rule files are validated against it, and
+tests/test_facts.py checks that each declared fact is computed for some recorded run.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 from profkit.analysis.api import GRAPH_LAUNCH_APIS, LAUNCH_APIS, SYNC_APIS
 from profkit.analysis.categories import categories
-from profkit.analysis.sections import Rank, TraceSections
+from profkit.analysis.sections import GapClass, Imbalance, Rank, Sections
 from profkit.vllm.options import VLLM_DEFAULTS
 
 # Units: what a value counts. `share` is 0..1 of what the doc says; `value` a flag's value as vLLM reads it.
@@ -214,40 +215,40 @@ def _only_declared(facts: dict[str, Any]) -> dict[str, Any]:
 
 # --- derived from the sections ------------------------------------------------------------------------------------
 
-def compute_facts(trace: TraceSections | None, vllm: Any, host: dict[str, Any] | None, ranks: list[Rank] | None,
-                  imbalance: dict[str, Any] | None, workload: dict[str, Any] | None = None,
+def compute_facts(sections: Sections | None, vllm: Any, host: dict[str, Any] | None, ranks: list[Rank] | None,
+                  imbalance: Imbalance | None, workload: dict[str, Any] | None = None,
                   efficiency: dict[str, Any] | None = None) -> dict[str, Any]:
     """Every declared fact: from one trace's sections (None: the run has no trace), the `vllm` section (a
     `profkit.diagnose.vllm_run.VllmSection`), the host section, the ranks and what the benchmark command says of
     its workload (`workload.*`). Unknown ones are None."""
     workload = {f"workload.{k}": v for k, v in (workload or {}).items()}
-    workload.update(efficiency_facts(efficiency, vllm, workload, host, trace))
-    if trace is None:  # no trace: only vLLM's evidence (and the host samples) are known
+    workload.update(efficiency_facts(efficiency, vllm, workload, host, sections))
+    if sections is None:  # no trace: only vLLM's evidence (and the host samples) are known
         facts: dict[str, Any] = {k: None for k in FACTS if not k.startswith(("vllm.", "config", "host.", "steps."))}
         facts.update(workload)
         facts.update(vllm_facts(vllm))
         facts.update(_config_sources(vllm))
         return _with_host(facts, None, host)
-    win = trace.window["duration_ns"] or 1
-    gpu = trace.gpu
+    win = sections.window.duration_ns or 1
+    gpu = sections.gpu
     facts = {
-        "window.duration_ns": trace.window["duration_ns"],
-        "gpu.utilization": gpu["utilization"],
-        "gpu.idle_share": 1.0 - gpu["utilization"],
-        "gpu.busy_ns": gpu["busy_ns"],
-        "gpu.idle_ns": gpu["idle_ns"],
-        "gpu.devices": len(gpu["devices"]),
+        "window.duration_ns": sections.window.duration_ns,
+        "gpu.utilization": gpu.utilization,
+        "gpu.idle_share": 1.0 - gpu.utilization,
+        "gpu.busy_ns": gpu.busy_ns,
+        "gpu.idle_ns": gpu.idle_ns,
+        "gpu.devices": len(gpu.devices),
     }
-    facts.update(_kernel_facts(trace))
-    facts.update(_launch_facts(trace, win))
-    facts.update(_gap_facts(trace, win))
-    facts.update(_memop_facts(trace, win))
-    facts["nvtx.ranges"] = sum(r["count"] for r in trace.nvtx)
-    facts.update(_rank_facts(trace, ranks, imbalance))
+    facts.update(_kernel_facts(sections))
+    facts.update(_launch_facts(sections, win))
+    facts.update(_gap_facts(sections, win))
+    facts.update(_memop_facts(sections, win))
+    facts["nvtx.ranges"] = sum(r["count"] for r in sections.nvtx)
+    facts.update(_rank_facts(sections, ranks, imbalance))
     facts.update(workload)
     facts.update(vllm_facts(vllm))
     facts.update(_config_sources(vllm))
-    return _with_host(facts, trace.steps, host)
+    return _with_host(facts, sections.steps, host)
 
 
 def _config_sources(vllm: Any) -> dict[str, Any]:
@@ -265,29 +266,29 @@ def _with_host(facts: dict[str, Any], steps: dict[str, Any] | None, host: dict[s
     return _only_declared(facts)
 
 
-def _rank_facts(trace: TraceSections, ranks: list[Rank] | None, imbalance: dict[str, Any] | None) -> dict[str, Any]:
+def _rank_facts(sections: Sections, ranks: list[Rank] | None, imbalance: Imbalance | None) -> dict[str, Any]:
     if not ranks:
-        return {"ranks.count": len(trace.gpu["devices"])}
+        return {"ranks.count": len(sections.gpu.devices)}
     comm = [r.communication for r in ranks]
-    shares = [c["share"] for c in comm if c["share"] is not None]
-    overlaps = [c["overlap_share"] for c in comm if c["overlap_share"] is not None]
-    imbalance = imbalance or {}
-    coll = imbalance.get("collectives") or {}
-    waits = [r["wait_share"] for r in coll.get("ranks", []) if r["wait_share"] is not None]
+    shares = [c.share for c in comm if c.share is not None]
+    overlaps = [c.overlap_share for c in comm if c.overlap_share is not None]
+    coll = imbalance.collectives if imbalance is not None else None
+    waits = [r["wait_share"] for r in coll.ranks if r["wait_share"] is not None] if coll is not None else []
+    straggler = coll.straggler if coll is not None else None
     return {
         "ranks.count": len(ranks),
         "communication.share_max": max(shares) if shares else None,
         "communication.overlap_share_min": min(overlaps) if overlaps else None,
-        "imbalance.busy_spread": (imbalance.get("busy_ns") or {}).get("spread_share"),
+        "imbalance.busy_spread": imbalance.busy_ns.spread_share if imbalance is not None else None,
         "imbalance.wait_share_max": max(waits) if waits else None,
-        "imbalance.straggler_last_share": (coll.get("straggler") or {}).get("last_share"),
-        "imbalance.collectives": coll.get("collectives"),
-        "imbalance.straggler": (coll.get("straggler") or {}).get("rank"),
+        "imbalance.straggler_last_share": straggler.last_share if straggler is not None else None,
+        "imbalance.collectives": coll.collectives if coll is not None else None,
+        "imbalance.straggler": straggler.rank if straggler is not None else None,
     }
 
 
-def _kernel_facts(trace: TraceSections) -> dict[str, Any]:
-    ks = trace.kernels
+def _kernel_facts(sections: Sections) -> dict[str, Any]:
+    ks = sections.kernels
     count = sum(k["count"] for k in ks)
     total = sum(k["total_ns"] for k in ks)
     out: dict[str, Any] = {
@@ -298,61 +299,61 @@ def _kernel_facts(trace: TraceSections) -> dict[str, Any]:
         "kernels.short_share": sum(k["short_count"] for k in ks) / count if count else None,
         "kernels.graph_share": sum(k["graph_count"] for k in ks) / count if count else None,
     }
-    shares = {c["category"]: c["share"] for c in trace.categories}
+    shares = {c["category"]: c["share"] for c in sections.categories}
     for c in categories():
         out[f"category.{category_key(c)}.share"] = shares.get(c, 0.0)
     return out
 
 
-def _api_total(trace: TraceSections, names: tuple[str, ...]) -> tuple[int, int]:
+def _api_total(sections: Sections, names: tuple[str, ...]) -> tuple[int, int]:
     # nsys keeps 7-character version suffixes (`cudaLaunchKernelExC_v11060`): match on the base name.
-    rows = [a for a in trace.api if re.sub(r"_v\d+$", "", a["name"]) in names]
+    rows = [a for a in sections.api if re.sub(r"_v\d+$", "", a["name"]) in names]
     return sum(a["count"] for a in rows), sum(a["total_ns"] for a in rows)
 
 
-def _launch_facts(trace: TraceSections, win: int) -> dict[str, Any]:
-    calls, ns = _api_total(trace, LAUNCH_APIS)
-    graph_calls, _ = _api_total(trace, GRAPH_LAUNCH_APIS)
-    sync_calls, sync_ns = _api_total(trace, SYNC_APIS)
-    has_api = bool(trace.api)
-    launch = trace.launch
+def _launch_facts(sections: Sections, win: int) -> dict[str, Any]:
+    calls, ns = _api_total(sections, LAUNCH_APIS)
+    graph_calls, _ = _api_total(sections, GRAPH_LAUNCH_APIS)
+    sync_calls, sync_ns = _api_total(sections, SYNC_APIS)
+    has_api = bool(sections.api)
+    launch = sections.launch
     return {
         "launch.calls": calls if has_api else None,
         "launch.api_ns": ns if has_api else None,
         "launch.api_share": ns / win if has_api else None,
         "launch.graph_launches": graph_calls if has_api else None,
-        "launch.latency_median_ns": launch.get("median_ns"),
-        "launch.latency_p90_ns": launch.get("p90_ns"),
+        "launch.latency_median_ns": launch.median_ns,
+        "launch.latency_p90_ns": launch.p90_ns,
         "sync.calls": sync_calls if has_api else None,
         "sync.api_ns": sync_ns if has_api else None,
         "sync.api_share": sync_ns / win if has_api else None,
-        "sync.records": sum(s["count"] for s in trace.sync),
+        "sync.records": sum(s["count"] for s in sections.sync),
     }
 
 
-def _gap_facts(trace: TraceSections, win: int) -> dict[str, Any]:
-    classes = trace.gap_classes
-    devices = max(1, len(trace.gpu["devices"]))
+def _gap_facts(sections: Sections, win: int) -> dict[str, Any]:
+    c = sections.gap_classes
+    devices = max(1, len(sections.gpu.devices))
 
-    def share(*labels: str) -> float:
-        return sum(classes[label]["idle_ns"] for label in labels) / (win * devices)
+    def share(*classes: GapClass) -> float:
+        return sum(g.idle_ns for g in classes) / (win * devices)
 
-    listed = trace.gaps
+    listed = sections.gaps
     return {
-        "gaps.launch_idle_share": share("lt_20us"),
-        "gaps.sub_ms_idle_share": share("lt_20us", "20us_1ms"),
-        "gaps.mid_idle_share": share("20us_1ms"),
-        "gaps.host_idle_share": share("1ms_100ms", "ge_100ms"),
-        "gaps.long_idle_share": share("ge_100ms"),
-        "gaps.count_ge_1ms": classes["1ms_100ms"]["count"] + classes["ge_100ms"]["count"],
+        "gaps.launch_idle_share": share(c.lt_20us),
+        "gaps.sub_ms_idle_share": share(c.lt_20us, c.from_20us_to_1ms),
+        "gaps.mid_idle_share": share(c.from_20us_to_1ms),
+        "gaps.host_idle_share": share(c.from_1ms_to_100ms, c.ge_100ms),
+        "gaps.long_idle_share": share(c.ge_100ms),
+        "gaps.count_ge_1ms": c.from_1ms_to_100ms.count + c.ge_100ms.count,
         "gaps.max_ns": max((g["duration_ns"] for g in listed), default=0),
         "gaps.listed_host_api_share": (sum(g["host_api_share"] for g in listed) / len(listed)) if listed else None,
     }
 
 
-def _memop_facts(trace: TraceSections, win: int) -> dict[str, Any]:
-    ops = trace.memops
-    kinds = trace.memory_kinds
+def _memop_facts(sections: Sections, win: int) -> dict[str, Any]:
+    ops = sections.memops
+    kinds = sections.memory_kinds
     pageable = [k for k in kinds if "Pageable" in (k["src_kind"], k["dst_kind"])]
     copy_ns = sum(k["total_ns"] for k in kinds)
     pageable_ns = sum(k["total_ns"] for k in pageable)
@@ -425,7 +426,7 @@ def vllm_facts(vllm: Any) -> dict[str, Any]:
 
 
 def efficiency_facts(eff: dict[str, Any] | None, vllm: Any, workload: dict[str, Any], host: dict[str, Any] | None,
-                     trace: TraceSections | None) -> dict[str, Any]:
+                     sections: Sections | None) -> dict[str, Any]:
     """How far from the hardware's peak, and what the GPU and the model are (see analysis/efficiency.py)."""
     eff = eff or {}
     window = eff.get("window") or {}
@@ -453,7 +454,7 @@ def efficiency_facts(eff: dict[str, Any] | None, vllm: Any, workload: dict[str, 
         "efficiency.shape_mbu": (eff.get("model_shape") or {}).get("mbu"),
         "model.weight_bits": (eff.get("precision") or {}).get("weight_bits"),
         "gpu.fp8": bool((eff.get("gpu") or {}).get("fp8_tflops")) if (eff.get("gpu") or {}).get("source") else None,
-        "gpu.count": len(gpus) or (len(trace.gpu["devices"]) if trace is not None else None) or None,
+        "gpu.count": len(gpus) or (len(sections.gpu.devices) if sections is not None else None) or None,
         "gpu_metrics.sm_active": share(metrics, "sm_active"),
         "gpu_metrics.tensor_active": share(metrics, "tensor_active"),
         "gpu_metrics.dram_bandwidth": sum(dram) if None not in dram else None,

@@ -2,14 +2,14 @@
 
     folder = CaptureFolder(path)
     folder.manifest(), folder.bench(), folder.log(), folder.metrics(), folder.host()   # typed records
-    folder.traces(), folder.user_command()
+    folder.traces(), folder.user_command(), folder.vllm_args()
 
 A folder holds `manifest.json` (what ran, when, how it ended, GPU and software), the traces (`trace.nsys-rep`
 and its export `trace.sqlite`, torch.profiler's `torch/*.pt.trace.json.gz`), the benchmark's `bench.json`, the
 logs (`server.log`, `bench.log`), the /metrics scrapes (`metrics-before.txt`, `metrics-after.txt`), the host
 samples (`host.json`) and, after `profkit tune`, the run's `report.json`. Reading goes through the evidence
-readers; writing (the samples, the scrapes, the report) through the methods here; the manifest as a capture goes
-is `profkit.capture.manifest`'s.
+readers (a report takes them as one record: `profkit.evidence.record.Evidence.over`); writing (the samples, the
+scrapes, the report) through the methods here; the manifest as a capture goes is `profkit.capture.manifest`'s.
 A failed or interrupted capture still leaves a folder that says what happened and keeps every file written.
 """
 
@@ -135,10 +135,6 @@ class CaptureFolder:
     def model_config(self) -> ModelShape | None:
         return read_model_config(self.model_config_path) if self.model_config_path else None
 
-    def has_evidence(self) -> bool:
-        return bool(self.bench_path or self.log_path or self.metrics_paths or self.host_path
-                    or self._existing(MANIFEST))
-
     def traces(self) -> list[Path]:
         """The traces: trace.sqlite alone when it is there, else every nsys export, else every torch trace
         (torch.profiler writes one per rank: a folder of rank traces reads the same way). The GPU-metrics export
@@ -153,6 +149,11 @@ class CaptureFolder:
     def user_command(self) -> UserCommand | None:
         m = self.manifest()
         return manifest_user_command(m) if m else None
+
+    def vllm_args(self) -> str | None:
+        """The flags vLLM ran with, as the manifest records them."""
+        m = self.manifest()
+        return m.vllm_args if m else None
 
     # writing --------------------------------------------------------------------------------------------------
     def exists(self) -> bool:

@@ -44,9 +44,11 @@ def formats(kind: str) -> list[str]:
 
 def render(doc: Any, fmt: str, top: int = 10) -> str:
     """The document as text, json, md or html (those its kind has); `top`: rows per table where it applies.
-    A document may be a dict or a msgspec Struct."""
+    A document may be a dict, a msgspec Struct, or a report (what its `document()` gives)."""
     import importlib
 
+    if hasattr(doc, "document"):  # a report keeps its sections apart; its document holds them at the top
+        doc = doc.document()
     if not isinstance(doc, dict):
         import msgspec
 

@@ -2,23 +2,27 @@
 
 This is the library entry point behind `profkit report`; everything here is usable from Python:
 
-    from profkit.report import build_report
-    report = build_report("run.sqlite", window="auto")
-    report.gpu["utilization"], report.findings[0].title, report.document()  # the JSON contract
+    from profkit.evidence.record import Evidence
+    from profkit.report import ReportOptions, build_report
+    report = build_report("run.sqlite")  # a trace, several, a capture folder; the default options
+    report = build_report("run.sqlite", Evidence.read(bench=Path("run/bench.json")), ReportOptions(window="all"))
+    report.sections.gpu.utilization, report.findings[0].title, report.document()  # the JSON contract
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from profkit import __version__
 from profkit.analysis.communication import rank_imbalance
 from profkit.analysis.efficiency import efficiency_section
 from profkit.analysis.host import host_section
-from profkit.analysis.sections import TraceSections
+from profkit.analysis.sections import Sections, TraceSections
 from profkit.diagnose.engine import evaluate
 from profkit.diagnose.facts import compute_facts
 from profkit.diagnose.priority import order_findings
@@ -26,108 +30,105 @@ from profkit.diagnose.rule_files import load_rules
 from profkit.diagnose.suggestion import suggest, user_command
 from profkit.diagnose.vllm_run import NOT_VLLM_NOTE, vllm_run_evidence, vllm_section
 from profkit.errors import ProfkitError, TraceError
-from profkit.evidence.bench import BenchResult, read_bench
+from profkit.evidence.bench import BenchResult
 from profkit.evidence.folder import CaptureFolder
-from profkit.evidence.host import read_host
-from profkit.evidence.metrics import read_metrics
-from profkit.evidence.model_config import read_model_config
-from profkit.evidence.vllm_log import read_log
+from profkit.evidence.record import Evidence
 from profkit.report.model import SCHEMA, Report, RunSection
 from profkit.report.trace_part import trace_sections
-from profkit.vllm.command import UserCommand, VllmCommand
+from profkit.vllm.command import VllmCommand
 
 Progress = Callable[[str], None]
+TraceInput = str | os.PathLike | Sequence[str | os.PathLike] | None
 
 
-def build_report(path: str | os.PathLike | list | tuple | None, window: str = "auto",
-                 gap_threshold_ns: int = 100_000, buckets: int = 100, progress: Progress | None = None,
-                 bench: Path | None = None, vllm_log: Path | None = None, metrics: list[Path] | None = None,
-                 vllm_args: str | None = None, rules_dirs: list[Path] | None = None, host: Path | None = None,
-                 jobs: int | None = None, dask: str | None = None, model_config: Path | None = None) -> Report:
-    """Analyse one trace (or capture folder), join vLLM's evidence, run the rules; return the report.
+class ReportOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """How the traces are analysed and judged: the window (all | auto | nvtx:NAME | START_NS:END_NS), the
+    shortest GPU gap listed, the timeline's buckets, extra rule folders, and where several traces are analysed
+    (`jobs` local processes, default the cores; or tasks on the Dask scheduler at `dask`)."""
 
-    `path` may also be a list of traces (one per rank of a multi-GPU run), or a folder holding several: one
-    report with a section per rank (`ranks`) and the cross-rank `imbalance`; the traces are analysed on
-    `jobs` local processes (default: the cores), or as tasks on the Dask cluster at `dask`.
-    Without a trace (`path` None, or a capture folder of an unprofiled run) the report holds the vLLM
-    evidence alone: its facts, and the findings whose facts are known (the rest in `rules_skipped`)."""
-    paths = [Path(p) for p in path] if isinstance(path, (list, tuple)) else [] if path is None else [Path(path)]
+    window: str = "auto"
+    gap_threshold_ns: int = 100_000
+    buckets: int = 100
+    rules_dirs: tuple[Path, ...] = ()
+    jobs: int | None = None
+    dask: str | None = None
+
+
+def build_report(traces: TraceInput = None, evidence: Evidence | None = None, options: ReportOptions | None = None,
+                 progress: Progress | None = None) -> Report:
+    """Analyse the traces, join the run's evidence, run the rules; return the report.
+
+    `traces`: one trace; several (one per rank of a multi-GPU run), or a folder of them: one report with a
+    section per rank (`ranks`) and the cross-rank `imbalance`; a capture folder, whose evidence fills in what
+    `evidence` lacks (an explicit option beats the folder: `Evidence.over`); or None. Without a trace (None, or
+    a capture folder of an unprofiled run) the report holds the evidence alone: its facts, and the findings whose
+    facts are known (the rest in `rules_skipped`). `evidence`: what the run left besides its traces (default:
+    nothing); `options`: how to analyse them (default: `ReportOptions()`); `progress`: told each stage's name."""
+    options = options or ReportOptions()
+    paths = ([Path(p) for p in traces] if isinstance(traces, (list, tuple)) else [] if traces is None
+             else [Path(traces)])
     for p in paths:
         if not p.exists():
             raise TraceError(f"{p}: no such file or directory")
     folder = CaptureFolder(paths[0]) if len(paths) == 1 and paths[0].is_dir() else None
-    # The evidence first (each reader fails with one line naming its file), in the order a capture folder lists it.
-    manifest = folder.manifest() if folder else None
-    from_folder = folder.user_command() if folder else None
-    traces = folder.traces() if folder else paths
-    bench_rec = read_bench(bench) if bench else folder.bench() if folder else None
-    log_rec = read_log(vllm_log) if vllm_log else folder.log() if folder else None
-    scrapes = [read_metrics(p) for p in metrics] if metrics else folder.metrics() if folder else []
-    args_text = vllm_args or (manifest.vllm_args if manifest else None)
-    try:
-        flags = VllmCommand.parse(args_text).flags() if args_text else {}
-        given = UserCommand([VllmCommand.parse(vllm_args)], "--vllm-args") if vllm_args else from_folder
-    except ValueError as exc:  # shlex: an unclosed quote
-        raise ProfkitError(f"--vllm-args: {exc}") from None
-    host_file = host or (folder.host_path if folder else None)
-    model = read_model_config(model_config) if model_config else folder.model_config() if folder else None
-    folder_evidence = folder is not None and bool(
-        folder.bench_path or folder.log_path or folder.host_path or folder.metrics_paths
-        or (manifest and (manifest.vllm_args or from_folder or manifest.environment is not None)))
-    if not traces and not (bench or vllm_log or metrics or vllm_args or host or folder_evidence):
+    evidence = evidence or Evidence()
+    if folder:
+        evidence = evidence.over(folder)
+        paths = folder.traces()
+    if not paths and evidence.is_empty():
         where = f"{folder.path}: folder holds no trace and no vLLM evidence" if folder else "nothing to report"
         raise ProfkitError(f"{where} (give a trace, a capture folder, or --bench/--vllm-log/--metrics/--vllm-args)")
-    host_part = (host_section(read_host(Path(host_file)), bench_rec.elapsed_s if bench_rec else None)
-                 if host_file else None)
-    rules = load_rules(rules_dirs)  # validate the rules before spending time on the trace
+    flags = evidence.flags()
+    bench = evidence.bench
+    host_part = (host_section(evidence.host, bench.elapsed_s if bench else None) if evidence.host is not None
+                 else None)
+    rules = load_rules(list(options.rules_dirs))  # validate the rules before spending time on the trace
     step = progress or (lambda _name: None)
 
-    if len(traces) > 1:
+    if len(paths) > 1:
         from profkit.report.ranks import build_ranks
 
-        part: TraceSections | None = build_ranks(traces, window, gap_threshold_ns, buckets, step, jobs=jobs,
-                                                 dask=dask)
-    elif traces:
-        part = trace_sections(traces[0], window, gap_threshold_ns, buckets, step)
+        part: TraceSections | None = build_ranks(paths, options, step)
+    elif paths:
+        part = trace_sections(paths[0], options.window, options.gap_threshold_ns, options.buckets, step)
     else:
         part = None
     source: dict[str, Any] = ({"path": str(folder.path) if folder else None, "kind": "evidence"} if part is None
                               else {**part.source, "path": str(folder.path)} if folder and part.source.get("path")
                               else part.source)
     rank_parts = part.ranks if part is not None and part.ranks and len(part.ranks) > 1 else None
+    manifest = evidence.manifest
     environment = manifest.environment if manifest and manifest.environment else None
 
-    command = user_command(given, log_rec.non_default_args if log_rec else None,
-                           offline=bench_rec is not None and bench_rec.requests_per_second is not None
-                           and bench_rec.ttft_mean_ms is None)
-    shown = vllm_run_evidence(bench_rec, log_rec, scrapes, flags, command is not None,
+    log = evidence.log
+    command = user_command(evidence.command, log.non_default_args if log else None,
+                           offline=bench is not None and bench.requests_per_second is not None
+                           and bench.ttft_mean_ms is None)
+    shown = vllm_run_evidence(bench, log, evidence.metrics, flags, command is not None,
                               bool(source.get("vllm_names")))
     # Some of vLLM's defaults depend on the GPU (the trace's, else the capture manifest's).
-    vllm = vllm_section(bench_rec, log_rec, scrapes, flags, source.get("gpu") or (environment or {}).get("gpu"),
+    vllm = vllm_section(bench, log, evidence.metrics, flags, source.get("gpu") or (environment or {}).get("gpu"),
                         is_vllm=bool(shown))
     ranks = [p.entry for p in rank_parts] if rank_parts else None
     imbalance = rank_imbalance(rank_parts) if rank_parts else None
     bench_cmd = (command.role("client") or command.role("offline")) if command else None
-    workload = _workload(bench_cmd, bench_rec)
+    workload = _workload(bench_cmd, bench)
     gpu_name = source.get("gpu") or (environment or {}).get("gpu") or next(iter((host_part or {}).get("gpus") or []),
                                                                           None)
-    efficiency = efficiency_section(gpu_name, model, vllm.config, vllm.metrics_delta or {},
-                                    bench_rec.elapsed_s if bench_rec else None,
-                                    bench_rec.num_requests if bench_rec else None,
-                                    gpu_metrics=gpu_metrics_section(part, folder),
+    sections = part.sections if part is not None else None
+    efficiency = efficiency_section(gpu_name, evidence.model, vllm.config, vllm.metrics_delta or {},
+                                    bench.elapsed_s if bench else None,
+                                    bench.num_requests if bench else None,
+                                    gpu_metrics=gpu_metrics_section(part, evidence.gpu_metrics),
                                     export_bandwidth=next((g.get("memory_bandwidth") for g in source.get("gpus") or []
                                                            if isinstance(g, dict)), None),
-                                    steps=part.steps if part is not None else None,
-                                    request_tokens=_request_tokens(bench_rec))
-    facts = compute_facts(part, vllm, host_part, ranks, imbalance, workload, efficiency)
+                                    steps=sections.steps if sections is not None else None,
+                                    request_tokens=_request_tokens(bench))
+    facts = compute_facts(sections, vllm, host_part, ranks, imbalance, workload, efficiency)
     # Not shown to be vLLM's: the findings say what the trace shows, and no vLLM flag is proposed.
     findings, skipped = evaluate(rules, facts, propose_changes=bool(shown))
     findings = order_findings(findings, vllm.defaults.get("gpu"))  # the user's missteps first, then the gain
     suggestion = suggest(command, [c for f in findings for c in f.changes])
-    empty: dict[str, Any] = {"timeline": [], "kernels": [], "categories": [], "memops": [], "memory_kinds": [],
-                             "api": [], "sync": [], "nvtx": [], "cpu_ops": [], "gaps": [], "gap_classes": {},
-                             "steps": None, "sched": None, "launch": {}}
-    sections = empty if part is None else {k: getattr(part, k) for k in empty}
     extra: dict[str, Any] = {}
     if ranks:
         extra.update(ranks=ranks, imbalance=imbalance)
@@ -135,8 +136,7 @@ def build_report(path: str | os.PathLike | list | tuple | None, window: str = "a
         extra["environment"] = environment
     return Report(
         schema=SCHEMA, profkit_version=__version__, source=source,
-        window=None if part is None else part.window, gpu=None if part is None else part.gpu,
-        **sections,
+        sections=sections if sections is not None else Sections(),
         vllm=vllm,
         findings=suggestion.annotated(findings),
         **extra,
@@ -170,15 +170,14 @@ def _request_tokens(bench: BenchResult | None) -> tuple[float, float] | None:
     return bench.input_tokens / bench.num_requests, bench.output_tokens / bench.num_requests
 
 
-def gpu_metrics_section(part: TraceSections | None, folder: CaptureFolder | None) -> dict[str, Any] | None:
+def gpu_metrics_section(part: TraceSections | None, export: Path | None) -> dict[str, Any] | None:
     """The GPU's own counters: the trace's (with engine steps and kernels to split them by), else the capture's
-    GPU metrics export (the benchmark's whole span)."""
+    GPU metrics `export` (the benchmark's whole span)."""
     if part is not None and part.gpu_metrics is not None:
         return part.gpu_metrics
-    path = folder.gpu_metrics_path if folder else None
-    if path is None:
+    if export is None:
         return None
     from profkit.analysis.gpu_metrics import metrics_section
     from profkit.traces.gpu_metrics import open_gpu_metrics
 
-    return metrics_section(open_gpu_metrics(path), source=str(path))
+    return metrics_section(open_gpu_metrics(export), source=str(export))

@@ -1,7 +1,8 @@
 """The `profkit.report/1` document as typed structures, built once (`profkit.report.build_report`) and never
-patched: one trace's sections (or the first rank's), vLLM's evidence, the host samples, the facts, the findings
-with what the suggested command does with each change, and that command. `Report.document()` is the JSON
-contract (`../shared/DESIGN.md`); every renderer and comparison reads that document."""
+patched: one trace's sections (or the first rank's: `profkit.analysis.sections.Sections`), vLLM's evidence, the
+host samples, the facts, the findings with what the suggested command does with each change, and that command.
+`Report.document()` is the JSON contract (`../shared/DESIGN.md`); every renderer and comparison reads that
+document."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 
 import msgspec
 
-from profkit.analysis.sections import Rank
+from profkit.analysis.sections import Imbalance, Rank, Sections
 from profkit.diagnose.engine import Finding
 from profkit.diagnose.suggestion import CommandSection
 from profkit.diagnose.vllm_run import VllmSection
@@ -28,26 +29,11 @@ class Report(msgspec.Struct, kw_only=True, frozen=True):
     schema: str
     profkit_version: str
     source: dict[str, Any]
-    window: dict[str, Any] | None  # None: no trace (vLLM's evidence only)
-    gpu: dict[str, Any] | None
-    timeline: Any
-    kernels: list[dict[str, Any]]
-    categories: list[dict[str, Any]]
-    memops: list[dict[str, Any]]
-    memory_kinds: list[dict[str, Any]]
-    api: list[dict[str, Any]]
-    sync: list[dict[str, Any]]
-    nvtx: list[dict[str, Any]]
-    cpu_ops: list[dict[str, Any]]
-    gaps: list[dict[str, Any]]
-    gap_classes: dict[str, Any]
-    steps: dict[str, Any] | None
-    sched: dict[str, Any] | None
-    launch: dict[str, Any]
+    sections: Sections  # the trace's (empty: no trace, vLLM's evidence only); the document holds them at its top
     vllm: VllmSection
     findings: list[Finding]
     ranks: list[Rank] | msgspec.UnsetType = msgspec.UNSET  # several GPUs
-    imbalance: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET  # across them
+    imbalance: Imbalance | msgspec.UnsetType = msgspec.UNSET  # across them
     environment: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET  # the capture's GPU, driver, versions
     run: RunSection
     host: dict[str, Any] | None
@@ -58,5 +44,7 @@ class Report(msgspec.Struct, kw_only=True, frozen=True):
     suggested_command: str | None
 
     def document(self) -> dict[str, Any]:
-        """The JSON document as plain values (what `--format json` writes, NaN and Infinity aside)."""
-        return msgspec.to_builtins(self)
+        """The JSON document as plain values (what `--format json` writes, NaN and Infinity aside): the
+        sections in the report's place for them, each a key of its own."""
+        return {key: value for name, part in msgspec.to_builtins(self).items()
+                for key, value in (part.items() if name == "sections" else [(name, part)])}

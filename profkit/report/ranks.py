@@ -19,18 +19,19 @@ import msgspec
 
 from profkit.analysis.sections import RankPart, TraceSections
 from profkit.errors import ProfkitError
+from profkit.report.build import ReportOptions
 from profkit.report.trace_part import trace_sections
 from profkit.resources import process_context
 
 MAX_JOBS = 32
 
 
-def build_ranks(paths: list[Path], window: str, gap_threshold_ns: int, buckets: int,
-                step: Callable[[str], None], jobs: int | None = None, dask: str | None = None) -> TraceSections:
-    """The joined sections of several traces (one per rank, or per node holding several GPUs)."""
-    tasks = [(str(p), window, gap_threshold_ns, buckets) for p in paths]
+def build_ranks(paths: list[Path], options: ReportOptions, step: Callable[[str], None]) -> TraceSections:
+    """The joined sections of several traces (one per rank, or per node holding several GPUs), analysed as
+    `options` say (window, gap threshold, buckets; on `jobs` processes or the Dask scheduler at `dask`)."""
+    tasks = [(str(p), options.window, options.gap_threshold_ns, options.buckets) for p in paths]
     step(f"{len(tasks)} traces")
-    parts = on_dask(dask, tasks) if dask else on_processes(tasks, jobs)
+    parts = on_dask(options.dask, tasks) if options.dask else on_processes(tasks, options.jobs)
     return join_ranks(parts)
 
 

@@ -19,7 +19,7 @@ from profkit.analysis.kernels import kernel_summary
 from profkit.analysis.launch import launch_latency
 from profkit.analysis.nvtx import nvtx_summary
 from profkit.analysis.sched import process_cpu
-from profkit.analysis.sections import Rank, RankPart, TraceSections
+from profkit.analysis.sections import GpuSection, Rank, RankPart, Sections, TraceSections, WindowSection
 from profkit.analysis.steps import engine_steps
 from profkit.analysis.transfers import memop_summary, memory_kinds
 from profkit.analysis.window import Window, choose_window, with_seq_ranges
@@ -74,10 +74,9 @@ def _build(path: str | os.PathLike, window: str, gap_threshold_ns: int, buckets:
         devices = per_device(trace, win, kernels) if ranks or len(tl.devices) > 1 else None
         source = {"path": str(Path(path)), "kind": trace.kind, **trace.meta,
                   "vllm_names": trace_mentions_vllm(trace)}
-    return TraceSections(
-        source=source,
-        window={**win.as_json(), "phases": phases},
-        gpu={"busy_ns": tl.busy_ns, "idle_ns": tl.idle_ns, "utilization": tl.utilization, "devices": tl.devices},
+    sections = Sections(
+        window=WindowSection(win.start_ns, win.end_ns, win.duration_ns, win.how, win.detail, phases),
+        gpu=GpuSection(tl.busy_ns, tl.idle_ns, tl.utilization, tl.devices),
         timeline=tl.buckets,
         kernels=_kernel_records(kernels),
         categories=category_breakdown(kernels),
@@ -90,10 +89,14 @@ def _build(path: str | os.PathLike, window: str, gap_threshold_ns: int, buckets:
         gaps=tl.gaps,
         gap_classes=tl.gap_classes,
         steps=steps,
-        gpu_metrics=gpu_metrics,
         sched=sched,
         launch=launch,
+    )
+    return TraceSections(
+        source=source,
+        sections=sections,
         ranks=_rank_parts(source, devices, tl.devices, win.duration_ns) if devices is not None else None,
+        gpu_metrics=gpu_metrics,
     )
 
 

@@ -109,9 +109,9 @@ def report_run(folder: Path, profiled: bool, rules_dirs: list[Path], **extra: An
     """The report of a captured run, kept in its folder (report.json)."""
     from profkit.evidence.folder import CaptureFolder
     from profkit.render import render
-    from profkit.report import build_report
+    from profkit.report import ReportOptions, build_report
 
-    report = build_report(folder, rules_dirs=rules_dirs).document()
+    report = build_report(folder, options=ReportOptions(rules_dirs=tuple(rules_dirs))).document()
     CaptureFolder(folder).write_report(render(report, "json"))
     return Run(folder, "ok", profiled, report=report, **extra)
 

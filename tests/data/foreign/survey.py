@@ -1,4 +1,4 @@
-"""The survey behind this folder: every trace under the given folders through `build_report(window="all")`,
+"""The survey behind this folder: every trace under the given folders through `build_report` (window `all`),
 its kernel count and total checked against the file's own events (JSON or SQL). Not a test: the 46 traces
 it ran over (see README.md) are not all redistributable.
 
@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from profkit.errors import ProfkitError
-from profkit.report import build_report
+from profkit.report import ReportOptions, build_report
 
 
 def own_counts(path: Path) -> tuple[int | None, int | None]:
@@ -40,7 +40,7 @@ def main() -> None:
     for path in files:
         count, total = own_counts(path)
         try:
-            rep = build_report(path, window="all")
+            rep = build_report(path, options=ReportOptions(window="all")).document()
         except ProfkitError as exc:
             print(f"REFUSED {path}: {exc}")
             continue

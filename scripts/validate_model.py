@@ -1,0 +1,141 @@
+"""The model of the run against measured (run, change) pairs: every pair recorded on the H100 in tests/data, each
+baseline replicate's report calibrating the model, its prediction of the changed configuration compared with what
+the changed configuration measured (the mean of its replicates).
+
+    python scripts/validate_model.py            # the table, Markdown, on stdout
+    python scripts/validate_model.py --json     # one row per (pair, baseline replicate)
+
+The tiny model's folders have no config.json (make_model.py's shape is written here, as the fixtures' README says).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+DATA = REPO / "tests" / "data"
+TINY = {"architectures": ["LlamaForCausalLM"], "hidden_size": 2048, "intermediate_size": 8192,
+        "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 32000,
+        "torch_dtype": "bfloat16"}
+GIB = 1 << 30
+
+# id, what changes, limit class, archive, baseline folders, changed folders, changes, changed side quoted
+PAIRS = [
+    ("P1", "--kv-cache-memory-bytes 3e8 removed", "KV capacity (tiny)", "h100_tune.tar.xz",
+     ["h100_tune/s1/runs/01-baseline", "h100_tune/s1/runs/02-baseline-replicate-1"],
+     ["h100_tune/s1/runs/03-kv-preemption", "h100_tune/def_serve"], {"kv_cache_memory_bytes": "default"}),
+    ("P2", "--kv-cache-memory-bytes 3e8 removed", "KV capacity (tiny, no host samples)", "vllm_serve_pair.tar.xz",
+     ["before/r1", "before/r2", "before/r3"], ["after/r1"], {"kv_cache_memory_bytes": "default"}),
+    ("P3", "--max-num-batched-tokens 16384", "frontend-bound (tiny)", "h100_tune.tar.xz",
+     ["h100_tune/s1/runs/03-kv-preemption", "h100_tune/def_serve"], ["h100_tune/s1/runs/04-engine-core-bound"],
+     {"max_num_batched_tokens": 16384}),
+    ("P4", "--max-num-seqs 4 removed", "batch cap, engine-core-bound (tiny)", "h100_tune.tar.xz",
+     ["h100_tune/s3/runs/01-baseline"], ["h100_tune/s3/runs/02-batch-cap"], {"max_num_seqs": 1024}),
+    ("P5", "--api-server-count 3", "frontend-bound (tiny)", "h100_host.tar.xz",
+     ["h100_host/t17/runs/01-baseline", "h100_host/t17/runs/02-baseline-replicate-1",
+      "h100_host/t17/runs/03-baseline-replicate-2"],
+     ["h100_host/t17/runs/04-frontend-bound", "h100_host/t17/runs/05-frontend-bound-replicate-1",
+      "h100_host/t17/runs/06-frontend-bound-replicate-2"], {"api_server_count": 3}),
+    ("P6", "--api-server-count 3", "frontend-bound (tiny)", "h100_host.tar.xz",
+     ["h100_host/hand_def1", "h100_host/hand_def2", "h100_host/hand_def3"],
+     ["h100_host/hand_api1", "h100_host/hand_api2", "h100_host/hand_api3"], {"api_server_count": 3}),
+    ("P8", "--quantization fp8 --kv-cache-dtype fp8", "KV capacity, GPU-bound (14B)", "h100_phases/bf16.tar.xz",
+     ["bf16"], [("h100_phases/fp8.tar.xz", "fp8")], {"quantization": "fp8", "kv_cache_dtype": "fp8"}),
+    ("P9", "KV cache squeezed to 2.32 GiB", "KV capacity, GPU-bound (14B)", "h100_host.tar.xz",
+     ["h100_host/ctl"], [("h100_gpu_bound.tar.xz", "h100_gpu_bound/small_kv")],
+     {"kv_cache_memory_bytes": 2.32 * GIB}),
+]
+
+
+def _unpacked(archive: str, into: Path) -> Path:
+    out = into / archive.replace("/", "_")
+    if not out.exists():
+        out.mkdir(parents=True)
+        with tarfile.open(DATA / archive) as tar:
+            tar.extractall(out, filter="data")
+    return out
+
+
+def _bench(folder: Path) -> dict[str, float]:
+    from profkit.evidence.bench import read_bench
+
+    b = read_bench(folder / "bench.json")
+    return {"request_throughput": b.requests_per_second, "ttft_mean_ms": b.ttft_mean_ms,
+            "tpot_mean_ms": b.tpot_mean_ms}
+
+
+def validate(work: Path) -> list[dict]:
+    from profkit.evidence.record import Evidence
+    from profkit.model.observe import observe
+    from profkit.model.predict import calibrate, predict
+    from profkit.report import build_report
+
+    tiny = work / "tiny-config.json"
+    tiny.write_text(json.dumps(TINY))
+    rows = []
+    for pid, change, limit, archive, bases, changed, changes in PAIRS:
+        root = _unpacked(archive, work)
+        measured: dict[str, list[float]] = {}
+        for c in changed:
+            folder = _unpacked(c[0], work) / c[1] if isinstance(c, tuple) else root / c
+            for k, v in _bench(folder).items():
+                if v is not None:
+                    measured.setdefault(k, []).append(v)
+        for base in bases:
+            folder = root / base
+            config = None if (folder / "model-config.json").is_file() else tiny
+            doc = build_report(folder, Evidence.read(model_config=config)).document()
+            cal = calibrate(observe(doc))
+            asked = dict(changes)
+            if asked.get("kv_cache_memory_bytes") == "default":
+                # the flag removed: vLLM's default budget (0.92 of the GPU's 79.18 GiB) less the weights and the
+                # start-up's activations (this model: ~1.5 GiB)
+                asked["kv_cache_memory_bytes"] = 0.92 * 79.18 * GIB - (cal.observation.memory.weights_bytes or 0) \
+                    - 1.5 * GIB
+            p = predict(cal, asked)
+            for metric, values in measured.items():
+                m = p.metrics[metric]
+                truth = statistics.fmean(values)
+                rows.append({"pair": pid, "change": change, "limit": limit, "baseline": base, "metric": metric,
+                             "before": m["before"], "predicted": m["predicted"], "low": m["low"], "high": m["high"],
+                             "measured": truth, "replicates": len(values),
+                             "error": m["predicted"] / truth - 1, "inside": m["low"] <= truth <= m["high"],
+                             "fit": cal.fit_error, "limit_before": p.limit_before, "limit_after": p.limit_after})
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    out = ["| pair | change | limit class | baseline | metric | before | predicted (range) | measured (n) | error |",
+           "|---|---|---|---|---|---:|---:|---:|---:|"]
+    for r in rows:
+        out.append(f"| {r['pair']} | {r['change']} | {r['limit']} | {r['baseline'].split('/')[-1]} | {r['metric']} | "
+                   f"{r['before']:.4g} | {r['predicted']:.4g} ({r['low']:.4g}-{r['high']:.4g}) | "
+                   f"{r['measured']:.4g} ({r['replicates']}) | {r['error'] * 100:+.1f}%"
+                   f"{'' if r['inside'] else ' (outside)'} |")
+    thr = [abs(r["error"]) for r in rows if r["metric"] == "request_throughput"]
+    inside = sum(r["inside"] for r in rows if r["metric"] == "request_throughput")
+    every = [abs(r["error"]) for r in rows]
+    out += ["", f"request throughput: median |error| {statistics.median(thr) * 100:.1f}%, worst "
+                f"{max(thr) * 100:.1f}%, inside the range {inside}/{len(thr)}; every metric: median "
+                f"{statistics.median(every) * 100:.1f}%, worst {max(every) * 100:.1f}%"]
+    return "\n".join(out)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = validate(Path(tmp))
+    print(json.dumps(rows, indent=1, default=str) if args.json else table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
