@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shlex
 import sqlite3
 import sys
 from collections.abc import Callable
@@ -112,6 +113,40 @@ def report(traces: tuple[Path, ...], window: str, fmt: str, output: Path | None,
         run_id = save_run(save_db, document, label=label, inputs=inputs)
         click.echo(f"saved run {run_id} in {terminal(save_db)}", err=True)
     emit(render(document, fmt, top), output)
+
+
+@cli.command("predict", context_settings={"ignore_unknown_options": True})
+@click.argument("run", required=False)
+@click.argument("changes", nargs=-1, type=click.UNPROCESSED)
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "md", "html"]), default="text",
+              show_default=True)
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="write here, not stdout")
+@click.option("--bench", type=click.Path(dir_okay=False, path_type=Path), help="vllm bench JSON")
+@click.option("--vllm-log", type=click.Path(dir_okay=False, path_type=Path), help="vLLM server/engine log")
+@click.option("--metrics", type=click.Path(dir_okay=False, path_type=Path), multiple=True,
+              help="Prometheus text from /metrics (before, after)")
+@click.option("--vllm-args", help="the flags vLLM ran with")
+@click.option("--host", "host_json", type=click.Path(dir_okay=False, path_type=Path), help="host.json")
+@click.option("--model-config", type=click.Path(dir_okay=False, path_type=Path),
+              help="the model's config.json (its shape)")
+@click.option("--noise", default=None, help="the run-to-run spread to assume, e.g. 3% (default: 3%)")
+def predict_cmd(run: str | None, changes: tuple[str, ...], fmt: str, output: Path | None, bench: Path | None,
+                vllm_log: Path | None, metrics: tuple[Path, ...], vllm_args: str | None, host_json: Path | None,
+                model_config: Path | None, noise: str | None) -> None:
+    """Predict what CHANGES (vLLM flags, after --) do to RUN (a capture folder, a trace, or the evidence alone):
+    request and output throughput, mean TTFT and TPOT, each with a range, the limit before and after, and why.
+
+    \b
+      profkit predict capture-folder -- --kv-cache-dtype fp8 --gpu-memory-utilization 0.95"""
+    from profkit.evidence.record import Evidence
+    from profkit.report.predict import predict_run
+
+    evidence = Evidence.read(bench=bench, log=vllm_log, metrics=metrics, vllm_args=vllm_args,
+                             model_config=model_config, host=host_json)
+    doc = predict_run(run, shlex.join(changes), evidence, noise=_parse_share(noise, "--noise") if noise else None)
+    if output:
+        refuse_overwrite(output, [Path(p) for p in (run, bench, vllm_log, host_json, model_config, *metrics) if p])
+    emit(render(doc, fmt), output)
 
 
 @cli.command("diff")

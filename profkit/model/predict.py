@@ -175,8 +175,8 @@ def predict(cal: Calibrated, changes: dict[str, Any], noise: float | None = None
     # the KV cache's size
     kv_bytes = _kv_bytes(obs, changes, fp8_weights, reasoning)
     per_token = obs.memory.kv_bytes_per_token / (2 if fp8_kv else 1)
-    kv_tokens = int(kv_bytes / per_token) if kv_bytes and kv_bytes > 0 else 0
-    if kv_tokens != obs.memory.kv_tokens:
+    kv_tokens = round(kv_bytes / per_token) if kv_bytes and kv_bytes > 0 else 0
+    if abs(kv_tokens - obs.memory.kv_tokens) > 1e-3 * obs.memory.kv_tokens:
         reasoning.append(f"KV cache {obs.memory.kv_tokens:,} → {kv_tokens:,} tokens"
                          + (" (FP8 KV cache: half the bytes per token)" if fp8_kv else ""))
     if fp8_kv or fp8_weights:

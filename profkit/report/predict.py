@@ -1,0 +1,56 @@
+"""`profkit predict RUN -- CHANGES`: the model of the run, calibrated on RUN's report, asked what CHANGES (vLLM
+flags as the user writes them) would do. The library entry behind the command:
+
+    from profkit.report.predict import predict_run
+    doc = predict_run("capture-folder", "--kv-cache-dtype fp8 --quantization fp8")   # profkit.prediction/1
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from profkit.errors import ProfkitError
+from profkit.evidence.record import Evidence
+from profkit.model.observe import Unobservable, observe
+from profkit.model.predict import MODELLED, calibrate, host_bound, predict
+from profkit.report.build import build_report
+from profkit.vllm.command import VllmCommand
+
+
+def parse_changes(text: str) -> dict[str, Any]:
+    """vLLM flags as written (`--kv-cache-dtype fp8 --max-num-seqs 256`) -> {setting: value}."""
+    try:
+        flags = VllmCommand.parse(text).flags()
+    except ValueError as exc:  # shlex: an unclosed quote
+        raise ProfkitError(f"changes: {exc}") from None
+    if not flags:
+        raise ProfkitError(f"changes: no vLLM flag in {text!r} (give them after --, e.g. -- --max-num-seqs 256)")
+    return flags
+
+
+def predict_run(run: str | os.PathLike | None, changes: str, evidence: Evidence | None = None,
+                noise: float | None = None) -> dict[str, Any]:
+    """The prediction document (`profkit.prediction/1`) for `changes` on the run at `run` (a capture folder, a
+    trace, or None with the evidence alone)."""
+    asked = parse_changes(changes)
+    doc = build_report(run, evidence).document()
+    try:
+        obs = observe(doc)
+    except Unobservable as exc:
+        raise ProfkitError(f"{run or 'the evidence'}: cannot model this run: {exc}") from None
+    if not set(asked) & MODELLED:
+        raise ProfkitError(f"changes: the model knows none of {', '.join(sorted(asked))} (it models "
+                           f"{', '.join('--' + m.replace('_', '-') for m in sorted(MODELLED))})")
+    cal = calibrate(obs)
+    prediction = predict(cal, asked, noise=noise).document()
+    bound = host_bound(obs)
+    prediction.update(
+        source={"path": None if run is None else str(run), "gpu": obs.gpu},
+        changes_text=" ".join(changes.split()),
+        calibration={"fit_error": cal.fit_error, "scale": cal.memory_factor,
+                     "calibrated_on": (f"{bound.replace('_', ' ')}'s pace (host samples: it was saturated)" if bound
+                                       else "the benchmark's duration (the GPU's step costs)") if cal.fit_error else
+                     "not calibrated: a frontend process set the pace, so the run's duration hides the engine's "
+                     "speed (the hardware's peaks stand)"})
+    return prediction
