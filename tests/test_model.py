@@ -79,6 +79,9 @@ def test_a_small_cache_preempts_and_recomputes() -> None:
     small = simulate(Workload(16, 64, 64), Engine(640, 64, 8192), FLAT)
     ample = simulate(Workload(16, 64, 64), Engine(1 << 20, 64, 8192), FLAT)
     assert small.preemptions > 0 and ample.preemptions == 0
+    assert ample.prompt_tokens_computed == 16 * 64
+    # a preempted request computes again what it had computed (vLLM V1 recomputes): more than the prompts
+    assert small.prompt_tokens_computed > 16 * 64
     assert small.batch_max < 16 == ample.batch_max
     assert small.elapsed_s > ample.elapsed_s
 

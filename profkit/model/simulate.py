@@ -74,6 +74,7 @@ class SimResult:
     batch_max: int
     decode_step_s: float  # the mean time of a step with no prompt tokens (nan: none)
     kv_full_share: float  # share of steps that ended with the KV cache (nearly) full
+    prompt_tokens_computed: int  # prompts' tokens computed, recomputations after preemption included
 
 
 def simulate(work: Workload, engine: Engine, cost: StepCost, max_steps: int = 2_000_000) -> SimResult:
@@ -95,7 +96,7 @@ def simulate(work: Workload, engine: Engine, cost: StepCost, max_steps: int = 2_
     waiting: list[int] = []
     next_arrival = 0
     clock = 0.0
-    preemptions = steps = 0
+    preemptions = steps = computed = 0
     batch_sum = batch_steps = batch_max = 0
     decode_time = decode_steps = full_steps = 0
     in_flight = 0
@@ -156,6 +157,7 @@ def simulate(work: Workload, engine: Engine, cost: StepCost, max_steps: int = 2_
                 budget -= c
                 free -= -(-c // bs) * bs
         for r, c in chunks:
+            computed += c
             kv_read += done[r]
             pairs += c * done[r] + c * (c + 1) / 2
             tokens += c
@@ -200,4 +202,4 @@ def simulate(work: Workload, engine: Engine, cost: StepCost, max_steps: int = 2_
         tpot_p99_s=float(np.percentile(tpot, 99)), preemptions=preemptions, steps=steps,
         batch_mean=batch_sum / batch_steps if batch_steps else 0.0, batch_max=batch_max,
         decode_step_s=decode_time / decode_steps if decode_steps else float("nan"),
-        kv_full_share=full_steps / steps if steps else 0.0)
+        kv_full_share=full_steps / steps if steps else 0.0, prompt_tokens_computed=computed)
