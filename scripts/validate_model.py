@@ -5,7 +5,8 @@ the changed configuration measured (the mean of its replicates).
     python scripts/validate_model.py            # the table, Markdown, on stdout
     python scripts/validate_model.py --json     # one row per (pair, baseline replicate)
 
-The tiny model's folders have no config.json (make_model.py's shape is written here, as the fixtures' README says).
+The tiny model's folders and h100_host/ctl have no config.json: make_model.py's shapes are written here (the
+fixtures' README names them).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ DATA = REPO / "tests" / "data"
 TINY = {"architectures": ["LlamaForCausalLM"], "hidden_size": 2048, "intermediate_size": 8192,
         "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 32000,
         "torch_dtype": "bfloat16"}
+# make_model.py's 14B shape (the folders of h100_host/ctl have no config.json)
+BIG = {**TINY, "hidden_size": 5120, "intermediate_size": 13824, "num_hidden_layers": 48, "num_attention_heads": 40}
 GIB = 1 << 30
 
 # id, what changes, limit class, archive, baseline folders, changed folders, changes, changed side quoted
@@ -76,8 +79,9 @@ def validate(work: Path) -> list[dict]:
     from profkit.model.predict import calibrate, predict
     from profkit.report import build_report
 
-    tiny = work / "tiny-config.json"
+    tiny, big = work / "tiny-config.json", work / "big-config.json"
     tiny.write_text(json.dumps(TINY))
+    big.write_text(json.dumps(BIG))
     rows = []
     for pid, change, limit, archive, bases, changed, changes in PAIRS:
         root = _unpacked(archive, work)
@@ -89,7 +93,7 @@ def validate(work: Path) -> list[dict]:
                     measured.setdefault(k, []).append(v)
         for base in bases:
             folder = root / base
-            config = None if (folder / "model-config.json").is_file() else tiny
+            config = None if (folder / "model-config.json").is_file() else big if "14B" in limit else tiny
             doc = build_report(folder, Evidence.read(model_config=config)).document()
             cal = calibrate(observe(doc))
             asked = dict(changes)

@@ -1,0 +1,130 @@
+"""One prescription per report: the findings say which levers apply, the model of the run chooses their values and
+keeps only those predicted to help more than the noise, as one set of changes that do not conflict.
+
+Each candidate is a finding's change (the rule's value) or a value the model tries for the same lever (the flag
+removed: vLLM's default; the FP8 pair together); each is predicted alone, then the best are combined greedily while
+the combination keeps gaining more than the noise. The result names the limit before and after, each change with
+its predicted effect and range, what it trades (precision), the findings it answers, and the reasoning."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from profkit.diagnose.engine import Finding
+from profkit.model.observe import Unobservable, observe
+from profkit.model.predict import DEFAULT_NOISE, MODELLED, Calibrated, Prediction, calibrate, predict
+from profkit.vllm.command import dest_of
+from profkit.vllm.options import flag_for
+
+OBJECTIVE = "request_throughput"
+# Values the model tries beside the rules' own for a lever a finding names.
+TRIED: dict[str, tuple[Any, ...]] = {
+    "gpu_memory_utilization": (0.9, 0.92, 0.95),
+    "max_num_seqs": (256, 512, 1024),
+    "max_num_batched_tokens": (8192, 16384),
+    "api_server_count": (2, 4),
+}
+
+
+@dataclass
+class Prescription:
+    limit: str | None
+    changes: list[dict[str, Any]] = field(default_factory=list)
+    predicted: dict[str, Any] = field(default_factory=dict)
+    reasoning: list[str] = field(default_factory=list)
+    answers: list[str] = field(default_factory=list)
+    note: str | None = None  # why there is none, or what was left out
+
+    def document(self) -> dict[str, Any]:
+        return {"limit": self.limit, "changes": self.changes, "predicted": self.predicted,
+                "reasoning": self.reasoning, "answers": self.answers, "note": self.note}
+
+
+def _candidates(findings: list[Finding], cal: Calibrated) -> dict[tuple[str, Any], list[str]]:
+    """(setting, value) -> the rules proposing it (the model's own values for the same levers included)."""
+    out: dict[tuple[str, Any], list[str]] = {}
+    config = cal.observation.config
+    for f in findings:
+        for c in f.changes:
+            dest = dest_of(c.flag)
+            if dest not in MODELLED:
+                continue
+            to = c.to
+            if dest == "kv_cache_memory_bytes" and to is None:
+                to = "default"
+            out.setdefault((dest, to), []).append(f.rule)
+            for value in TRIED.get(dest, ()):
+                if value != config.get(dest):
+                    out.setdefault((dest, value), [])
+    if ("quantization", "fp8") in out or ("kv_cache_dtype", "fp8") in out:
+        out.setdefault(("fp8-pair", True), sorted({r for k, v in out.items() if k[1] == "fp8" for r in v}))
+    return out
+
+
+def _changes(key: tuple[str, Any], cal: Calibrated) -> dict[str, Any]:
+    dest, value = key
+    if dest == "fp8-pair":
+        return {"quantization": "fp8", "kv_cache_dtype": "fp8"}
+    if dest == "kv_cache_memory_bytes" and value == "default":
+        mem = cal.observation.memory
+        if mem.total_bytes and mem.weights_bytes:
+            return {"kv_cache_memory_bytes": 0.92 * mem.total_bytes - mem.weights_bytes - 0.02 * mem.total_bytes}
+        return {}
+    return {dest: value}
+
+
+def _gain(p: Prediction) -> float:
+    m = p.metrics[OBJECTIVE]
+    return m["predicted"] / m["before"] - 1 if m["before"] and m["predicted"] else 0.0
+
+
+def prescribe(doc: dict[str, Any], findings: list[Finding], allow_precision: bool = True,
+              noise: float | None = None) -> Prescription | None:
+    """The prescription for a report document's run and its findings; None when no finding proposes a lever the
+    model knows; a Prescription with only a `note` when the run cannot be modelled."""
+    if not any(dest_of(c.flag) in MODELLED for f in findings for c in f.changes):
+        return None
+    try:
+        cal = calibrate(observe(doc))
+    except Unobservable as exc:
+        return Prescription(limit=None, note=f"no prescription: the model cannot be calibrated on this run ({exc})")
+    threshold = max(noise if noise is not None else DEFAULT_NOISE, 0.02)
+    singles: list[tuple[float, dict[str, Any], list[str], Prediction]] = []
+    for key, rules in _candidates(findings, cal).items():
+        changes = _changes(key, cal)
+        if not changes or (not allow_precision and any(str(v).startswith("fp8") for v in changes.values())):
+            continue
+        p = predict(cal, changes, noise=noise)
+        singles.append((_gain(p), changes, rules, p))
+    singles.sort(key=lambda s: -s[0])
+    chosen: dict[str, Any] = {}
+    answers: list[str] = []
+    best: Prediction | None = None
+    gain = 0.0
+    for g, changes, rules, _ in singles:
+        if g < threshold or any(k in chosen for k in changes):
+            continue
+        trial = {**chosen, **changes}
+        p = predict(cal, trial, noise=noise)
+        if _gain(p) - gain >= threshold:
+            chosen, gain, best = trial, _gain(p), p
+            answers += [r for r in rules if r not in answers]
+    if best is None:
+        top = singles[0] if singles else None
+        left = (f"; the best single change ({_describe(top[1])}) is predicted at {top[0] * 100:+.1f}% "
+                f"request throughput") if top else ""
+        return Prescription(limit=predict(cal, {}).limit_before, predicted={},
+                            note=f"no change is predicted to help more than the noise ({threshold * 100:.0f}%)"
+                                 + left)
+    return Prescription(
+        limit=best.limit_before,
+        changes=[{"flag": flag_for(k), "from": cal.observation.config.get(k), "to": v,
+                  "trades": "changes model precision (FP8): check accuracy before shipping"
+                  if str(v).startswith("fp8") else None} for k, v in chosen.items()],
+        predicted={**best.metrics, "limit_after": best.limit_after},
+        reasoning=best.reasoning, answers=answers)
+
+
+def _describe(changes: dict[str, Any]) -> str:
+    return " ".join(f"{flag_for(k)} {v}" for k, v in changes.items())
