@@ -55,6 +55,17 @@ def gpu_peak(name: str | None) -> dict[str, Any] | None:
     return None
 
 
+def gpu_memory_bytes(name: str | None) -> float | None:
+    """The GPU's memory by its reported name (the peak table's, decimal GB), or None when not in the table."""
+    if not name:
+        return None
+    key = name.lower().strip().removeprefix("nvidia ").strip()
+    for row in _table():
+        if any((key == m) if row.get("exact") else (m in key) for m in row["match"]):
+            return row["memory_gb"] * 1e9 if row.get("memory_gb") else None
+    return None
+
+
 def weight_bits(model: ModelShape | None, quantization: Any) -> int | None:
     """Bits per weight the GEMMs read: the run's --quantization, else the checkpoint's, else its dtype."""
     method = quantization if isinstance(quantization, str) and quantization else (model.quantization if model

@@ -20,7 +20,7 @@ from profkit.vllm.options import flag_for
 OBJECTIVE = "request_throughput"
 # Values the model tries beside the rules' own for a lever a finding names.
 TRIED: dict[str, tuple[Any, ...]] = {
-    "gpu_memory_utilization": (0.9, 0.92, 0.95),
+    "gpu_memory_utilization": (0.85, 0.9, 0.92),  # up to vLLM's own default: past it, start-up may run out
     "max_num_seqs": (256, 512, 1024),
     "max_num_batched_tokens": (8192, 16384),
     "api_server_count": (2, 4),
@@ -128,3 +128,59 @@ def prescribe(doc: dict[str, Any], findings: list[Finding], allow_precision: boo
 
 def _describe(changes: dict[str, Any]) -> str:
     return " ".join(f"{flag_for(k)} {v}" for k, v in changes.items())
+
+
+# --- tune: the model orders the candidates and picks their values ----------------------------------------------
+
+def choose_values(cal: Calibrated, changes: dict[str, Any], noise: float | None = None) -> tuple[dict[str, Any],
+                                                                                               Prediction]:
+    """The candidate's changes with each modelled lever's value chosen by the model among the rule's own and the
+    values it tries for that lever (a misstep is undone fully, not stepped); and the prediction for them."""
+    chosen = dict(changes)
+    for dest in [k for k in changes if k in TRIED]:
+        options = [changes[dest], *TRIED[dest]]
+        scored = []
+        for value in dict.fromkeys(options):
+            trial = {**chosen, dest: value}
+            scored.append((_gain(predict(cal, _resolved(trial, cal), noise=noise)), value))
+        chosen[dest] = max(scored, key=lambda s: s[0])[1]
+    return chosen, predict(cal, _resolved(chosen, cal), noise=noise)
+
+
+def _resolved(changes: dict[str, Any], cal: Calibrated) -> dict[str, Any]:
+    """A removed --kv-cache-memory-bytes as the bytes vLLM's default budget leaves the cache."""
+    if changes.get("kv_cache_memory_bytes", 0) is None:
+        return {**{k: v for k, v in changes.items() if k != "kv_cache_memory_bytes"},
+                **_changes(("kv_cache_memory_bytes", "default"), cal)}
+    return changes
+
+
+def rank_candidates(doc: dict[str, Any], queue: list[dict[str, Any]], objective: str,
+                    noise: float | None = None) -> list[dict[str, Any]]:
+    """Tune's candidates (each {"rule", "changes": [{"flag", "to", ...}], ...}) ordered by the model's predicted
+    gain of `objective`, their modelled values chosen by the model, each with its prediction; a candidate
+    predicted within the noise is marked `skip`. Unchanged (no prediction) where the run cannot be modelled or
+    the objective is not one the model predicts."""
+    if objective not in ("request_throughput", "output_throughput"):
+        return queue
+    try:
+        cal = calibrate(observe(doc))
+    except Unobservable:
+        return queue
+    threshold = max(noise if noise is not None else DEFAULT_NOISE, 0.02)
+    ranked = []
+    for cand in queue:
+        changes = {dest_of(c["flag"]): c.get("to") for c in cand["changes"]}
+        if not set(changes) & MODELLED or set(changes) - MODELLED:
+            ranked.append((None, cand))  # a lever the model cannot predict: tried after the predicted ones
+            continue
+        chosen, p = choose_values(cal, changes, noise)
+        m = p.metrics[objective]
+        gain = m["predicted"] / m["before"] - 1 if m["before"] else 0.0
+        new_changes = [{**c, "to": chosen[dest_of(c["flag"])],
+                        **({"model_chose": True} if chosen[dest_of(c["flag"])] != c.get("to") else {})}
+                       for c in cand["changes"]]
+        ranked.append((gain, {**cand, "changes": new_changes, "skip": gain < threshold,
+                              "predicted": {**m, "gain": gain, "limit_after": p.limit_after}}))
+    predicted = sorted((r for r in ranked if r[0] is not None), key=lambda r: -r[0])
+    return [c for _, c in predicted] + [c for g, c in ranked if g is None]

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from profkit.analysis.efficiency import gpu_memory_bytes
 from profkit.numbers import json_number
 
 GIB = 1 << 30
@@ -138,8 +139,7 @@ def _total_memory(vllm: dict[str, Any], gpu: dict[str, Any]) -> float | None:
     logged = _num((vllm.get("log") or {}).get("gpu_total_memory_bytes"))
     if logged:
         return logged
-    table = _num(gpu.get("memory_gb"))
-    return table * 1e9 if table else None
+    return gpu_memory_bytes(gpu.get("name"))
 
 
 def _attention_width(eff: dict[str, Any], doc: dict[str, Any]) -> float:

@@ -166,6 +166,8 @@ def predict(cal: Calibrated, changes: dict[str, Any], noise: float | None = None
     its range, the limit before and after, and the reasoning."""
     obs = cal.observation
     unmodelled = sorted(k for k in changes if k not in MODELLED)
+    if "gpu_memory_utilization" in changes and not (obs.memory.total_bytes and obs.memory.utilization):
+        unmodelled.append("gpu_memory_utilization (the GPU's memory is unknown)")
     reasoning: list[str] = []
     trades: list[str] = []
     engine, cost, work = cal.engine, cal.cost, cal.workload

@@ -15,7 +15,16 @@ def _changes(step: dict[str, Any]) -> str:
     if not cand:
         return ""
     parts = [f"{c['flag']} {'(removed)' if c['to'] is None else c['to']}" for c in cand["changes"]]
-    return f"{cand['rule']}: " + ", ".join(parts)
+    return f"{cand['rule']}: " + ", ".join(parts) + _predicted(cand)
+
+
+def _predicted(cand: dict[str, Any]) -> str:
+    """The model's prediction for a candidate, beside what it measured (tune.json's step)."""
+    p = cand.get("predicted")
+    if not p:
+        return ""
+    return (f" (predicted {p['predicted']:.4g}, range {p['low']:.4g}-{p['high']:.4g}, "
+            f"{p['gain'] * 100:+.0f} %)")
 
 
 def stop_text(doc: dict[str, Any]) -> str:

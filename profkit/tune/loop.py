@@ -4,6 +4,11 @@ Orchestration only, like capture: it calls capture, report, the suggested-comman
 and owns the loop (candidates, keep/revert, stop) and its folder. Rules stay the single source of
 what may change: a candidate is one finding's flag changes, applied to the best command so far.
 
+Where the run can be modelled (profkit.model), the model, re-calibrated on the best configuration's latest run,
+orders the candidates by predicted gain, picks the values of the levers it knows (a misstep undone fully, not
+stepped) and passes over those predicted within the noise; each step records its prediction beside what it
+measured.
+
 Noise is measured, not assumed: the baseline runs `replicates` times and a candidate counts as a gain
 only when its objective moves beyond the spread of those replicates (a candidate close to the
 threshold is run again; `candidate_runs` measures every candidate as often as the baseline, for an A/B
@@ -26,6 +31,7 @@ from profkit.compare import metrics as m
 from profkit.compare.diff import Side, diff_reports, prefix_cache_differs
 from profkit.compare.diff import spread as replicate_spread
 from profkit.compare.gate import Condition, parse_condition
+from profkit.diagnose.prescription import rank_candidates
 from profkit.diagnose.priority import candidate_key, priority
 from profkit.diagnose.suggestion import suggest
 from profkit.errors import ProfkitError
@@ -410,8 +416,15 @@ class Tuner:
         order of those still waiting, ride along into tune.json."""
         assert self.best is not None
         queue = candidates(self.best, self.history, self.allowed)
+        latest = self.best.reports()[-1] if self.best.reports() else None
+        if latest is not None:  # the model, re-calibrated on the best configuration's latest run, orders them
+            queue = rank_candidates(latest, queue, self.opts.objective, noise=self._threshold())
         passed: list[dict[str, Any]] = []
         for i, cand in enumerate(queue):
+            if cand.get("skip"):
+                passed.append({"rule": cand["rule"], "why": f"predicted {cand['predicted']['gain'] * 100:+.1f} % "
+                                                           f"{self.opts.objective}: within the noise"})
+                continue
             sug = suggest(self.best.user, cand["changes"])
             applied = [a for a in sug.applied if a.action != "none"]
             if not applied or not sug.commands:
@@ -423,7 +436,8 @@ class Tuner:
             user = UserCommand(sug.commands, self.best.user.source)
             if tuple(tuple(c.argv()) for c in user.commands) in self.tried:
                 continue
-            cand = {**cand, "changes": [{"flag": a.flag, "to": a.to, "action": a.action} for a in applied],
+            cand = {**{k: v for k, v in cand.items() if k != "skip"},
+                    "changes": [{"flag": a.flag, "to": a.to, "action": a.action} for a in applied],
                     "checked": [c.by for c in sug.checks][:1], "passed_over": passed,
                     "waiting": [{"rule": c["rule"], "order": c["order"]} for c in queue[i + 1:]]}
             return cand, user
