@@ -24,7 +24,6 @@ plt.rcParams.update({
     "axes.spines.top": False,
     "axes.spines.right": False,
     "svg.hashsalt": "profkit",  # deterministic ids: the same report renders the same bytes
-    "text.parse_math": False,  # trace text is plain text: a kernel named "$x^$" is not TeX to parse
 })
 BUSY, IDLE, ACCENT = "#2b7bb9", "#e4572e", "#76b041"
 PHASE_COLORS = ("#8e44ad", "#d4a017")
@@ -63,10 +62,10 @@ def _barh(labels: list[str], values: list[float], xlabel: str, color: str = BUSY
     fig, ax = plt.subplots(figsize=(9, 0.32 * len(labels) + 0.8))
     ypos = list(range(len(labels)))[::-1]
     ax.barh(ypos, values, color=color)
-    ax.set_yticks(ypos, labels)
+    ax.set_yticks(ypos, labels, parse_math=False)  # trace text: a kernel named $x^$ is no TeX
     ax.set_xlabel(xlabel)
     for y, v, text in zip(ypos, values, annotate or [], strict=False):
-        ax.text(v, y, " " + text, va="center", fontsize=8)
+        ax.text(v, y, " " + text, va="center", fontsize=8, parse_math=False)
     return _svg(fig)
 
 
@@ -83,7 +82,7 @@ def ranks_chart(report: dict[str, Any]) -> str:
     ax.barh(ypos, comm, left=compute, color=ACCENT, label="communication kernels")
     ax.barh(ypos, idle, left=[a + b for a, b in zip(compute, comm, strict=True)], color=IDLE, alpha=0.5,
             label="GPU idle")
-    ax.set_yticks(ypos, labels)
+    ax.set_yticks(ypos, labels, parse_math=False)  # trace text: a kernel named $x^$ is no TeX
     ax.set_xlabel("ms (kernel time per kind; concurrent kernels each count)")
     ax.legend(loc="lower right", frameon=False, fontsize=8)
     return _svg(fig)
@@ -128,7 +127,7 @@ def delta_chart(rows: list[dict[str, Any]], key: str, title: str, limit: int = 1
     ys = range(len(rows))
     ax.barh([y + 0.2 for y in ys], before, height=0.38, color="#9aa5b8", label="before")
     ax.barh([y - 0.2 for y in ys], after, height=0.38, color=BUSY, label="after")
-    ax.set_yticks(list(ys), labels)
+    ax.set_yticks(list(ys), labels, parse_math=False)
     ax.set_xlabel(f"{title}: % of each side's window")
     ax.legend(loc="lower right", frameon=False)
     return _svg(fig)
