@@ -16,7 +16,7 @@ import numpy as np
 from profkit.analysis.gaps import GpuGaps, gpu_gaps
 from profkit.analysis.seq import seq_bounds, seq_range
 from profkit.analysis.window import PHASE_GAP_NS, Window
-from profkit.traces.model import Trace
+from profkit.traces.schema import Trace
 
 
 class ListedGap(NamedTuple):

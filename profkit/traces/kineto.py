@@ -2,7 +2,7 @@
 
 Every byte of the file is read through traces/kineto_guard.py (bounded nesting, clipped strings, a gzip cap),
 and its events are decoded into columns by traces/kineto_decode.py (in worker processes for a long trace).
-Here the columns become the normalized relations (traces/model.py): sorting by start, dropping duplicated
+Here the columns become the normalized relations (traces/schema.py): sorting by start, dropping duplicated
 events and marking graph-replayed kernels are array operations over the merged columns; the result is
 written once, in C through Arrow's ADBC driver for the large relations, to a SQLite file in the
 temporary folder that the SQL-side analyses and the columnar reads share with nsys exports.
@@ -17,6 +17,7 @@ import os
 import sqlite3
 import tempfile
 import zlib
+from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -39,22 +40,30 @@ from profkit.traces.kineto_decode import (
     read_header,
 )
 from profkit.traces.kineto_guard import MAX_STRING
-from profkit.traces.model import DUPLICATE_KEYS, Trace
+from profkit.traces.schema import DUPLICATE_KEYS, RELATIONS, Trace, table_sql
 
-# The normalized relations as written: start-ordered, `seq` the row order of kernels and api.
-SCHEMA = """
-CREATE TABLE strings (id INTEGER PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE kernels (seq INTEGER PRIMARY KEY, start INTEGER, end INTEGER, device INTEGER, stream INTEGER,
-                      correlation INTEGER, pid INTEGER, name_id INTEGER, short_id INTEGER, graph_node INTEGER);
-CREATE TABLE memops (start INTEGER, end INTEGER, device INTEGER, stream INTEGER, correlation INTEGER, pid INTEGER,
-                     operation TEXT, bytes INTEGER, src_kind TEXT, dst_kind TEXT, graph_node INTEGER);
-CREATE TABLE api (seq INTEGER PRIMARY KEY, start INTEGER, end INTEGER, tid INTEGER, pid INTEGER,
-                  correlation INTEGER, name_id INTEGER);
-CREATE TABLE sync (start INTEGER, end INTEGER, device INTEGER, stream INTEGER, correlation INTEGER, pid INTEGER,
-                   sync_type TEXT);
-CREATE TABLE nvtx (start INTEGER, end INTEGER, tid INTEGER, name TEXT, style TEXT);
-CREATE TABLE cpu_ops (start INTEGER, end INTEGER, tid INTEGER, name_id INTEGER);
-"""
+# Every normalized relation is a table of the file; those torch.profiler records nothing for (the scheduler's
+# context switches, the GPU's counters) have no rows.
+SCHEMA = "\n".join(table_sql(relation) for relation in RELATIONS)
+
+
+@dataclass
+class KinetoTrace(Trace):
+    """A torch trace: its relations are tables of a SQLite file of profkit's own, deleted when the trace closes."""
+
+    db_file: Path = field(kw_only=True)
+
+    @property
+    def database(self) -> Path:
+        return self.db_file
+
+    def reopen(self) -> KinetoTrace:
+        conn = sqlite3.connect(f"file:{self.db_file}?mode=ro", uri=True, check_same_thread=False)
+        return KinetoTrace(conn=conn, path=self.path, kind=self.kind, meta=self.meta, present=self.present,
+                           db_file=self.db_file, cache=self.cache, primary=False)
+
+    def release(self) -> None:
+        self.db_file.unlink(missing_ok=True)
 
 
 def _normalized(events: EventColumns) -> tuple[dict[str, Columns], dict[str, int]]:
@@ -166,7 +175,7 @@ def _ingest(db: str, relation: str, table: Columns) -> None:
         conn.commit()
 
 
-def open_kineto(path: Path) -> Trace:
+def open_kineto(path: Path) -> KinetoTrace:
     """Read a torch.profiler trace into columns, write them to a temporary SQLite file, expose it as a `Trace`."""
     try:
         header = read_header(path)
@@ -209,8 +218,8 @@ def open_kineto(path: Path) -> Trace:
              if (n := duplicated.get(rel))]
     if said:
         meta["inconsistent"] = "; ".join(said)
-    return Trace(conn=conn, path=path, kind="torch-trace", meta=meta, present=frozenset(present),
-                 db_file=Path(db), owns_db=True)
+    return KinetoTrace(conn=conn, path=path, kind="torch-trace", meta=meta, present=frozenset(present),
+                       db_file=Path(db))
 
 
 def _printable(exc: Exception, limit: int = 120) -> str:

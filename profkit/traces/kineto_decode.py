@@ -51,7 +51,7 @@ LAYOUT = {
                "dst_kind"),
     "api": ("start", "end", "tid", "pid", "correlation", "name_id"),
     "sync": ("start", "end", "device", "stream", "correlation", "pid", "sync_type"),
-    "nvtx": ("start", "end", "tid", "name", "style"),
+    "nvtx": ("start", "end", "tid", "pid", "name", "style"),
     "cpu_ops": ("start", "end", "tid", "name_id"),
 }
 TEXT_COLUMNS = frozenset({"operation", "src_kind", "dst_kind", "sync_type", "name", "style"})
@@ -153,7 +153,8 @@ class EventColumns:
         elif cat == "cuda_sync":
             self._put("sync", (start, end, as_int(device), as_int(stream), as_int(correlation), as_int(pid), name))
         elif cat in ("user_annotation", "gpu_user_annotation"):
-            self._put("nvtx", (start, end, as_int(tid), name, "CPU" if cat == "user_annotation" else "GPU"))
+            self._put("nvtx", (start, end, as_int(tid), as_int(pid), name,
+                               "CPU" if cat == "user_annotation" else "GPU"))
         elif cat == "cpu_op":
             self._put("cpu_ops", (start, end, as_int(tid), self.name_id(name)))
 
