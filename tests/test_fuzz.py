@@ -34,7 +34,7 @@ from profkit.escape import one_line
 from profkit.evidence.bench import parse_bench
 from profkit.evidence.metrics import parse_metrics
 from profkit.evidence.vllm_log import parse_log
-from profkit.traces.kineto import MAX_DEPTH, MAX_STRING
+from profkit.traces.kineto_guard import MAX_DEPTH, MAX_STRING
 from profkit.vllm.command import VllmCommand
 from tests.cli import one_error_line, profkit
 

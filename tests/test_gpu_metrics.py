@@ -1,4 +1,5 @@
-"""Nsight Systems GPU metrics (profkit.traces.gpu_metrics, profkit.analysis.gpu_metrics).
+"""Nsight Systems GPU metrics (profkit.traces.nsys_gpu_metrics, profkit.traces.gpu_metrics,
+profkit.analysis.gpu_metrics).
 
 Two exports:
 - `h100_gemm_copy`: tests/data/gpu_metrics/h100_gemm_copy.sqlite.xz, a real H100 capture with GPU metrics
@@ -40,16 +41,9 @@ from profkit.analysis.gpu_metrics import (
     within,
 )
 from profkit.errors import TraceError
-from profkit.traces.gpu_metrics import (
-    NO_TIME,
-    NOT_A_NUMBER,
-    OUT_OF_RANGE,
-    UNKNOWN_METRIC,
-    gpu_ids_of_cuda_devices,
-    open_gpu_metrics,
-    read_gpu_metrics,
-)
+from profkit.traces.gpu_metrics import open_gpu_metrics, read_gpu_metrics
 from profkit.traces.nsys import open_nsys
+from profkit.traces.nsys_gpu_metrics import NO_TIME, NOT_A_NUMBER, OUT_OF_RANGE, UNKNOWN_METRIC
 
 DATA = Path(__file__).parent / "data"
 GEMM_COPY = DATA / "gpu_metrics" / "h100_gemm_copy.sqlite.xz"
@@ -222,7 +216,7 @@ def test_the_same_metrics_through_a_trace_and_without_a_cuda_trace(export: Path,
     with open_nsys(export) as trace:
         through_trace = read_gpu_metrics(trace.conn)
         cuda_devices = trace.query("SELECT pid, cudaId, gpuId FROM TARGET_INFO_CUDA_DEVICE")
-        assert gpu_ids_of_cuda_devices(trace.conn) == {(pid, cuda): gpu for pid, cuda, gpu in cuda_devices}
+        assert trace.query("SELECT pid, cuda_device, gpu FROM cuda_devices") == cuda_devices
     bare = tmp_path / "metrics_only.sqlite"
     shutil.copyfile(export, bare)
     bare.chmod(0o644)

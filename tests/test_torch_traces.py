@@ -188,12 +188,12 @@ def test_trace_without_gpu_events(tmp_path: Path) -> None:
 def test_generic_json_layout_goes_through_ijson(tmp_path: Path, reports, monkeypatch) -> None:
     """The same events written compactly on one line (not Kineto's layout) are streamed by ijson
     (here after 16 KB without an event boundary) and give the same report."""
-    from profkit.traces import kineto
+    from profkit.traces import kineto_decode
 
     calls = []
-    monkeypatch.setattr(kineto, "_CHUNK", 4096)
-    real = kineto._load_ijson
-    monkeypatch.setattr(kineto, "_load_ijson", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(kineto_decode, "_CHUNK", 4096)
+    real = kineto_decode._load_ijson
+    monkeypatch.setattr(kineto_decode, "_load_ijson", lambda *a: calls.append(1) or real(*a))
     p = tmp_path / "compact.json"
     p.write_text(json.dumps(load(TORCH["toy_hostgap_b16"]), separators=(",", ":")))
     compact = build_report(p, options=ReportOptions(window="all")).document()
@@ -205,7 +205,7 @@ def test_generic_json_layout_goes_through_ijson(tmp_path: Path, reports, monkeyp
 def test_parallel_decoding_gives_the_same_database(monkeypatch) -> None:
     # Traces longer than one chunk are decoded by worker processes and merged; with 1 MB chunks the
     # real vLLM trace takes that path. Every normalized table must hold exactly the same rows.
-    from profkit.traces import kineto
+    from profkit.traces import kineto, kineto_decode
     from profkit.traces.open import open_trace
 
     def dump(trace) -> dict[str, list]:
@@ -223,9 +223,9 @@ def test_parallel_decoding_gives_the_same_database(monkeypatch) -> None:
     with open_trace(TORCH["vllm_rank0"]) as one_chunk:
         expected = dump(one_chunk)
     calls = []
-    real = kineto._load_parallel
-    monkeypatch.setattr(kineto, "_load_parallel", lambda *a: calls.append(1) or real(*a))
-    monkeypatch.setattr(kineto, "_CHUNK", 1 << 20)  # 7 chunks
+    real = kineto_decode._load_parallel
+    monkeypatch.setattr(kineto_decode, "_load_parallel", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(kineto_decode, "_CHUNK", 1 << 20)  # 7 chunks
     with open_trace(TORCH["vllm_rank0"]) as parallel:
         got = dump(parallel)
     assert calls == [1]
@@ -237,7 +237,7 @@ def test_parallel_decoding_gives_the_same_database(monkeypatch) -> None:
     def no_pool(*_a, **_k):
         raise OSError("no /dev/shm")
 
-    monkeypatch.setattr(kineto, "ProcessPoolExecutor", no_pool)
+    monkeypatch.setattr(kineto_decode, "ProcessPoolExecutor", no_pool)
     with open_trace(TORCH["vllm_rank0"]) as sequential:
         assert dump(sequential) == expected
 

@@ -8,7 +8,7 @@ from profkit.analysis.stats import columnar_histogram, id_histogram, summarize
 from profkit.analysis.timeline import strip_api_version
 from profkit.analysis.window import Window
 from profkit.traces.apis import GRAPH_LAUNCH_APIS, LAUNCH_APIS, SYNC_APIS
-from profkit.traces.model import Trace
+from profkit.traces.schema import Trace
 
 __all__ = ["GRAPH_LAUNCH_APIS", "LAUNCH_APIS", "SYNC_APIS", "api_summary", "sync_summary"]
 

@@ -26,7 +26,7 @@ from profkit.analysis.seq import seq_bounds
 from profkit.analysis.stats import CHUNK_ROWS
 from profkit.analysis.window import Window
 from profkit.traces.columns import read_columns
-from profkit.traces.model import Trace
+from profkit.traces.schema import Trace
 
 COMMUNICATION = "communication"
 

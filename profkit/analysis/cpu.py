@@ -6,7 +6,7 @@ from typing import Any
 
 from profkit.analysis.stats import id_histogram, summarize
 from profkit.analysis.window import Window
-from profkit.traces.model import Trace
+from profkit.traces.schema import Trace
 
 
 def cpu_op_summary(trace: Trace, window: Window, top: int = 50) -> list[dict[str, Any]]:

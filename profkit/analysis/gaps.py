@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from profkit.traces.columns import read_columns
-from profkit.traces.model import Trace
+from profkit.traces.schema import Trace
 
 
 @dataclass

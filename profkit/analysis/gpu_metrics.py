@@ -1,4 +1,5 @@
-"""What the GPU's own counters say (nsys GPU metrics, `profkit.traces.gpu_metrics`), over time ranges and kernels.
+"""What the GPU's own counters say (the trace's `gpu_metrics`, read by `profkit.traces.gpu_metrics`), over time
+ranges and kernels.
 
 Statistics are plain sample statistics, unweighted, as NVIDIA's recipe `gpu_metric_util_sum` computes them: at a
 fixed sampling rate each sample stands for the same time, so the mean of the samples is the time mean. A sample
@@ -21,8 +22,8 @@ from profkit.analysis.categories import categorize
 from profkit.analysis.steps import step_spans
 from profkit.analysis.window import Window
 from profkit.traces.columns import read_columns
-from profkit.traces.gpu_metrics import METRICS, GpuMetrics, MetricSeries, gpu_ids_of_cuda_devices, read_gpu_metrics
-from profkit.traces.model import Trace
+from profkit.traces.gpu_metrics import GpuMetrics, MetricSeries, read_gpu_metrics
+from profkit.traces.schema import GPU_COUNTERS, Trace
 
 MEMORY_OPERATION = "memory copy/set"  # trace_gpu_metrics: samples under a memcpy/memset
 NO_KERNEL = "no kernel"  # samples taken while no kernel of the device ran (by_category)
@@ -41,7 +42,7 @@ def summary(metrics: GpuMetrics, device: int) -> dict[str, dict[str, float | int
     """{metric: {name, samples, mean, median, p90}} for every metric profkit reads, on GPU `device`; a metric the
     export did not record has name None and 0 samples."""
     out: dict[str, dict[str, float | int | str | None]] = {}
-    for metric in METRICS:
+    for metric in GPU_COUNTERS:
         series = metrics.get(device, metric)
         values = series.values if series is not None else np.empty(0)
         out[metric] = {"name": series.name if series is not None else None, **stats(values)}
@@ -154,7 +155,7 @@ def by_category(metrics: GpuMetrics, device: int, starts: np.ndarray, ends: np.n
     labels = [*category_names, NO_KERNEL]
     idle = len(category_names)
     out: dict[str, dict[str, dict]] = {}
-    for metric in METRICS:
+    for metric in GPU_COUNTERS:
         series = metrics.get(device, metric)
         if series is None or len(series) == 0:
             continue
@@ -186,7 +187,7 @@ def metrics_section(metrics: GpuMetrics | None, source: str | None = None, devic
         return None
     gpus = [g for g in metrics.gpus if device is None or g == device]
     window: dict[str, float | None] = {}
-    for metric in METRICS:
+    for metric in GPU_COUNTERS:
         pooled = [s.values for g in gpus if (s := metrics.get(g, metric)) is not None]
         window[metric] = stats(np.concatenate(pooled) if pooled else np.empty(0))["mean"]
     phase_gpu = device if device is not None else (gpus[0] if gpus else None)
@@ -206,11 +207,11 @@ def metrics_section(metrics: GpuMetrics | None, source: str | None = None, devic
 
 
 def trace_gpu_metrics(trace: Trace, win: Window) -> dict[str, Any] | None:
-    """The report's GPU-metrics section from an nsys trace recorded with `--gpu-metrics-devices` (None without
-    them): the samples of the window, split by engine-step phase (prefill-bearing / decode-only, where the trace
-    shows steps) and by the category of the kernel running at each sample, on the first GPU with kernels."""
-    if trace.kind != "nsys-sqlite" or not trace.conn.execute(
-            "SELECT 1 FROM main.sqlite_master WHERE type = 'table' AND name = 'GPU_METRICS'").fetchone():
+    """The report's GPU-metrics section from a trace that sampled the GPU's counters (nsys
+    `--gpu-metrics-devices`; None without them): the samples of the window, split by engine-step phase
+    (prefill-bearing / decode-only, where the trace shows steps) and by the category of the kernel running at each
+    sample, on the first GPU with kernels."""
+    if not trace.has("gpu_metrics"):
         return None
     lo, hi = (win.start_ns, win.end_ns) if win.bounded else (None, None)
     metrics = read_gpu_metrics(trace.conn, lo, hi)
@@ -223,7 +224,8 @@ def trace_gpu_metrics(trace: Trace, win: Window) -> dict[str, Any] | None:
     if cuda is None:
         return metrics_section(metrics, source=str(trace.path))
     # the kernels' CUDA device is the process's; the metrics are keyed by the GPU (CUDA_VISIBLE_DEVICES renumbers)
-    gpu_of = {c: g for (_pid, c), g in gpu_ids_of_cuda_devices(trace.conn).items()}
+    by_process = {(pid, c): g for pid, c, g in trace.query("SELECT pid, cuda_device, gpu FROM cuda_devices")}
+    gpu_of = {c: g for (_pid, c), g in by_process.items()}
     gpu = gpu_of.get(cuda, cuda)
     gpu = gpu if gpu in metrics.gpus else (metrics.gpus[0] if metrics.gpus else None)
     where = f"{win.where('kernels')} AND device = {int(cuda)}"

@@ -7,7 +7,7 @@ from typing import Any
 from profkit.analysis.categories import categorize
 from profkit.analysis.stats import columnar_histogram, id_histogram, summarize
 from profkit.analysis.window import Window
-from profkit.traces.model import Trace
+from profkit.traces.schema import Trace
 
 # Kernels shorter than this are dominated by launch cost (a launch takes ~2-5 us of host time).
 SHORT_KERNEL_NS = 10_000

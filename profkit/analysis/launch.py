@@ -9,7 +9,7 @@ from profkit.analysis.seq import seq_bounds, seq_range
 from profkit.analysis.timeline import LOOKBACK_NS
 from profkit.analysis.window import Window
 from profkit.traces.columns import NULL_INT, read_columns
-from profkit.traces.model import Trace
+from profkit.traces.schema import Trace
 
 # Launch latency is a distribution: a uniform sample of this many eager launches (every n-th by
 # correlation id, so spread over the whole window) pins its median and p90 to well under a microsecond.

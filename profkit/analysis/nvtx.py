@@ -6,7 +6,7 @@ from typing import Any
 
 from profkit.analysis.stats import histogram, summarize
 from profkit.analysis.window import Window
-from profkit.traces.model import Trace
+from profkit.traces.schema import Trace
 
 
 def nvtx_summary(trace: Trace, window: Window) -> list[dict[str, Any]]:

@@ -7,7 +7,7 @@ a window or a gap reads the rows around it instead of scanning millions.
 
 from __future__ import annotations
 
-from profkit.traces.model import Trace
+from profkit.traces.schema import Trace
 
 # Rows read either side of a binary-searched bound, in case an export is not strictly sorted.
 SEQ_MARGIN = 256

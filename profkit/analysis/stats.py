@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from profkit.traces.model import Trace
+from profkit.traces.schema import Trace
 
 Rows = list[tuple]  # (key..., value, count, extra sums...) rows of a histogram
 
@@ -126,7 +126,7 @@ def columnar_histogram(trace: Trace, relation: str, key: str, value: str, where:
     from profkit.traces.columns import NULL_INT, adbc_available, adbc_min_rows, read_columns, relation_source
 
     span = seq_bounds(trace, relation)
-    if span is None or span[1] - span[0] + 1 < adbc_min_rows() or relation_source(trace, relation) is None \
+    if span is None or span[1] - span[0] + 1 < adbc_min_rows() or relation_source(trace.conn, relation) is None \
             or not adbc_available():
         return None
     extras = extras or {}

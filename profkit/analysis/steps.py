@@ -152,10 +152,9 @@ def _nvtx_steps(trace: Trace, lo: int, hi: int, device: int) -> np.ndarray:
     if "nvtx" not in trace.present:
         return _NO_STEPS
     rows = trace.query(
-        "SELECT start, end, name, tid FROM nvtx WHERE name LIKE '%execute\\_%context\\_%' ESCAPE '\\' "
+        "SELECT start, end, name, pid FROM nvtx WHERE name LIKE '%execute\\_%context\\_%' ESCAPE '\\' "
         "AND style != 'GPU' AND end > ? AND start < ? ORDER BY start", (lo, hi))
-    if trace.kind == "nsys-sqlite":
-        rows = _of_process(trace, rows, device)
+    rows = _of_process(trace, rows, device)
     parsed: dict[str, tuple[int, ...] | None] = {}
     steps = []
     for start, end, name, _ in rows:
@@ -169,9 +168,8 @@ def _nvtx_steps(trace: Trace, lo: int, hi: int, device: int) -> np.ndarray:
 
 def _of_process(trace: Trace, rows: list[tuple], device: int) -> list[tuple]:
     """The annotations of the process that ran GPU `device`'s kernels: with tensor parallelism every rank's worker
-    names the same steps (nsys: a process's id is bits 24-47 of its threads' globalTid). Where no kernel of the
-    GPU names its process, the process that annotated most."""
-    owner = [(tid >> 24) & 0xFFFFFF if isinstance(tid, int) else None for *_, tid in rows]
+    names the same steps. Where no kernel of the GPU names its process, the process that annotated most."""
+    owner = [pid if isinstance(pid, int) else None for *_, pid in rows]
     owners = Counter(o for o in owner if o is not None)
     if len(owners) < 2:
         return rows

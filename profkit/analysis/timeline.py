@@ -17,7 +17,7 @@ from profkit.analysis.gaps import GpuGaps, gpu_gaps
 from profkit.analysis.sections import GapClass, GapClasses
 from profkit.analysis.seq import seq_bounds, seq_range
 from profkit.analysis.window import PHASE_GAP_NS, Window
-from profkit.traces.model import Trace
+from profkit.traces.schema import Trace
 
 
 class ListedGap(NamedTuple):

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 from profkit.analysis.seq import seq_range
 from profkit.errors import ProfkitError
-from profkit.traces.model import Trace
+from profkit.traces.schema import Trace
 
 PHASE_GAP_NS = 500_000_000  # nsys analyze gpu_gaps default threshold
 # A phase must hold this share of the busiest phase's GPU time to count as "the benchmark";

@@ -7,7 +7,7 @@ profiler annotations read `execute_context_N(T)_generation_M(M)`. The other evid
 
 from __future__ import annotations
 
-from profkit.traces.model import Trace
+from profkit.traces.schema import Trace
 
 # LIKE patterns over the trace's names (kernel, API and op names share the strings table; NVTX has its own
 # text). The kernel must be vLLM's own (`void vllm::...`): other engines reuse vLLM kernels whose template

@@ -27,7 +27,7 @@ import numpy as np
 
 from profkit.errors import ProfkitError
 from profkit.escape import one_line
-from profkit.traces.model import Trace
+from profkit.traces.schema import Trace
 
 NULL_INT = -(1 << 62)  # stands for NULL in an int64 column: below every time, id and size a trace holds
 # Below this many rows the driver's import (pyarrow: ~0.4 s) costs more than it saves. PROFKIT_ADBC_MIN_ROWS
@@ -37,18 +37,25 @@ ADBC_MIN_ROWS = 400_000
 JOBS = max(1, min(8, os.cpu_count() or 1))
 
 
-def relation_source(trace: Trace, relation: str) -> str | None:
-    """SQL that a fresh connection to the trace's file can run to get `relation`'s rows, or None."""
-    row = trace.conn.execute("SELECT type, sql FROM sqlite_temp_master WHERE name = ?", (relation,)).fetchone()
+def relation_source(conn: sqlite3.Connection, relation: str) -> str | None:
+    """SQL that a fresh connection to the file of `conn`'s main database can run to get `relation`'s rows, or
+    None."""
+    row = conn.execute("SELECT type, sql FROM sqlite_temp_master WHERE name = ?", (relation,)).fetchone()
     if row is None:  # a table of the file itself (torch traces are loaded into one)
-        return relation if trace.db_file is not None else None
+        table = conn.execute("SELECT 1 FROM main.sqlite_master WHERE type = 'table' AND name = ?",
+                             (relation,)).fetchone()
+        return relation if table is not None else None
     if row[0] != "view" or "temp." in row[1]:  # a repaired TEMP copy, or a view over other TEMP objects
         return None
     return "(" + row[1].split(" AS ", 1)[1] + ")"
 
 
-def source_file(trace: Trace) -> Path:
-    return trace.db_file or trace.snapshot or trace.path
+def database_file(conn: sqlite3.Connection) -> str:
+    """The file of `conn`'s main database ("" for an in-memory one)."""
+    for _, name, file in conn.execute("PRAGMA database_list"):
+        if name == "main":
+            return file or ""
+    return ""
 
 
 def read_columns(trace: Trace, relation: str, columns: Mapping[str, str], where: str = "1",
@@ -63,10 +70,10 @@ def read_columns(trace: Trace, relation: str, columns: Mapping[str, str], where:
     # Named parameters are integers (window bounds): written into the text, the query runs on any connection.
     for key, value in (params or {}).items():
         where = where.replace(f":{key}", str(int(value)))
-    source = relation_source(trace, relation)
+    source = relation_source(trace.conn, relation)
     if source is not None and rows_hint >= adbc_min_rows() and adbc_available():
         try:
-            pool = trace.cache.setdefault("adbc", ConnectionPool(source_file(trace)))
+            pool = trace.cache.setdefault("adbc", ConnectionPool(trace.database))
             return _read_adbc(pool, source, columns, where, jobs, seq_span)
         except Exception:  # noqa: BLE001 - any driver error (a value of another type...): read the safe way,
             pass  # and a real fault of the file surfaces from sqlite3 as the usual one-line error

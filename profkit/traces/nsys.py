@@ -1,27 +1,31 @@
 """Nsight Systems SQLite exports (`nsys export --type sqlite`) as a normalized `Trace`.
 
 The file is opened read-only (`mode=ro`, `immutable=1`: no lock files, no journal, nothing
-written next to the user's evidence). The normalized relations are TEMP views, so every
-aggregation runs inside SQLite over the original tables. Column and table lookups are
-dynamic because the export schema changes between nsys versions. Every numeric column the views read is
-checked once at open (`_left_out`): a row holding text, a blob or a real there (nsys writes integers), or
-times or a device id out of bounds, is left out and counted in the report's notes; a column with no usable
-value is one error line.
+written next to the user's evidence). The normalized relations (traces/schema.py) are TEMP views, so every
+aggregation runs inside SQLite over the original tables (the GPU metrics' are made by traces/nsys_gpu_metrics.py).
+Column and table lookups are dynamic because the export schema changes between nsys versions. Every numeric
+column the views read is checked once at open (`_left_out`): a row holding text, a blob or a real there (nsys
+writes integers), or times or a device id out of bounds, is left out and counted in the report's notes; a
+column with no usable value is one error line.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import sqlite3
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
 from urllib.parse import quote
 
 from profkit.errors import TraceError
-from profkit.traces.model import DUPLICATE_KEYS, Trace, count_duplicates
+from profkit.traces.columns import database_file
+from profkit.traces.nsys_gpu_metrics import create_gpu_metric_views
+from profkit.traces.schema import DUPLICATE_KEYS, Trace, count_duplicates, empty_view_sql
 
 KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
 MEMCPY = "CUPTI_ACTIVITY_KIND_MEMCPY"
@@ -55,19 +59,32 @@ PID_OF = "(({col} >> 24) & 16777215)"
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
+@dataclass
 class NsysTrace(Trace):
     """An nsys export: views over the user's (read-only) file, reopened with the same checks reused."""
 
+    # An export read through a private checkpointed copy (its -wal file had transactions), removed on close.
+    snapshot: Path | None = None
+    # Relations the export had out of start order or with duplicated rows, read through a repaired copy.
+    repaired: tuple[str, ...] = ()
     # Tables holding a value of the wrong type: their views check each row's type (see _left_out).
     strict: frozenset[str] = frozenset()
 
-    def reopen(self) -> Trace:
+    @property
+    def database(self) -> Path:
+        return self.snapshot or self.path
+
+    def reopen(self) -> NsysTrace:
         other = open_nsys(self.path, snapshot=self.snapshot, checked=self)
         other.cache, other.primary = self.cache, False
         return other
 
+    def release(self) -> None:
+        if self.snapshot is not None:
+            shutil.rmtree(self.snapshot.parent, ignore_errors=True)
 
-def open_nsys(path: Path, snapshot: Path | None = None, checked: Trace | None = None) -> Trace:
+
+def open_nsys(path: Path, snapshot: Path | None = None, checked: NsysTrace | None = None) -> NsysTrace:
     """Open an nsys SQLite export read-only and expose the normalized relations.
 
     A non-empty `-wal` file beside the export holds committed transactions that are part of the database;
@@ -84,7 +101,7 @@ def open_nsys(path: Path, snapshot: Path | None = None, checked: Trace | None = 
         _check_is_nsys_export(path, tables)
         meta = checked.meta if checked else _read_meta(conn, tables)
         columns = {t: _columns(conn, t) for t in (KERNEL, MEMCPY, MEMSET, RUNTIME, SYNC, NVTX, "SCHED_EVENTS",
-                                                  "PROCESSES") if t in tables}
+                                                  "PROCESSES", "TARGET_INFO_CUDA_DEVICE") if t in tables}
         missing = [c for c in REQUIRED_KERNEL_COLUMNS if c not in columns[KERNEL]]
         if missing:
             raise TraceError(
@@ -92,7 +109,7 @@ def open_nsys(path: Path, snapshot: Path | None = None, checked: Trace | None = 
                 f"{KERNEL} has no column {missing[0]!r}; re-export it with nsys 2021.2 or newer"
             )
         if checked:
-            strict = checked.strict if isinstance(checked, NsysTrace) else frozenset()
+            strict = checked.strict
             present = _create_views(conn, tables, columns, strict)
             for relation in checked.repaired:
                 _repair(conn, relation)
@@ -124,10 +141,8 @@ def open_nsys(path: Path, snapshot: Path | None = None, checked: Trace | None = 
 
 def _trace(conn: sqlite3.Connection, path: Path, meta: dict, present: set[str], snapshot: Path | None,
            repaired: tuple[str, ...], strict: frozenset[str]) -> NsysTrace:
-    trace = NsysTrace(conn=conn, path=path, kind="nsys-sqlite", meta=meta, present=frozenset(present),
-                      snapshot=snapshot, repaired=repaired)
-    trace.strict = strict
-    return trace
+    return NsysTrace(conn=conn, path=path, kind="nsys-sqlite", meta=meta, present=frozenset(present),
+                     snapshot=snapshot, repaired=repaired, strict=strict)
 
 
 # The numeric columns each table's view reads, all integers where nsys writes them, by what else bounds them:
@@ -388,8 +403,6 @@ def _repair(conn: sqlite3.Connection, relation: str) -> None:
 def checkpointed_copy(path: Path, wal: Path, folder: Path) -> Path:
     """A private copy of an export and its `-wal` in `folder`, checkpointed: what SQLite sees, the user's files
     untouched (an immutable read would skip the WAL's committed transactions)."""
-    import shutil
-
     copy = folder / "export.sqlite"
     shutil.copyfile(path, copy)
     shutil.copyfile(wal, f"{copy}-wal")
@@ -402,8 +415,7 @@ def checkpointed_copy(path: Path, wal: Path, folder: Path) -> Path:
     return copy
 
 
-def _open_with_wal(path: Path, wal: Path) -> Trace:
-    import shutil
+def _open_with_wal(path: Path, wal: Path) -> NsysTrace:
     import tempfile
 
     folder = Path(tempfile.mkdtemp(prefix="profkit-wal-"))
@@ -416,8 +428,7 @@ def _open_with_wal(path: Path, wal: Path) -> Trace:
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise
-    trace.owns_db = True  # the snapshot's folder is removed when this Trace closes
-    return trace
+    return trace  # the snapshot's folder is removed when this Trace closes
 
 
 def _connect_read_only(path: Path) -> sqlite3.Connection:
@@ -510,11 +521,7 @@ def _create_views(conn: sqlite3.Connection, tables: set[str], columns: dict[str,
         conn.execute("CREATE TEMP VIEW memops AS " + " UNION ALL ".join(parts))
         present.add("memops")
     else:
-        conn.execute(
-            "CREATE TEMP VIEW memops AS SELECT 0 AS start, 0 AS end, 0 AS device, 0 AS stream, "
-            "0 AS correlation, 0 AS pid, '' AS operation, 0 AS bytes, NULL AS src_kind, NULL AS dst_kind, "
-            "NULL AS graph_node WHERE 0"
-        )
+        conn.execute(empty_view_sql("memops"))
 
     if RUNTIME in tables:
         r = columns[RUNTIME]
@@ -526,10 +533,7 @@ def _create_views(conn: sqlite3.Connection, tables: set[str], columns: dict[str,
         )
         present.add("api")
     else:
-        conn.execute(
-            "CREATE TEMP VIEW api AS SELECT 0 AS seq, 0 AS start, 0 AS end, 0 AS tid, 0 AS pid, 0 AS correlation, "
-            "0 AS name_id WHERE 0"
-        )
+        conn.execute(empty_view_sql("api"))
 
     if SYNC in tables:
         s = columns[SYNC]
@@ -542,17 +546,15 @@ def _create_views(conn: sqlite3.Connection, tables: set[str], columns: dict[str,
         )
         present.add("sync")
     else:
-        conn.execute(
-            "CREATE TEMP VIEW sync AS SELECT 0 AS start, 0 AS end, 0 AS device, 0 AS stream, "
-            "0 AS correlation, 0 AS pid, '' AS sync_type WHERE 0"
-        )
+        conn.execute(empty_view_sql("sync"))
 
     if NVTX in tables:
         _create_nvtx_view(conn, tables, columns[NVTX], strict)
         present.add("nvtx")
     else:
-        conn.execute("CREATE TEMP VIEW nvtx AS SELECT 0 AS start, 0 AS end, 0 AS tid, '' AS name, "
-                     "'' AS style WHERE 0")
+        conn.execute(empty_view_sql("nvtx"))
+
+    conn.execute(empty_view_sql("cpu_ops"))  # torch.profiler's CPU operators: nsys records none
 
     # The OS scheduler's context switches (nsys --cpuctxsw): each thread's time on a CPU, exactly.
     if "SCHED_EVENTS" in tables and {"start", "isSchedIn", "globalTid"} <= columns["SCHED_EVENTS"]:
@@ -560,12 +562,27 @@ def _create_views(conn: sqlite3.Connection, tables: set[str], columns: dict[str,
             {PID_OF.format(col='globalTid')} AS pid FROM main.SCHED_EVENTS
             WHERE globalTid IS NOT NULL AND start BETWEEN 0 AND {MAX_NS}""")
         present.add("sched")
-        names = "SELECT pid, name FROM main.PROCESSES" if {"pid", "name"} <= columns.get("PROCESSES", set()) \
-            else "SELECT 0 AS pid, '' AS name WHERE 0"
-        conn.execute(f"CREATE TEMP VIEW processes AS {names}")
+    else:
+        conn.execute(empty_view_sql("sched"))
+    if {"pid", "name"} <= columns.get("PROCESSES", set()):
+        conn.execute("CREATE TEMP VIEW processes AS SELECT pid, name FROM main.PROCESSES")
+    else:
+        conn.execute(empty_view_sql("processes"))
+
+    # A process's CUDA device (the kernels' deviceId, which CUDA_VISIBLE_DEVICES renumbers) and the GPU's index.
+    if {"pid", "cudaId", "gpuId"} <= columns.get("TARGET_INFO_CUDA_DEVICE", set()):
+        conn.execute("CREATE TEMP VIEW cuda_devices AS SELECT pid, cudaId AS cuda_device, gpuId AS gpu "
+                     "FROM main.TARGET_INFO_CUDA_DEVICE WHERE typeof(pid) = 'integer' AND typeof(cudaId) = 'integer' "
+                     "AND typeof(gpuId) = 'integer'")
+    else:
+        conn.execute(empty_view_sql("cuda_devices"))
 
     # A table that exists but holds no rows is as good as absent for the report.
-    return {rel for rel in present if conn.execute(f"SELECT 1 FROM temp.{rel} LIMIT 1").fetchone()}
+    present = {rel for rel in present if conn.execute(f"SELECT 1 FROM temp.{rel} LIMIT 1").fetchone()}
+    # The GPU's own counters (nsys --gpu-metrics-devices): present when sampled, whether or not a sample is usable.
+    if create_gpu_metric_views(conn, database_file(conn) or "(in-memory database)"):
+        present.add("gpu_metrics")
+    return present
 
 
 def _nvtx_types(conn: sqlite3.Connection, tables: set[str]) -> dict[str, int]:
@@ -609,7 +626,7 @@ def _create_nvtx_view(conn: sqlite3.Connection, tables: set[str], cols: set[str]
     conn.execute(
         f"""CREATE TEMP VIEW nvtx AS SELECT ne.start AS start,
         coalesce(ne.end, (SELECT max(coalesce(max(start), 0), coalesce(max(end), 0)) FROM main.{NVTX}{latest})) AS end,
-        ne.globalTid AS tid, {domain_name} || ':' || {text} AS name,
+        ne.globalTid AS tid, {PID_OF.format(col='ne.globalTid')} AS pid, {domain_name} || ':' || {text} AS name,
         CASE WHEN ne.eventType IN ({pushpop[0]}, {pushpop[1]}) THEN 'PushPop' ELSE 'StartEnd' END AS style
         FROM main.{NVTX} ne {domain_join} {sid_join} WHERE ne.eventType IN ({all_types})
         AND {_filter(conn, NVTX, cols, strict, 'ne.')}"""

@@ -8,8 +8,8 @@ from pathlib import Path
 from profkit.errors import ProfkitError, TraceError
 from profkit.inputs import require_file
 from profkit.traces.kineto import open_kineto
-from profkit.traces.model import Trace
 from profkit.traces.nsys import SQLITE_MAGIC, open_nsys
+from profkit.traces.schema import Trace
 
 GZIP_MAGIC = b"\x1f\x8b"
 SNIFF_BYTES = 4096
