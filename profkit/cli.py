@@ -49,7 +49,8 @@ def cli() -> None:
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="write here, not stdout")
 @click.option("--gap-threshold", default="100us", show_default=True,
               help="list GPU gaps at least this long (e.g. 100us, 1ms, 500ms)")
-@click.option("--top", default=10, show_default=True, help="rows per table in text and Markdown")
+@click.option("--top", type=click.IntRange(min=1, max=1_000_000), default=10, show_default=True,
+              help="rows per table in text and Markdown")
 @click.option("--progress/--no-progress", default=None, help="progress on stderr (default: when a terminal)")
 @click.option("--bench", type=click.Path(dir_okay=False, path_type=Path),
               help="vllm bench JSON (throughput --output-json, serve --save-result)")
@@ -159,7 +160,8 @@ def predict_cmd(run: str | None, changes: tuple[str, ...], fmt: str, output: Pat
               help="threshold assumed where a side has a single run (replicates measure it)")
 @click.option("--fail-on", "fail_on", multiple=True,
               help='exit 3 when a condition holds, e.g. "request_throughput<-5%" "p99_ttft_ms>+10%"')
-@click.option("--top", default=10, show_default=True, help="rows per table in text and Markdown")
+@click.option("--top", type=click.IntRange(min=1, max=1_000_000), default=10, show_default=True,
+              help="rows per table in text and Markdown")
 def diff_cmd(before: str, after: str, fmt: str, output: Path | None, noise: str, fail_on: tuple[str, ...],
              top: int) -> None:
     """Compare two runs: BEFORE and AFTER are each a trace, a capture folder (with or without a trace),
@@ -217,7 +219,10 @@ def emit(text: str, output: Path | None) -> None:
         raise ProfkitError(f"{output}: folder {folder} does not exist")
     import tempfile
 
-    fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=folder)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=folder)
+    except OSError as exc:  # a folder that cannot be written (permissions, a read-only file system, /proc)
+        raise ProfkitError(f"{output}: cannot write there ({exc.strerror or exc})") from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as f:  # a path's non-UTF-8 byte: "?"
             f.write(text)
@@ -225,6 +230,10 @@ def emit(text: str, output: Path | None) -> None:
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a report is an ordinary file
         os.replace(tmp, output)
+    except OSError as exc:  # the disk filled, the file system went read-only mid-write
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise ProfkitError(f"{output}: cannot write there ({exc.strerror or exc})") from None
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)

@@ -280,3 +280,59 @@ def test_settings_that_are_not_numbers_are_no_values(bf16: Path, args: str) -> N
     for fmt in ("text", "md", "html"):
         assert profkit("report", "--vllm-log", bf16 / "server.log", "--vllm-args", f"vllm serve /m {args}",
                        "--format", fmt).returncode == 0
+
+
+# ------------------------------------------------------------------------------- the export's own description
+
+@pytest.mark.parametrize("sql", [
+    "DROP TABLE TARGET_INFO_SESSION_START_TIME; CREATE TABLE TARGET_INFO_SESSION_START_TIME (utcEpochNs INTEGER);"
+    " INSERT INTO TARGET_INFO_SESSION_START_TIME VALUES (1);",
+    "ALTER TABLE TARGET_INFO_SYSTEM_ENV DROP COLUMN value;",
+    "ALTER TABLE META_DATA_CAPTURE RENAME COLUMN name TO nm;",
+    "ALTER TABLE META_DATA_EXPORT RENAME COLUMN value TO v;",
+    "ALTER TABLE TARGET_INFO_GPU DROP COLUMN name;",
+    "UPDATE TARGET_INFO_SYSTEM_ENV SET value = '" + "9" * 5000 + "' WHERE name = 'CudaDriverVersion';",
+    "UPDATE TARGET_INFO_SYSTEM_ENV SET value = '١٢٠٠٠' WHERE name = 'CudaDriverVersion';",
+    "UPDATE TARGET_INFO_SYSTEM_ENV SET value = x'00ff' WHERE name = 'CudaDriverVersion';",
+])
+def test_metadata_of_another_shape_leaves_it_unknown(sqlite_path, tmp_path: Path, sql: str) -> None:
+    """Metadata is optional: a meta table missing a column, or a driver version that is no number, leaves that
+    piece unknown; the report is the same otherwise."""
+    trace = tmp_path / "meta.sqlite"
+    shutil.copy(sqlite_path("eager_b1"), trace)
+    with sqlite3.connect(trace) as conn:
+        conn.executescript(sql)
+    r = profkit("report", trace, "--format", "json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["gpu"]["busy_ns"] == json.loads(profkit("report", sqlite_path("eager_b1"), "--format",
+                                                       "json").stdout)["gpu"]["busy_ns"]
+    assert doc["source"].get("cuda_driver") in (None, "13.0")
+
+
+def test_the_gpu_is_the_one_that_ran_the_kernels(sqlite_path, tmp_path: Path, bf16: Path) -> None:
+    """A TARGET_INFO_GPU row for a device that ran no kernel, listed first, with a bandwidth no GPU has: the report
+    names the H100 that ran the kernels and takes its bandwidth."""
+    folder = tmp_path / "run"
+    shutil.copytree(bf16, folder)
+    with sqlite3.connect(folder / "trace.sqlite") as conn:
+        cols = [r[1] for r in conn.execute("PRAGMA table_info(TARGET_INFO_GPU)")]
+        row = dict(zip(cols, conn.execute("SELECT * FROM TARGET_INFO_GPU").fetchone(), strict=True))
+        row.update(id=-1, name="Idle GPU", memoryBandwidth=11_000_000_000)
+        conn.execute(f"INSERT INTO TARGET_INFO_GPU ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
+                     list(row.values()))
+    doc = json.loads(profkit("report", folder, "--format", "json").stdout)
+    assert doc["source"]["gpu"] == "NVIDIA H100 80GB HBM3"
+    assert doc["efficiency"]["gpu"]["bandwidth_tbs"] == 3.35 and "withheld" not in doc["efficiency"]
+
+
+# ------------------------------------------------------------------------------------------ outputs and options
+
+@pytest.mark.parametrize("top", ["0", "-99999999999"])
+def test_a_top_of_no_rows_is_one_line(sqlite_path, top: str) -> None:
+    one_error_line(profkit("report", sqlite_path("eager_b1"), "--top", top), "--top")
+
+
+@pytest.mark.parametrize("where", ["/proc/profkit-report.txt", "/sys/profkit-report.txt"])
+def test_an_output_that_cannot_be_written_is_one_line(sqlite_path, where: str) -> None:
+    one_error_line(profkit("report", sqlite_path("eager_b1"), "-o", where), f"{where}: cannot write there")

@@ -120,8 +120,7 @@ def build_report(traces: TraceInput = None, evidence: Evidence | None = None, op
                                     bench.elapsed_s if bench else None,
                                     bench.num_requests if bench else None,
                                     gpu_metrics=gpu_metrics_section(part, evidence.gpu_metrics),
-                                    export_bandwidth=next((g.get("memory_bandwidth") for g in source.get("gpus") or []
-                                                           if isinstance(g, dict)), None),
+                                    export_bandwidth=_export_bandwidth(source),
                                     steps=sections.steps if sections is not None else None,
                                     request_tokens=_request_tokens(bench))
     facts = compute_facts(sections, vllm, host_part, ranks, imbalance, workload, efficiency)
@@ -181,3 +180,11 @@ def gpu_metrics_section(part: TraceSections | None, export: Path | None) -> dict
     from profkit.traces.gpu_metrics import open_gpu_metrics
 
     return metrics_section(open_gpu_metrics(export), source=str(export))
+
+
+def _export_bandwidth(source: dict[str, Any]) -> Any:
+    """The memory bandwidth of the export's GPU row for the GPU that ran the kernels (`source.gpu`), not of a row
+    for a device that ran none."""
+    rows = [g for g in source.get("gpus") or [] if isinstance(g, dict)]
+    ran = [g for g in rows if g.get("name") == source.get("gpu")]
+    return next((g.get("memory_bandwidth") for g in ran or rows), None)

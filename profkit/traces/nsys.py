@@ -23,6 +23,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from profkit.errors import TraceError
+from profkit.numbers import parse_int
 from profkit.traces.columns import database_file
 from profkit.traces.nsys_gpu_metrics import create_gpu_metric_views
 from profkit.traces.schema import DUPLICATE_KEYS, Trace, count_duplicates, empty_view_sql
@@ -633,12 +634,20 @@ def _create_nvtx_view(conn: sqlite3.Connection, tables: set[str], cols: set[str]
     )
 
 
+def _pairs(conn: sqlite3.Connection, table: str, tables: set[str], where: str = "") -> list[tuple]:
+    """A name/value metadata table's rows; none where the table or either column is missing (metadata is optional:
+    an export without it still reports, its metadata unknown)."""
+    if table not in tables or not {"name", "value"} <= _columns(conn, table):
+        return []
+    return conn.execute(f"SELECT name, value FROM {table} {where}").fetchall()
+
+
 def _read_meta(conn: sqlite3.Connection, tables: set[str]) -> dict:
     meta: dict = {"tool": "Nsight Systems", "tool_version": None}  # before nsys 2022 exports had no metadata table
     # nsys 2024+ names the export's metadata table META_DATA_EXPORT; 2023.x called it EXPORT_META_DATA.
     for table in ("META_DATA_EXPORT", "EXPORT_META_DATA"):
-        if table in tables and {"name", "value"} <= {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}:
-            export = dict(conn.execute(f"SELECT name, value FROM {table}"))
+        if table in tables and {"name", "value"} <= _columns(conn, table):
+            export = dict(_pairs(conn, table, tables))
             meta["tool_version"] = export.get("EXPORT_PRODUCT_VERSION")
             meta["schema_version"] = export.get("EXPORT_SCHEMA_VERSION")
             break
@@ -654,26 +663,25 @@ def _read_meta(conn: sqlite3.Connection, tables: set[str]) -> dict:
             {"id": g[0], "name": g[1], "memory_bytes": g[2], "sm_count": g[3], "memory_bandwidth": g[4]}
             for g in gpus
         ]
-        meta["gpu"] = gpus[0][1] if gpus else None
-    if "TARGET_INFO_SYSTEM_ENV" in tables:
-        env = dict(conn.execute(
-            "SELECT name, value FROM TARGET_INFO_SYSTEM_ENV WHERE name IN "
-            "('NvDriverVersion', 'CudaDriverVersion', 'OsDescription', 'Hostname')"
-        ))
+        # the GPU is the one that ran the kernels (the first kernel's device), not a row for an idle device
+        ran = conn.execute(f"SELECT deviceId FROM {KERNEL} LIMIT 1").fetchone() \
+            if KERNEL in tables and "deviceId" in _columns(conn, KERNEL) else None
+        chosen = next((g for g in gpus if ran is not None and g[0] == ran[0]), gpus[0] if gpus else None)
+        meta["gpu"] = chosen[1] if chosen else None
+    env = dict(_pairs(conn, "TARGET_INFO_SYSTEM_ENV", tables, "WHERE name IN ('NvDriverVersion', "
+                      "'CudaDriverVersion', 'OsDescription', 'Hostname')"))
+    if env or ("TARGET_INFO_SYSTEM_ENV" in tables and {"name", "value"} <= _columns(conn, "TARGET_INFO_SYSTEM_ENV")):
         meta["driver"] = env.get("NvDriverVersion")
-        if env.get("CudaDriverVersion", "").isdigit():
-            v = int(env["CudaDriverVersion"])
+        v = parse_int(str(env.get("CudaDriverVersion")))  # ASCII digits of a plausible length, else unknown
+        if v is not None and 0 <= v < 1_000_000:
             meta["cuda_driver"] = f"{v // 1000}.{v % 1000 // 10}"
         meta["os"] = env.get("OsDescription")
-    if "META_DATA_CAPTURE" in tables:
-        rows = conn.execute(
-            "SELECT name, value FROM META_DATA_CAPTURE WHERE name LIKE 'PROCESS_0:COMMAND' "
-            "OR name LIKE 'PROCESS_0:ARGUMENT_%' ORDER BY rowid"
-        ).fetchall()
-        if rows:
-            meta["command"] = [v for _, v in rows]
-    if "TARGET_INFO_SESSION_START_TIME" in tables:
-        row = conn.execute("SELECT * FROM TARGET_INFO_SESSION_START_TIME LIMIT 1").fetchone()
+    rows = _pairs(conn, "META_DATA_CAPTURE", tables, "WHERE name LIKE 'PROCESS_0:COMMAND' "
+                  "OR name LIKE 'PROCESS_0:ARGUMENT_%' ORDER BY rowid")
+    if rows:
+        meta["command"] = [v for _, v in rows]
+    if "TARGET_INFO_SESSION_START_TIME" in tables and "utcTime" in _columns(conn, "TARGET_INFO_SESSION_START_TIME"):
+        row = conn.execute("SELECT utcTime FROM TARGET_INFO_SESSION_START_TIME LIMIT 1").fetchone()
         if row:
-            meta["session_start_utc"] = row[1]
+            meta["session_start_utc"] = row[0]
     return json.loads(json.dumps(meta, default=str))
