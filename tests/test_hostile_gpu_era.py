@@ -218,6 +218,15 @@ def test_every_efficiency_figure_is_physical_or_withheld(head_dim, layers, heads
                   "vllm:generation_tokens_total": abs(counters[5]), "vllm:request_success_total": 10.0})
     eff = efficiency_section("NVIDIA H100 80GB HBM3", shape, {}, delta, seconds, 10, export_bandwidth=bandwidth)
     assert_physical(eff)
+    # and as every format prints it: no share of a peak above 100 %
+    from profkit.render.efficiency import efficiency_view
+    from profkit.render.text import efficiency_lines
+
+    printed = "\n".join(efficiency_lines({"efficiency": eff}))
+    view = efficiency_view({"efficiency": eff}) or {"estimates": []}
+    shares = [float(x.rstrip("%").replace(",", "")) for e in view["estimates"] for x in (e["mfu"], e["mbu"])
+              if x not in ("-", None)]
+    assert all(0 <= v <= 100 for v in shares), (shares, printed)
 
 
 @pytest.mark.parametrize("how", ["absent", "null"])
@@ -336,3 +345,52 @@ def test_a_top_of_no_rows_is_one_line(sqlite_path, top: str) -> None:
 @pytest.mark.parametrize("where", ["/proc/profkit-report.txt", "/sys/profkit-report.txt"])
 def test_an_output_that_cannot_be_written_is_one_line(sqlite_path, where: str) -> None:
     one_error_line(profkit("report", sqlite_path("eager_b1"), "-o", where), f"{where}: cannot write there")
+
+
+# ------------------------------------------------------------------------------------------ step annotations
+
+def _annotated(bf16: Path, tmp_path: Path, edit) -> Path:
+    folder = tmp_path / "run"
+    shutil.copytree(bf16, folder)
+    with sqlite3.connect(folder / "trace.sqlite") as conn:
+        edit(conn)
+    return folder
+
+
+def _duplicate(conn: sqlite3.Connection) -> None:
+    cols = ", ".join(r[1] for r in conn.execute("PRAGMA table_info(NVTX_EVENTS)"))
+    conn.execute(f"INSERT INTO NVTX_EVENTS ({cols}) SELECT {cols} FROM NVTX_EVENTS")
+
+
+def _short_context(conn: sqlite3.Connection) -> None:
+    def short(v: str | None) -> str | None:
+        return re.sub(r"context_(\d+)\(sq(\d+)sk(\d+)", lambda m: f"context_{m[1]}(sq{m[2]}sk1", v) if v else v
+    for table, key, col in (("StringIds", "id", "value"), ("NVTX_EVENTS", "rowid", "text")):
+        for k, v in conn.execute(f"SELECT {key}, {col} FROM {table} WHERE {col} LIKE '%context_%'").fetchall():
+            conn.execute(f"UPDATE {table} SET {col} = ? WHERE {key} = ?", (short(v), k))
+
+
+def _one_instant(conn: sqlite3.Connection) -> None:
+    conn.execute("UPDATE NVTX_EVENTS SET start = 22416592912, end = 22416592913 WHERE text LIKE 'execute_%' "
+                 "OR textId IN (SELECT id FROM StringIds WHERE value LIKE 'execute_%')")
+
+
+@pytest.mark.parametrize(("edit", "said"), [(_duplicate, "annotations written twice in one process"),
+                                            (_short_context, "annotations with a context shorter than its query"),
+                                            (_one_instant, None)])
+def test_step_annotations_that_cannot_be_vllms_are_left_out_or_withheld(bf16: Path, tmp_path: Path, edit,
+                                                                         said: str | None) -> None:
+    folder = _annotated(bf16, tmp_path, edit)
+    doc = json.loads(profkit("report", folder, "--format", "json").stdout)
+    assert_physical(doc["efficiency"])
+    if said is not None:
+        assert doc["steps"]["dropped"][said] > 0
+    else:
+        assert doc["efficiency"]["withheld"]  # steps of ~1 ns: the rates past the peak are withheld, not printed
+    for fmt in ("text", "md", "html"):
+        out = profkit("report", folder, "--format", fmt)
+        assert out.returncode == 0, out.stderr
+        assert ("Left out" if fmt != "text" else "left out") in out.stdout if said else "Withheld" in out.stdout
+        assert not re.search(r"\b\d{4,}(?:,\d{3})*\.\d%", out.stdout)
+    real = json.loads(profkit("report", bf16, "--format", "json").stdout)
+    assert "dropped" not in real["steps"]

@@ -130,7 +130,10 @@ def engine_steps(trace: Trace, win: Window) -> dict[str, Any] | None:
                 "cycle_ns": c_sum, "gpu_busy_ns": g_sum, "work": _work(steps[mask])}
 
     shown = slice(0, len(steps), stride)
+    lo, hi = (win.start_ns, win.end_ns) if win.bounded else (-(1 << 62), 1 << 62)
+    dropped = trace.cache.get(f"steps dropped {lo} {hi}") or {}
     return {
+        **({"dropped": {f"annotations {why}": n for why, n in sorted(dropped.items())}} if dropped else {}),
         "source": source,
         "device": device,
         "count": len(steps),
@@ -157,13 +160,42 @@ def _nvtx_steps(trace: Trace, lo: int, hi: int, device: int) -> np.ndarray:
     rows = _of_process(trace, rows, device)
     parsed: dict[str, tuple[int, ...] | None] = {}
     steps = []
+    dropped: Counter[str] = Counter()
+    seen: set[tuple[int, str]] = set()
     for start, end, name, _ in rows:
         if name not in parsed:
             parsed[name] = parse_step_name(name or "")
         fields = parsed[name]
-        if fields is not None and end is not None and end >= start:
-            steps.append((int(start), int(end), *fields))
+        if fields is None:
+            continue
+        why = _inconsistent(fields) if end is not None and end > start else "of no length"
+        if why is None and (start, name) in seen:
+            why = "written twice in one process"
+        if why is not None:
+            dropped[why] += 1
+            continue
+        seen.add((start, name))
+        steps.append((int(start), int(end), *fields))
+    trace.cache[f"steps dropped {lo} {hi}"] = dict(dropped)
     return np.array(steps, dtype=np.int64).reshape(-1, len(COLUMNS))
+
+
+def _inconsistent(fields: tuple[int, ...]) -> str | None:
+    """Why a step annotation cannot be what vLLM wrote, or None. Per phase (requests N, query tokens T, sequence
+    lengths S, sum of query^2 QQ, sum of query x sequence QK), every request has a query of at least one token
+    within its sequence: T >= N; S >= T (a context never shorter than its query); T <= QQ <= T^2 and QQ <= QK <=
+    T x S (Cauchy-Schwarz bounds on the sums); no request, no tokens. (vLLM does annotate steps of no token: they
+    stay, as steps.)"""
+    for n, t, seq, qq, qk in (fields[0:5], fields[5:10]):
+        if n == 0 and t > 0 or t < n:
+            return "with more requests than tokens, or tokens without a request"
+        if seq == UNKNOWN:
+            continue
+        if seq < t:
+            return "with a context shorter than its query"
+        if n and not (t <= qq <= t * t and qq <= qk <= t * seq):
+            return "whose sums of squares cannot come from its token counts"
+    return None
 
 
 def _of_process(trace: Trace, rows: list[tuple], device: int) -> list[tuple]:

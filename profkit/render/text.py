@@ -131,6 +131,7 @@ def step_lines(report: dict[str, Any]) -> list[str]:
         if s["count"]:
             out.append(f"  {label:8} {s['count']:>6,} steps  cycle p50 {ns(s['cycle_p50_ns'])}, p90 "
                        f"{ns(s['cycle_p90_ns'])}; GPU busy p50 {ns(s['gpu_busy_p50_ns'])} ({pct(s['gpu_share'])})")
+    out += [f"  left out: {n:,} {terminal(why)}" for why, n in (st.get("dropped") or {}).items()]
     return out + [""]
 
 
