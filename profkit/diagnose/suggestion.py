@@ -18,6 +18,9 @@ from profkit.diagnose.engine import Finding, ProposedChange
 from profkit.vllm.command import UserCommand, VllmCommand, dest_of
 from profkit.vllm.options import normalize_flag, spec_for, takes
 
+NOT_PRESCRIBED = ("not prescribed: the model of the run predicts it within the noise, or a prescribed value "
+                  "of the same flag does more")
+
 
 class AppliedChange(msgspec.Struct, frozen=True):
     flag: str
@@ -64,22 +67,25 @@ class Suggestion:
                               suggested_argv=[c.argv() for c in self.commands],
                               changes=list(self.applied), checks=list(self.checks))
 
-    def annotated(self, findings: list[Finding]) -> list[Finding]:
+    def annotated(self, findings: list[Finding], prescribed: bool = False) -> list[Finding]:
         """The findings again, each change saying what the suggested command does with it (action), and why
-        when that is not the change itself (a more severe finding set the same flag)."""
+        when that is not the change itself (a more severe finding set the same flag; `prescribed`: the command
+        holds the prescription only, and the change is not in it)."""
         by_setting = {dest_of(a.flag): a for a in self.applied}
         out = []
         for f in findings:
             changes = []
             for c in f.changes:
                 a = by_setting.get(dest_of(c.flag))
-                if a is None:
+                if a is None and prescribed:
+                    changes.append(msgspec.structs.replace(c, action="none", note=NOT_PRESCRIBED))
+                elif a is None:
                     changes.append(c)
                 elif a.to == c.to:
                     changes.append(msgspec.structs.replace(c, action=a.action))
                 else:
-                    changes.append(msgspec.structs.replace(c, action="none",
-                                                           note="a more severe finding sets this flag"))
+                    changes.append(msgspec.structs.replace(c, action="none", note=NOT_PRESCRIBED if prescribed
+                                                           else "a more severe finding sets this flag"))
             out.append(msgspec.structs.replace(f, changes=changes))
         return out
 

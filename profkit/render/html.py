@@ -9,6 +9,7 @@ import jinja2
 from profkit import escape, units
 from profkit.render import charts, cmdline
 from profkit.render.efficiency import PRECISION_NOTE, efficiency_view
+from profkit.render.prediction import prescription_view
 from profkit.render.ranks import rank_table
 from profkit.resources import shipped_dir
 
@@ -58,5 +59,6 @@ def _page(report: dict[str, Any], svgs: dict[str, Any], pairs: list[dict[str, An
           eff: dict[str, Any] | None) -> str:
     page = environment().get_template("report.html.j2").render(r=report, charts=svgs, commands=pairs,
                                                                   ranks=rank_table(report), eff=eff,
-                                                                  precision_note=PRECISION_NOTE)
+                                                                  precision_note=PRECISION_NOTE,
+                                                                  pv=prescription_view(report))
     return escape.document(page)  # trace strings may carry control characters; no HTML needs them

@@ -8,6 +8,7 @@ import jinja2
 
 from profkit import escape, units
 from profkit.render.efficiency import PRECISION_NOTE, efficiency_view
+from profkit.render.prediction import prescription_view
 from profkit.render.ranks import rank_table
 from profkit.resources import shipped_dir
 
@@ -61,4 +62,5 @@ def environment() -> jinja2.Environment:
 
 def render_markdown(report: dict[str, Any], top: int = 10) -> str:
     return escape.document(environment().get_template("report.md.j2").render(
-        r=report, top=top, ranks=rank_table(report), eff=efficiency_view(report), precision_note=PRECISION_NOTE))
+        r=report, top=top, ranks=rank_table(report), eff=efficiency_view(report), precision_note=PRECISION_NOTE,
+        pv=prescription_view(report)))

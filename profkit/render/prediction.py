@@ -79,3 +79,36 @@ def render_prediction_html(doc: dict[str, Any]) -> str:
     from profkit.render import html
 
     return document(html.environment().get_template("prediction.html.j2").render(v=prediction_view(doc)))
+
+
+def prescription_view(report: dict[str, Any]) -> dict[str, Any] | None:
+    """The report's lead: what limits the run, and the one prescription with its predicted effect (None: the report
+    has none)."""
+    p = report.get("prescription")
+    if not p:
+        return None
+    predicted = p.get("predicted") or {}
+    changes = [{"flag": c["flag"], "from": "(default)" if c.get("from") is None else str(c["from"]),
+                "to": "(removed)" if c.get("to") is None else str(c["to"]), "trades": c.get("trades")}
+               for c in p.get("changes") or []]
+    return {"limit": p.get("limit"), "limit_after": predicted.get("limit_after"), "changes": changes,
+            "rows": metric_rows({k: v for k, v in predicted.items() if isinstance(v, dict)}),
+            "reasoning": list(p.get("reasoning") or []), "answers": list(p.get("answers") or []),
+            "note": p.get("note")}
+
+
+def prescription_lines(report: dict[str, Any]) -> list[str]:
+    """The prescription as the text report leads with it."""
+    v = prescription_view(report)
+    if v is None:
+        return []
+    out = [f"Verdict: the limit is {terminal(v['limit'] or 'not modelled')}"]
+    if v["note"]:
+        return [*out, f"  {terminal(v['note'])}", ""]
+    out.append("Prescription (the model of this run chose these values and predicts):")
+    out += [f"  {terminal(c['flag'])} {terminal(c['from'])} -> {terminal(c['to'])}"
+            + (f"  [{terminal(c['trades'])}]" if c["trades"] else "") for c in v["changes"]]
+    out += _table(v["rows"])
+    out.append(f"  then the limit: {terminal(v['limit_after'] or '?')}; answers {terminal(', '.join(v['answers']))}")
+    out += [f"  - {terminal(r)}" for r in v["reasoning"]]
+    return out + [""]

@@ -7,6 +7,7 @@ from typing import Any
 
 from profkit.escape import document, terminal
 from profkit.render.efficiency import PRECISION_NOTE, efficiency_view
+from profkit.render.prediction import prescription_lines
 from profkit.render.ranks import rank_table
 from profkit.units import change_from, change_to, clip, ns, pct, size
 
@@ -183,6 +184,7 @@ def render_text(report: dict[str, Any], top: int = 10, name_width: int = 70) -> 
         *outcome_lines(report),
         "",
     ]
+    out += prescription_lines(report)
     out += _findings(report)
     out += efficiency_lines(report)
     out += rank_lines(report)
@@ -259,6 +261,7 @@ def _render_evidence_only(report: dict[str, Any]) -> str:
     src = report["source"]
     out = [f"profkit report: {terminal(src['path'] or 'vLLM evidence')} (no trace: vLLM's own evidence only)",
            *outcome_lines(report), ""]
+    out += prescription_lines(report)
     out += _findings(report)
     out += efficiency_lines(report)
     out += host_lines(report)

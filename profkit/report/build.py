@@ -25,6 +25,7 @@ from profkit.analysis.host import host_section
 from profkit.analysis.sections import Sections, TraceSections
 from profkit.diagnose.engine import evaluate
 from profkit.diagnose.facts import compute_facts
+from profkit.diagnose.prescription import prescribe
 from profkit.diagnose.priority import order_findings
 from profkit.diagnose.rule_files import load_rules
 from profkit.diagnose.suggestion import suggest, user_command
@@ -35,7 +36,7 @@ from profkit.evidence.folder import CaptureFolder
 from profkit.evidence.record import Evidence
 from profkit.report.model import SCHEMA, Report, RunSection
 from profkit.report.trace_part import trace_sections
-from profkit.vllm.command import VllmCommand
+from profkit.vllm.command import VllmCommand, dest_of
 
 Progress = Callable[[str], None]
 TraceInput = str | os.PathLike | Sequence[str | os.PathLike] | None
@@ -127,7 +128,16 @@ def build_report(traces: TraceInput = None, evidence: Evidence | None = None, op
     # Not shown to be vLLM's: the findings say what the trace shows, and no vLLM flag is proposed.
     findings, skipped = evaluate(rules, facts, propose_changes=bool(shown))
     findings = order_findings(findings, vllm.defaults.get("gpu"))  # the user's missteps first, then the gain
-    suggestion = suggest(command, [c for f in findings for c in f.changes])
+    prescription = None
+    if shown:
+        partial = msgspec.to_builtins({"vllm": vllm, "facts": facts, "efficiency": efficiency,
+                                       "steps": sections.steps if sections is not None else None})
+        prescription = prescribe(partial, findings)
+    prescribed = [{"flag": c["flag"], "to": c["to"], "from_source": (vllm.config.get(dest_of(c["flag"])) or {})
+                   .get("source")} for c in (prescription.changes if prescription else [])]
+    # the command carries the prescription where there is one; else every finding's changes, most important first
+    suggestion = suggest(command, prescribed) if prescribed else \
+        suggest(command, [c for f in findings for c in f.changes])
     extra: dict[str, Any] = {}
     if ranks:
         extra.update(ranks=ranks, imbalance=imbalance)
@@ -137,7 +147,7 @@ def build_report(traces: TraceInput = None, evidence: Evidence | None = None, op
         schema=SCHEMA, profkit_version=__version__, source=source,
         sections=sections if sections is not None else Sections(),
         vllm=vllm,
-        findings=suggestion.annotated(findings),
+        findings=suggestion.annotated(findings, prescribed=bool(prescribed)),
         **extra,
         run=RunSection(shown) if shown else RunSection(shown, note=NOT_VLLM_NOTE),
         host=host_part,
@@ -146,6 +156,7 @@ def build_report(traces: TraceInput = None, evidence: Evidence | None = None, op
         rules_skipped=skipped,
         command=suggestion.section(),
         suggested_command=suggestion.text(),
+        prescription=prescription.document() if prescription else None,
     )
 
 
