@@ -50,7 +50,6 @@ UNKNOWN_METRIC = "ids naming no metric"  # (typeId, metricId) absent from TARGET
 # the session's zero, and those samples are measurements like the others.
 MAX_NS = 1 << 53
 GPU_INDEX_MASK = 0xFF
-GPU_METRIC_RELATIONS = ("gpu_metrics", "gpu_metric_names", "gpu_metrics_left_out")
 
 
 @dataclass(frozen=True)
