@@ -127,7 +127,8 @@ def report(traces: tuple[Path, ...], window: str, fmt: str, output: Path | None,
 @click.option("--metrics", type=click.Path(dir_okay=False, path_type=Path), multiple=True,
               help="Prometheus text from /metrics (before, after)")
 @click.option("--vllm-args", help="the flags vLLM ran with")
-@click.option("--host", "host_json", type=click.Path(dir_okay=False, path_type=Path), help="host.json")
+@click.option("--host", "host_json", type=click.Path(dir_okay=False, path_type=Path),
+              help="per-process CPU samples (written by profkit capture)")
 @click.option("--model-config", type=click.Path(dir_okay=False, path_type=Path),
               help="the model's config.json (its shape)")
 @click.option("--noise", default=None, help="the run-to-run spread to assume, e.g. 3% (default: 3%)")

@@ -54,13 +54,14 @@ def read_text(path: Path, what: str) -> str:
 
 
 def read_json(path: Path, what: str, bad: str = "not JSON") -> Any:
-    """The file's JSON (through `read_text`'s checks, so its size is bounded); a parse error, nesting too deep for
-    the parser or an integer of more digits than any measurement has is one line: `{path}: {bad} (why)`."""
+    """The file's JSON (through `read_text`'s checks, so its size is bounded); a parse error or nesting too deep for
+    the parser is one line: `{path}: {bad} (why)`. An integer of more digits than any measurement has reads as an
+    infinity (`numbers.json_int_literal`): each reader leaves out what is not a finite number."""
     import json
 
     try:
         return json.loads(read_text(path, what), parse_int=json_int_literal)
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError; so is an over-long integer
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
         raise ProfkitError(f"{path}: {bad} ({one_line(exc, 120)})") from None
 
 

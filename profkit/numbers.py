@@ -51,9 +51,10 @@ def json_number(value: Any) -> float | int | None:
     return value if isinstance(value, int) or math.isfinite(value) else None
 
 
-def json_int_literal(text: str) -> int:
-    """`parse_int` for the JSON decoder's integer literals: over MAX_DIGITS digits raises ValueError, which the
-    JSON reader turns into one line naming the file (Python's own limit would raise at 4,300 digits, uncaught)."""
+def json_int_literal(text: str) -> int | float:
+    """The JSON decoder's integer literals: past MAX_DIGITS digits an infinity (of the literal's sign), which every
+    reader's check for a finite number leaves out with the rest of what it cannot use. (Python's own int() would
+    raise past 4,300 digits, and no measurement has that many.)"""
     if len(text) > MAX_DIGITS + 1:
-        raise ValueError(f"an integer of {len(text.lstrip('-'))} digits")
+        return -math.inf if text.startswith("-") else math.inf
     return int(text)

@@ -14,6 +14,7 @@ from typing import Any
 from profkit.diagnose.engine import Finding
 from profkit.model.observe import Unobservable, observe
 from profkit.model.predict import DEFAULT_NOISE, MODELLED, Calibrated, Prediction, calibrate, predict
+from profkit.model.simulate import Infeasible
 from profkit.vllm.command import dest_of
 from profkit.vllm.options import flag_for
 
@@ -95,7 +96,10 @@ def prescribe(doc: dict[str, Any], findings: list[Finding], allow_precision: boo
         changes = _changes(key, cal)
         if not changes or (not allow_precision and any(str(v).startswith("fp8") for v in changes.values())):
             continue
-        p = predict(cal, changes, noise=noise)
+        try:
+            p = predict(cal, changes, noise=noise)
+        except Infeasible:  # the change leaves the cache unable to hold a request: not a prescription
+            continue
         singles.append((_gain(p), changes, rules, p))
     singles.sort(key=lambda s: -s[0])
     chosen: dict[str, Any] = {}
@@ -106,7 +110,10 @@ def prescribe(doc: dict[str, Any], findings: list[Finding], allow_precision: boo
         if g < threshold or any(k in chosen for k in changes):
             continue
         trial = {**chosen, **changes}
-        p = predict(cal, trial, noise=noise)
+        try:
+            p = predict(cal, trial, noise=noise)
+        except Infeasible:
+            continue
         if _gain(p) - gain >= threshold:
             chosen, gain, best = trial, _gain(p), p
             answers += [r for r in rules if r not in answers]
@@ -142,8 +149,12 @@ def choose_values(cal: Calibrated, changes: dict[str, Any], noise: float | None 
         scored = []
         for value in dict.fromkeys(options):
             trial = {**chosen, dest: value}
-            scored.append((_gain(predict(cal, _resolved(trial, cal), noise=noise)), value))
-        chosen[dest] = max(scored, key=lambda s: s[0])[1]
+            try:
+                scored.append((_gain(predict(cal, _resolved(trial, cal), noise=noise)), value))
+            except Infeasible:
+                continue
+        if scored:
+            chosen[dest] = max(scored, key=lambda s: s[0])[1]
     return chosen, predict(cal, _resolved(chosen, cal), noise=noise)
 
 
@@ -174,7 +185,11 @@ def rank_candidates(doc: dict[str, Any], queue: list[dict[str, Any]], objective:
         if not set(changes) & MODELLED or set(changes) - MODELLED:
             ranked.append((None, cand))  # a lever the model cannot predict: tried after the predicted ones
             continue
-        chosen, p = choose_values(cal, changes, noise)
+        try:
+            chosen, p = choose_values(cal, changes, noise)
+        except Infeasible:
+            ranked.append((None, cand))
+            continue
         m = p.metrics[objective]
         gain = m["predicted"] / m["before"] - 1 if m["before"] else 0.0
         new_changes = [{**c, "to": chosen[dest_of(c["flag"])],

@@ -20,7 +20,7 @@ SCHEMA = "profkit.host/1"
 
 
 class ProcessSamples(msgspec.Struct, frozen=True):
-    pid: int
+    pid: int | None
     role: str
     name: str
     cpu: list[tuple[float, float]]  # (seconds, cores used)
@@ -44,8 +44,9 @@ def number_pair(pair: Any) -> bool:
 
 
 def _pid(value: Any) -> bool:
-    """A process id: a positive integer of the kernel's range (a NaN or a list printed as a pid is no process)."""
-    return 0 < (json_int(value) or 0) < 1 << 31
+    """A process id: a positive integer of the kernel's range, or none given (a NaN or a list printed as a pid is
+    no process)."""
+    return value is None or 0 < (json_int(value) or 0) < 1 << 31
 
 
 def parse_host(data: Any, path: str) -> HostSamples:

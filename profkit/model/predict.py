@@ -18,8 +18,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from profkit.model.observe import Observation
-from profkit.model.simulate import Engine, SimResult, StepCost, Workload, simulate
+from profkit.model.observe import Observation, Unobservable
+from profkit.model.simulate import Engine, Infeasible, SimResult, StepCost, Workload, simulate
 
 SCHEMA = "profkit.prediction/1"
 METRICS = (("request_throughput", "req/s"), ("output_throughput", "tok/s"), ("ttft_mean_ms", "ms"),
@@ -109,6 +109,14 @@ def _scaled(cost: StepCost, memory: float, compute: float) -> StepCost:
 
 
 def calibrate(obs: Observation) -> Calibrated:
+    """The model fitted on the run (`_fit`); a measured run the simulation cannot serve cannot calibrate it."""
+    try:
+        return _fit(obs)
+    except Infeasible as exc:
+        raise Unobservable(f"the measured configuration cannot be simulated ({exc})") from None
+
+
+def _fit(obs: Observation) -> Calibrated:
     """One factor on every step cost, fitted so that the simulated benchmark takes the measured time. (A second
     factor splitting memory-bound from arithmetic work is not identifiable from the benchmark's figures: both move
     the duration and TPOT alike; the split comes from the hardware's peaks and the run's own phase efficiencies.)"""

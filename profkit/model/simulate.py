@@ -21,6 +21,11 @@ from dataclasses import dataclass
 import numpy as np
 
 
+class Infeasible(ValueError):
+    """The configuration cannot serve the workload (a request needs more KV cache than there is): vLLM refuses to
+    start, or never finishes the request."""
+
+
 @dataclass(frozen=True)
 class Workload:
     requests: int
@@ -82,6 +87,9 @@ def simulate(work: Workload, engine: Engine, cost: StepCost, max_steps: int = 2_
     if n <= 0 or prompt < 0 or out <= 0 or engine.kv_tokens <= 0 or engine.max_num_seqs <= 0 \
             or engine.max_num_batched_tokens <= 0:
         raise ValueError("a workload and an engine of positive sizes")
+    if prompt + out > engine.kv_tokens // engine.block_size * engine.block_size:
+        raise Infeasible(f"a request of {prompt + out:,} tokens needs more than the KV cache's "
+                         f"{engine.kv_tokens:,}")
     arrival = np.zeros(n) if not work.request_rate else np.arange(n) / work.request_rate
     cap = work.max_concurrency or n
     need = np.full(n, prompt, dtype=np.int64)  # tokens to compute before the request decodes
@@ -147,7 +155,8 @@ def simulate(work: Workload, engine: Engine, cost: StepCost, max_steps: int = 2_
                 budget -= c
                 free -= -(-(kv[r] + c) // bs) * bs - held[r]
         # as vLLM V1's scheduler: no admission in a step that preempted (the victim would come straight back)
-        reserve = int(engine.reserve * capacity)
+        # the reserve keeps room for the running requests' next blocks; with none running it holds nothing back
+        reserve = int(engine.reserve * capacity) if running else 0
         while not preempted and waiting and budget > 0 and free > reserve and len(running) < engine.max_num_seqs:
             r = waiting.pop(0)
             running.append(r)
@@ -161,8 +170,16 @@ def simulate(work: Workload, engine: Engine, cost: StepCost, max_steps: int = 2_
             kv_read += done[r]
             pairs += c * done[r] + c * (c + 1) / 2
             tokens += c
-        if tokens == 0:  # nothing fits: the cache is held by requests that cannot move (cannot happen in vLLM)
-            raise ValueError("the KV cache cannot hold one request's next token")
+        if tokens == 0:  # nothing fits: the newest request gives its blocks back (vLLM preempts it), or none can
+            if len(running) < 2:
+                raise Infeasible("the KV cache cannot hold one request's next token")
+            victim = running.pop()
+            kv[victim] = 0
+            need[victim] = prompt + generated[victim]
+            done[victim] = 0
+            waiting.insert(0, victim)
+            preemptions += 1
+            continue
         dt = cost.step_s(tokens, kv_read, pairs, len(decoding) + len(chunks))
         clock += dt
         steps += 1

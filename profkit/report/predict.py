@@ -14,6 +14,7 @@ from profkit.errors import ProfkitError
 from profkit.evidence.record import Evidence
 from profkit.model.observe import Unobservable, observe
 from profkit.model.predict import MODELLED, calibrate, host_bound, predict
+from profkit.model.simulate import Infeasible
 from profkit.report.build import build_report
 from profkit.vllm.command import VllmCommand
 
@@ -42,8 +43,13 @@ def predict_run(run: str | os.PathLike | None, changes: str, evidence: Evidence 
     if not set(asked) & MODELLED:
         raise ProfkitError(f"changes: the model knows none of {', '.join(sorted(asked))} (it models "
                            f"{', '.join('--' + m.replace('_', '-') for m in sorted(MODELLED))})")
-    cal = calibrate(obs)
-    prediction = predict(cal, asked, noise=noise).document()
+    try:
+        cal = calibrate(obs)
+        prediction = predict(cal, asked, noise=noise).document()
+    except Unobservable as exc:
+        raise ProfkitError(f"{run or 'the evidence'}: cannot model this run: {exc}") from None
+    except Infeasible as exc:
+        raise ProfkitError(f"changes: {changes}: vLLM could not serve this workload so ({exc})") from None
     bound = host_bound(obs)
     prediction.update(
         source={"path": None if run is None else str(run), "gpu": obs.gpu},
