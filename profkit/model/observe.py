@@ -71,6 +71,7 @@ class Observation:
     decode_step_s: float | None = None  # its decode-only steps' mean time
     host: dict[str, float] = field(default_factory=dict)  # the host samples' facts (host.*: cores, saturated shares)
     gpu_busy: float | None = None  # share of the benchmark the GPU was busy (NVML, else the trace)
+    default_max_num_seqs: int | None = None  # vLLM's default for this GPU (what removing the flag gives)
     notes: list[str] = field(default_factory=list)
 
 
@@ -131,7 +132,8 @@ def observe(doc: dict[str, Any]) -> Observation:
         phase_mbu=_num((phases.get("decode-only") or {}).get("mbu")), decode_step_s=decode_step,
         host={k.removeprefix("host."): float(v) for k, v in facts.items()
               if k.startswith("host.") and _num(v) is not None},
-        gpu_busy=_num(facts.get("host.gpu_util_mean")) or _num(facts.get("gpu.utilization")))
+        gpu_busy=_num(facts.get("host.gpu_util_mean")) or _num(facts.get("gpu.utilization")),
+        default_max_num_seqs=facts.get("vllm.default_max_num_seqs"))
 
 
 def _total_memory(vllm: dict[str, Any], gpu: dict[str, Any]) -> float | None:

@@ -173,6 +173,7 @@ def predict(cal: Calibrated, changes: dict[str, Any], noise: float | None = None
     """The run under `changes` ({vLLM dest: value}, e.g. {"kv_cache_dtype": "fp8"}): each metric's prediction with
     its range, the limit before and after, and the reasoning."""
     obs = cal.observation
+    changes = _with_defaults(changes, obs)
     unmodelled = sorted(k for k in changes if k not in MODELLED)
     if "gpu_memory_utilization" in changes and not (obs.memory.total_bytes and obs.memory.utilization):
         unmodelled.append("gpu_memory_utilization (the GPU's memory is unknown)")
@@ -261,6 +262,15 @@ def predict(cal: Calibrated, changes: dict[str, Any], noise: float | None = None
     if rt["before"] and rt["predicted"]:
         reasoning.append(f"request throughput x{rt['predicted'] / rt['before']:.2f}")
     return Prediction(changes, metrics, limit_before, limit_after, reasoning, unmodelled, trades)
+
+
+def _with_defaults(changes: dict[str, Any], obs: Observation) -> dict[str, Any]:
+    """A setting removed (None) is vLLM's default for it: the batch cap by the GPU, 8192 batched tokens for a
+    server, 0.92 of the GPU's memory, CUDA graphs, one API server, the model's own precision."""
+    defaults = {"max_num_seqs": obs.default_max_num_seqs or 256, "max_num_batched_tokens": 8192,
+                "gpu_memory_utilization": 0.92, "enforce_eager": False, "api_server_count": 1,
+                "kv_cache_dtype": "auto"}
+    return {k: defaults.get(k) if v is None and k in defaults else v for k, v in changes.items()}
 
 
 def _is_fp8(value: Any) -> bool:
