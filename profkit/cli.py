@@ -132,11 +132,19 @@ def report(traces: tuple[Path, ...], window: str, fmt: str, output: Path | None,
 @click.option("--model-config", type=click.Path(dir_okay=False, path_type=Path),
               help="the model's config.json (its shape)")
 @click.option("--noise", default=None, help="the run-to-run spread to assume, e.g. 3% (default: 3%)")
+@click.option("--search", "do_search", is_flag=True, help="no CHANGES: the best values the model finds")
+@click.option("--slo", "slos", multiple=True, help="with --search: a bound a configuration must meet, e.g. "
+              "'ttft_mean_ms<=5000'")
+@click.option("--allow-precision-changes", is_flag=True, help="with --search: FP8 weights and KV cache may be tried")
+@click.option("--top", type=click.IntRange(min=1, max=100), default=5, show_default=True,
+              help="with --search: configurations shown")
 def predict_cmd(run: str | None, changes: tuple[str, ...], fmt: str, output: Path | None, bench: Path | None,
                 vllm_log: Path | None, metrics: tuple[Path, ...], vllm_args: str | None, host_json: Path | None,
-                model_config: Path | None, noise: str | None) -> None:
+                model_config: Path | None, noise: str | None, do_search: bool, slos: tuple[str, ...],
+                allow_precision_changes: bool, top: int) -> None:
     """Predict what CHANGES (vLLM flags, after --) do to RUN (a capture folder, a trace, or the evidence alone):
     request and output throughput, mean TTFT and TPOT, each with a range, the limit before and after, and why.
+    With --search, the best values the model finds for the levers it knows, within --slo.
 
     \b
       profkit predict capture-folder -- --kv-cache-dtype fp8 --gpu-memory-utilization 0.95"""
@@ -145,7 +153,16 @@ def predict_cmd(run: str | None, changes: tuple[str, ...], fmt: str, output: Pat
 
     evidence = Evidence.read(bench=bench, log=vllm_log, metrics=metrics, vllm_args=vllm_args,
                              model_config=model_config, host=host_json)
-    doc = predict_run(run, shlex.join(changes), evidence, noise=_parse_share(noise, "--noise") if noise else None)
+    spread = _parse_share(noise, "--noise") if noise else None
+    if do_search:
+        from profkit.report.predict import search_run
+        from profkit.tune.loop import parse_slo
+
+        bounds = [parse_slo(s) for s in slos]
+        doc = search_run(run, evidence, allow_precision=allow_precision_changes, top=top, noise=spread,
+                         accept=lambda m: all(b.holds(m.get(b.metric)) for b in bounds if m.get(b.metric) is not None))
+    else:
+        doc = predict_run(run, shlex.join(changes), evidence, noise=spread)
     if output:
         refuse_overwrite(output, [Path(p) for p in (run, bench, vllm_log, host_json, model_config, *metrics) if p])
     emit(render(doc, fmt), output)

@@ -248,3 +248,17 @@ def test_pairs_recorded_after_the_model(tmp_path: Path, base: str, after: str, c
     rt = predict(cal, changes).metrics["request_throughput"]
     assert abs(rt["predicted"] / truth - 1) < tolerance
     assert rt["low"] <= truth <= rt["high"]
+
+
+def test_search_finds_the_fp8_pair_only_where_precision_may_change(runs: dict[str, Path]) -> None:
+    base = ("predict", runs["bf16"], "--search", "--top", "3", "--format", "json")
+    found = json.loads(profkit(*base, "--allow-precision-changes").stdout)["search"]
+    assert found and found[0]["changes"]["quantization"] == "fp8" and found[0]["changes"]["kv_cache_dtype"] == "fp8"
+    rates = [p["metrics"]["request_throughput"]["predicted"] for p in found]
+    assert rates == sorted(rates, reverse=True) and rates[0] > 1.3 * found[0]["metrics"]["request_throughput"]["before"]
+    without = json.loads(profkit(*base).stdout)["search"]
+    assert all("fp8" not in json.dumps(p["changes"]) for p in without)
+    # an SLO no configuration meets: none is proposed
+    strict = json.loads(profkit(*base, "--allow-precision-changes", "--slo", "mean_ttft_ms<=100").stdout)
+    assert strict["search"] == []
+    assert "none meets the constraints" in profkit(*base[:-2], "--slo", "mean_ttft_ms<=100").stdout

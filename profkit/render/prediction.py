@@ -54,7 +54,40 @@ def _table(rows: list[dict[str, str]]) -> list[str]:
     return lines
 
 
+def search_rows(doc: dict[str, Any]) -> list[dict[str, str]]:
+    """`--search`'s configurations, best first: the changes, each metric predicted (its range), the limit after."""
+    rows = []
+    for i, p in enumerate(doc.get("search") or [], 1):
+        m = p.get("metrics") or {}
+        rt, ttft, tpot = (m.get(k) or {} for k in ("request_throughput", "ttft_mean_ms", "tpot_mean_ms"))
+        rows.append({"rank": str(i), "changes": p.get("changes_text") or "",
+                     "requests/s": f"{_fmt('request_throughput', rt.get('predicted'))} "
+                                   f"({_fmt('request_throughput', rt.get('low'))}-"
+                                   f"{_fmt('request_throughput', rt.get('high'))})",
+                     "mean TTFT (ms)": _fmt("ttft_mean_ms", ttft.get("predicted")),
+                     "mean TPOT (ms)": _fmt("tpot_mean_ms", tpot.get("predicted")),
+                     "limit after": (p.get("limit") or {}).get("after") or "",
+                     "trades": "; ".join(p.get("trades") or [])})
+    return rows
+
+
+def _search_text(doc: dict[str, Any]) -> str:
+    rows = search_rows(doc)
+    out = [f"profkit predict --search: {terminal((doc.get('source') or {}).get('path') or '')}",
+           f"  {len(rows)} configuration(s), best predicted request throughput first:", ""]
+    for r in rows:
+        out.append(f"  {r['rank']}. {terminal(r['changes'])}")
+        out.append(f"     requests/s {r['requests/s']}; mean TTFT {r['mean TTFT (ms)']} ms; mean TPOT "
+                   f"{r['mean TPOT (ms)']} ms; limit: {terminal(r['limit after'])}"
+                   + (f"; {terminal(r['trades'])}" if r["trades"] else ""))
+    if not rows:
+        out.append("  none meets the constraints")
+    return document("\n".join(out) + "\n")
+
+
 def render_prediction_text(doc: dict[str, Any]) -> str:
+    if "search" in doc:
+        return _search_text(doc)
     v = prediction_view(doc)
     out = [f"profkit predict: {terminal(v['source'] or '')}", f"  changes: {terminal(v['changes'])}",
            f"  limit: {terminal(v['limit_before'])} -> {terminal(v['limit_after'])}", ""]
@@ -72,11 +105,19 @@ def render_prediction_text(doc: dict[str, Any]) -> str:
 def render_prediction_markdown(doc: dict[str, Any]) -> str:
     from profkit.render import markdown
 
+    if "search" in doc:
+        return document(markdown.environment().get_template("prediction.md.j2").render(
+            v=None, rows=search_rows(doc), source=(doc.get("source") or {}).get("path")))
+
     return document(markdown.environment().get_template("prediction.md.j2").render(v=prediction_view(doc)))
 
 
 def render_prediction_html(doc: dict[str, Any]) -> str:
     from profkit.render import html
+
+    if "search" in doc:
+        return document(html.environment().get_template("prediction.html.j2").render(
+            v=None, rows=search_rows(doc), source=(doc.get("source") or {}).get("path")))
 
     return document(html.environment().get_template("prediction.html.j2").render(v=prediction_view(doc)))
 

@@ -3,20 +3,24 @@ flags as the user writes them) would do. The library entry behind the command:
 
     from profkit.report.predict import predict_run
     doc = predict_run("capture-folder", "--kv-cache-dtype fp8 --quantization fp8")   # profkit.prediction/1
+    doc = search_run("capture-folder", allow_precision=True)   # the best values the model finds
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 from profkit.errors import ProfkitError
 from profkit.evidence.record import Evidence
 from profkit.model.observe import Unobservable, observe
 from profkit.model.predict import MODELLED, calibrate, host_bound, predict
+from profkit.model.search import search
 from profkit.model.simulate import Infeasible
 from profkit.report.build import build_report
 from profkit.vllm.command import VllmCommand
+from profkit.vllm.options import flag_for
 
 
 def parse_changes(text: str) -> dict[str, Any]:
@@ -28,6 +32,35 @@ def parse_changes(text: str) -> dict[str, Any]:
     if not flags:
         raise ProfkitError(f"changes: no vLLM flag in {text!r} (give them after --, e.g. -- --max-num-seqs 256)")
     return flags
+
+
+def _calibrated(run: str | os.PathLike | None, evidence: Evidence | None) -> Any:
+    doc = build_report(run, evidence).document()
+    try:
+        return calibrate(observe(doc))
+    except Unobservable as exc:
+        raise ProfkitError(f"{run or 'the evidence'}: cannot model this run: {exc}") from None
+
+
+def _named(metrics: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Predicted values under the model's names and the names diff and tune give them (mean_ttft_ms, ...)."""
+    values = {k: m["predicted"] for k, m in metrics.items()}
+    return {**values, "mean_ttft_ms": values.get("ttft_mean_ms"), "mean_tpot_ms": values.get("tpot_mean_ms")}
+
+
+def search_run(run: str | os.PathLike | None, evidence: Evidence | None = None, allow_precision: bool = False,
+               accept: Callable[[dict[str, Any]], bool] = lambda _m: True, top: int = 5,
+               noise: float | None = None) -> dict[str, Any]:
+    """The `top` configurations the model predicts best for the run (`profkit predict --search`); `accept` takes a
+    prediction's metrics ({name: predicted}) and says whether it meets the user's SLOs."""
+    cal = _calibrated(run, evidence)
+    found = search(cal, allow_precision=allow_precision, top=top, noise=noise,
+                   accept=lambda p: accept(_named(p.metrics)))
+    return {"schema": "profkit.prediction/1", "source": {"path": None if run is None else str(run),
+                                                         "gpu": cal.observation.gpu},
+            "search": [{**p.document(), "changes_text": " ".join(f"{flag_for(k)} {v}" for k, v in p.changes.items())
+                        or "(the run's own settings)"} for p in found],
+            "calibration": {"fit_error": cal.fit_error, "scale": cal.memory_factor}}
 
 
 def predict_run(run: str | os.PathLike | None, changes: str, evidence: Evidence | None = None,
