@@ -262,3 +262,17 @@ def test_search_finds_the_fp8_pair_only_where_precision_may_change(runs: dict[st
     strict = json.loads(profkit(*base, "--allow-precision-changes", "--slo", "mean_ttft_ms<=100").stdout)
     assert strict["search"] == []
     assert "none meets the constraints" in profkit(*base[:-2], "--slo", "mean_ttft_ms<=100").stdout
+
+
+def test_tune_shows_each_candidates_prediction_beside_its_measurement() -> None:
+    from profkit.render import render
+
+    step = {"step": 1, "kind": "candidate", "objective": 17.9, "decision": "keep", "why": "+58 %",
+            "candidate": {"rule": "kv-capacity-bound", "changes": [{"flag": "--kv-cache-dtype", "to": "fp8"}],
+                          "predicted": {"before": 11.0, "predicted": 18.9, "low": 13.8, "high": 27.5, "gain": 0.72}}}
+    doc = {"schema": "profkit.tune/1", "objective": {"name": "request_throughput", "better": "higher"}, "slos": [],
+           "budget": 6, "runs_used": 4, "profile": "never", "noise": {}, "steps": [step], "best": None,
+           "stopped": "done", "diff": None}
+    for fmt in ("text", "md"):
+        out = render(doc, fmt)
+        assert "predicted 18.9, range 13.8-27.5, +72 %" in out and "17.9" in out
