@@ -40,6 +40,25 @@ def cli() -> None:
     """Profile vLLM inference and turn traces into concrete flag changes."""
 
 
+def evidence_options(fn: Callable) -> Callable:
+    """The run's evidence besides its traces (report, predict): each option one file or text that
+    `Evidence.read` reads, a bad one failing with one line that names it."""
+    for option in reversed([
+        click.option("--bench", type=click.Path(dir_okay=False, path_type=Path),
+                     help="vllm bench JSON (throughput --output-json, serve --save-result)"),
+        click.option("--vllm-log", type=click.Path(dir_okay=False, path_type=Path), help="vLLM server/engine log"),
+        click.option("--metrics", type=click.Path(dir_okay=False, path_type=Path), multiple=True,
+                     help="Prometheus text from /metrics; give two (before, after) for counter deltas"),
+        click.option("--vllm-args", help='the flags vLLM ran with, e.g. "--max-num-seqs 64 --enforce-eager"'),
+        click.option("--host", "host_json", type=click.Path(dir_okay=False, path_type=Path),
+                     help="per-process CPU samples (written by profkit capture)"),
+        click.option("--model-config", type=click.Path(dir_okay=False, path_type=Path),
+                     help="the model's config.json (its shape: FLOPs and bytes per token, for MFU and MBU)"),
+    ]):
+        fn = option(fn)
+    return fn
+
+
 @cli.command()
 @click.argument("traces", type=click.Path(path_type=Path), nargs=-1)
 @click.option("--window", default="auto", show_default=True,
@@ -52,16 +71,7 @@ def cli() -> None:
 @click.option("--top", type=click.IntRange(min=1, max=1_000_000), default=10, show_default=True,
               help="rows per table in text and Markdown")
 @click.option("--progress/--no-progress", default=None, help="progress on stderr (default: when a terminal)")
-@click.option("--bench", type=click.Path(dir_okay=False, path_type=Path),
-              help="vllm bench JSON (throughput --output-json, serve --save-result)")
-@click.option("--vllm-log", type=click.Path(dir_okay=False, path_type=Path), help="vLLM server/engine log")
-@click.option("--metrics", type=click.Path(dir_okay=False, path_type=Path), multiple=True,
-              help="Prometheus text from /metrics; give two (before, after) for counter deltas")
-@click.option("--vllm-args", help='the flags vLLM ran with, e.g. "--max-num-seqs 64 --enforce-eager"')
-@click.option("--host", "host_json", type=click.Path(dir_okay=False, path_type=Path),
-              help="per-process CPU samples (host.json, written by profkit capture)")
-@click.option("--model-config", type=click.Path(dir_okay=False, path_type=Path),
-              help="the model's config.json (its shape: FLOPs and bytes per token, for MFU and MBU)")
+@evidence_options
 @click.option("--rules", "rules_dirs", type=click.Path(file_okay=False, path_type=Path), multiple=True,
               help="extra folder of rule YAML files")
 @click.option("--save", "save_db", type=click.Path(dir_okay=False, path_type=Path),
@@ -122,15 +132,7 @@ def report(traces: tuple[Path, ...], window: str, fmt: str, output: Path | None,
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "md", "html"]), default="text",
               show_default=True)
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="write here, not stdout")
-@click.option("--bench", type=click.Path(dir_okay=False, path_type=Path), help="vllm bench JSON")
-@click.option("--vllm-log", type=click.Path(dir_okay=False, path_type=Path), help="vLLM server/engine log")
-@click.option("--metrics", type=click.Path(dir_okay=False, path_type=Path), multiple=True,
-              help="Prometheus text from /metrics (before, after)")
-@click.option("--vllm-args", help="the flags vLLM ran with")
-@click.option("--host", "host_json", type=click.Path(dir_okay=False, path_type=Path),
-              help="per-process CPU samples (written by profkit capture)")
-@click.option("--model-config", type=click.Path(dir_okay=False, path_type=Path),
-              help="the model's config.json (its shape)")
+@evidence_options
 @click.option("--noise", default=None, help="the run-to-run spread to assume, e.g. 3% (default: 3%)")
 @click.option("--search", "do_search", is_flag=True, help="no CHANGES: the best values the model finds")
 @click.option("--slo", "slos", multiple=True, help="with --search: a bound a configuration must meet, e.g. "

@@ -18,25 +18,28 @@ _FLOAT = re.compile(r"[+-]?(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)(?:\.[0-9]+)?(?:[e
                     r"|[+-]?\.[0-9]+(?:[eE][+-]?[0-9]{1,3})?")
 
 
-def parse_int(text: Any) -> int | None:
-    """`"1,234"` -> 1234; None for anything that is not a plainly written integer of at most MAX_DIGITS digits."""
+def _plain(text: Any, pattern: re.Pattern[str]) -> str | None:
+    """`text` stripped, where it is a string written as `pattern` with at most MAX_DIGITS digits; its separators
+    dropped."""
     if not isinstance(text, str) or len(text) > 2 * MAX_DIGITS:
         return None
     text = text.strip()
-    if not _INT.fullmatch(text) or sum(c.isdigit() for c in text) > MAX_DIGITS:
+    if not pattern.fullmatch(text) or sum(c.isdigit() for c in text) > MAX_DIGITS:
         return None
-    return int(text.replace(",", ""))
+    return text.replace(",", "")
+
+
+def parse_int(text: Any) -> int | None:
+    """`"1,234"` -> 1234; None for anything that is not a plainly written integer of at most MAX_DIGITS digits."""
+    plain = _plain(text, _INT)
+    return None if plain is None else int(plain)
 
 
 def parse_float(text: Any) -> float | None:
     """`"12.5"`, `"1,024.0"`, `"3e9"` -> a finite float; None for `"..."`, `"1..2"`, `"nan"`, `"1,2,,3"`, text."""
-    if not isinstance(text, str) or len(text) > 2 * MAX_DIGITS:
-        return None
-    text = text.strip()
-    if not _FLOAT.fullmatch(text) or sum(c.isdigit() for c in text) > MAX_DIGITS:
-        return None
-    value = float(text.replace(",", ""))
-    return value if math.isfinite(value) else None
+    plain = _plain(text, _FLOAT)
+    value = None if plain is None else float(plain)
+    return value if value is not None and math.isfinite(value) else None
 
 
 def json_int(value: Any) -> int | None:

@@ -43,27 +43,28 @@ def _table() -> list[dict[str, Any]]:
     return json.loads(PEAKS.read_text(encoding="utf-8"))["gpus"]
 
 
-def gpu_peak(name: str | None) -> dict[str, Any] | None:
-    """The GPU's dense peaks by its reported name (`NVIDIA H100 80GB HBM3`), or None when not in the table."""
+def _gpu_row(name: str | None) -> dict[str, Any] | None:
+    """The peak table's row for a GPU's reported name (`NVIDIA H100 80GB HBM3`): lowercased, 'nvidia ' dropped, the
+    first row that matches."""
     if not name:
         return None
     key = name.lower().strip().removeprefix("nvidia ").strip()
-    for row in _table():
-        if any((key == m) if row.get("exact") else (m in key) for m in row["match"]):
-            return {"name": row["name"], "bf16_tflops": row["bf16_tflops"], "fp8_tflops": row["fp8_tflops"],
-                    "bandwidth_tbs": row["bandwidth_tbs"], "source": row["source"]}
-    return None
+    return next((row for row in _table()
+                 if any((key == m) if row.get("exact") else (m in key) for m in row["match"])), None)
+
+
+def gpu_peak(name: str | None) -> dict[str, Any] | None:
+    """The GPU's dense peaks by its reported name, or None when not in the table."""
+    row = _gpu_row(name)
+    return None if row is None else {"name": row["name"], "bf16_tflops": row["bf16_tflops"],
+                                     "fp8_tflops": row["fp8_tflops"], "bandwidth_tbs": row["bandwidth_tbs"],
+                                     "source": row["source"]}
 
 
 def gpu_memory_bytes(name: str | None) -> float | None:
     """The GPU's memory by its reported name (the peak table's, decimal GB), or None when not in the table."""
-    if not name:
-        return None
-    key = name.lower().strip().removeprefix("nvidia ").strip()
-    for row in _table():
-        if any((key == m) if row.get("exact") else (m in key) for m in row["match"]):
-            return row["memory_gb"] * 1e9 if row.get("memory_gb") else None
-    return None
+    row = _gpu_row(name)
+    return row["memory_gb"] * 1e9 if row and row.get("memory_gb") else None
 
 
 def weight_bits(model: ModelShape | None, quantization: Any) -> int | None:
