@@ -8,7 +8,7 @@ import jinja2
 
 from profkit import escape, units
 from profkit.render.efficiency import PRECISION_NOTE, efficiency_view
-from profkit.render.prediction import prescription_view
+from profkit.render.prescription import prescription_view
 from profkit.render.ranks import rank_table
 from profkit.resources import shipped_dir
 

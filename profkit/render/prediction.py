@@ -8,25 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from profkit.escape import document, terminal
-
-NAMES = {"request_throughput": ("requests/s", "{:,.2f}"), "output_throughput": ("output tokens/s", "{:,.0f}"),
-         "ttft_mean_ms": ("mean TTFT (ms)", "{:,.0f}"), "tpot_mean_ms": ("mean TPOT (ms)", "{:,.1f}")}
-
-
-def _fmt(name: str, value: float | None) -> str:
-    return "-" if value is None else NAMES[name][1].format(value)
-
-
-def metric_rows(predicted: dict[str, Any]) -> list[dict[str, str]]:
-    rows = []
-    for name, m in predicted.items():
-        if name not in NAMES:
-            continue
-        before, mid = m.get("before"), m.get("predicted")
-        change = f"{(mid / before - 1) * 100:+.0f}%" if before and mid is not None else "-"
-        rows.append({"metric": NAMES[name][0], "before": _fmt(name, before), "predicted": _fmt(name, mid),
-                     "range": f"{_fmt(name, m.get('low'))} - {_fmt(name, m.get('high'))}", "change": change})
-    return rows
+from profkit.render.prescription import fmt_metric, metric_rows, metric_table
 
 
 def prediction_view(doc: dict[str, Any]) -> dict[str, Any]:
@@ -46,14 +28,6 @@ def prediction_view(doc: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _table(rows: list[dict[str, str]]) -> list[str]:
-    cols = ("metric", "before", "predicted", "range", "change")
-    widths = {c: max([len(c), *(len(terminal(r[c])) for r in rows)]) for c in cols}
-    lines = ["  " + "  ".join(c.ljust(widths[c]) for c in cols).rstrip()]
-    lines += ["  " + "  ".join(terminal(r[c]).ljust(widths[c]) for c in cols).rstrip() for r in rows]
-    return lines
-
-
 def search_rows(doc: dict[str, Any]) -> list[dict[str, str]]:
     """`--search`'s configurations, best first: the changes, each metric predicted (its range), the limit after."""
     rows = []
@@ -61,11 +35,11 @@ def search_rows(doc: dict[str, Any]) -> list[dict[str, str]]:
         m = p.get("metrics") or {}
         rt, ttft, tpot = (m.get(k) or {} for k in ("request_throughput", "ttft_mean_ms", "tpot_mean_ms"))
         rows.append({"rank": str(i), "changes": p.get("changes_text") or "",
-                     "requests/s": f"{_fmt('request_throughput', rt.get('predicted'))} "
-                                   f"({_fmt('request_throughput', rt.get('low'))}-"
-                                   f"{_fmt('request_throughput', rt.get('high'))})",
-                     "mean TTFT (ms)": _fmt("ttft_mean_ms", ttft.get("predicted")),
-                     "mean TPOT (ms)": _fmt("tpot_mean_ms", tpot.get("predicted")),
+                     "requests/s": f"{fmt_metric('request_throughput', rt.get('predicted'))} "
+                                   f"({fmt_metric('request_throughput', rt.get('low'))}-"
+                                   f"{fmt_metric('request_throughput', rt.get('high'))})",
+                     "mean TTFT (ms)": fmt_metric("ttft_mean_ms", ttft.get("predicted")),
+                     "mean TPOT (ms)": fmt_metric("tpot_mean_ms", tpot.get("predicted")),
                      "limit after": (p.get("limit") or {}).get("after") or "",
                      "trades": "; ".join(p.get("trades") or [])})
     return rows
@@ -91,7 +65,7 @@ def render_prediction_text(doc: dict[str, Any]) -> str:
     v = prediction_view(doc)
     out = [f"profkit predict: {terminal(v['source'] or '')}", f"  changes: {terminal(v['changes'])}",
            f"  limit: {terminal(v['limit_before'])} -> {terminal(v['limit_after'])}", ""]
-    out += _table(v["rows"])
+    out += metric_table(v["rows"])
     out += ["", "Why:"] + [f"  - {terminal(r)}" for r in v["reasoning"]]
     if v["trades"]:
         out += ["Trades:"] + [f"  - {terminal(t)}" for t in v["trades"]]
@@ -120,36 +94,3 @@ def render_prediction_html(doc: dict[str, Any]) -> str:
             v=None, rows=search_rows(doc), source=(doc.get("source") or {}).get("path")))
 
     return document(html.environment().get_template("prediction.html.j2").render(v=prediction_view(doc)))
-
-
-def prescription_view(report: dict[str, Any]) -> dict[str, Any] | None:
-    """The report's lead: what limits the run, and the one prescription with its predicted effect (None: the report
-    has none)."""
-    p = report.get("prescription")
-    if not p:
-        return None
-    predicted = p.get("predicted") or {}
-    changes = [{"flag": c["flag"], "from": "(default)" if c.get("from") is None else str(c["from"]),
-                "to": "(removed)" if c.get("to") is None else str(c["to"]), "trades": c.get("trades")}
-               for c in p.get("changes") or []]
-    return {"limit": p.get("limit"), "limit_after": predicted.get("limit_after"), "changes": changes,
-            "rows": metric_rows({k: v for k, v in predicted.items() if isinstance(v, dict)}),
-            "reasoning": list(p.get("reasoning") or []), "answers": list(p.get("answers") or []),
-            "note": p.get("note")}
-
-
-def prescription_lines(report: dict[str, Any]) -> list[str]:
-    """The prescription as the text report leads with it."""
-    v = prescription_view(report)
-    if v is None:
-        return []
-    out = [f"Verdict: the limit is {terminal(v['limit'] or 'not modelled')}"]
-    if v["note"]:
-        return [*out, f"  {terminal(v['note'])}", ""]
-    out.append("Prescription (the model of this run chose these values and predicts):")
-    out += [f"  {terminal(c['flag'])} {terminal(c['from'])} -> {terminal(c['to'])}"
-            + (f"  [{terminal(c['trades'])}]" if c["trades"] else "") for c in v["changes"]]
-    out += _table(v["rows"])
-    out.append(f"  then the limit: {terminal(v['limit_after'] or '?')}; answers {terminal(', '.join(v['answers']))}")
-    out += [f"  - {terminal(r)}" for r in v["reasoning"]]
-    return out + [""]

@@ -7,7 +7,7 @@ from typing import Any
 
 from profkit.escape import document, terminal
 from profkit.render.efficiency import PRECISION_NOTE, efficiency_view
-from profkit.render.prediction import prescription_lines
+from profkit.render.prescription import prescription_lines
 from profkit.render.ranks import rank_table
 from profkit.units import change_from, change_to, clip, ns, pct, size
 

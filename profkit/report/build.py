@@ -35,24 +35,12 @@ from profkit.evidence.bench import BenchResult
 from profkit.evidence.folder import CaptureFolder
 from profkit.evidence.record import Evidence
 from profkit.report.model import SCHEMA, Report, RunSection
+from profkit.report.options import ReportOptions
 from profkit.report.trace_part import trace_sections
 from profkit.vllm.command import VllmCommand, dest_of
 
 Progress = Callable[[str], None]
 TraceInput = str | os.PathLike | Sequence[str | os.PathLike] | None
-
-
-class ReportOptions(msgspec.Struct, frozen=True, kw_only=True):
-    """How the traces are analysed and judged: the window (all | auto | nvtx:NAME | START_NS:END_NS), the
-    shortest GPU gap listed, the timeline's buckets, extra rule folders, and where several traces are analysed
-    (`jobs` local processes, default the cores; or tasks on the Dask scheduler at `dask`)."""
-
-    window: str = "auto"
-    gap_threshold_ns: int = 100_000
-    buckets: int = 100
-    rules_dirs: tuple[Path, ...] = ()
-    jobs: int | None = None
-    dask: str | None = None
 
 
 def build_report(traces: TraceInput = None, evidence: Evidence | None = None, options: ReportOptions | None = None,

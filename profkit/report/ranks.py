@@ -19,7 +19,7 @@ import msgspec
 
 from profkit.analysis.sections import RankPart, TraceSections
 from profkit.errors import ProfkitError
-from profkit.report.build import ReportOptions
+from profkit.report.options import ReportOptions
 from profkit.report.trace_part import trace_sections
 from profkit.resources import process_context
 
