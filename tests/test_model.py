@@ -228,6 +228,33 @@ def test_tune_tries_the_lever_worth_most_first_and_skips_the_nudges(tmp_path: Pa
     assert nudges and all(c["skip"] for c in nudges)
 
 
+
+def test_tune_jumps_to_the_prescription_from_a_misconfigured_start(tmp_path: Path) -> None:
+    """The 14B run with --gpu-memory-utilization 0.6 (9.16 req/s; h100_model): its findings propose the FP8 pair
+    (kv-capacity-bound) and more memory (kv-preemption). Tune's first candidate is the two together, the memory
+    undone fully rather than stepped, with the report's own prescription's values, predicted above either alone."""
+    from profkit.diagnose.prescription import rank_candidates
+    from profkit.tune.loop import Config, allowed_flags, candidates
+    from profkit.vllm.command import UserCommand
+
+    with tarfile.open(DATA / "h100_model.tar.xz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    doc = build_report(tmp_path / "h100_model" / "gpu06" / "r1").document()
+    best = Config(UserCommand([], "test"))
+    best.diagnosis.append(doc)
+    queue = candidates(best, [], set(allowed_flags(None, allow_precision=True)))
+    ranked = rank_candidates(doc, queue, "request_throughput", noise=0.02)
+    first, singles = ranked[0], ranked[1:]
+    assert first["rule"] == "prescription" and set(first["answers"]) >= {"kv-capacity-bound", "kv-preemption"}
+    assert {c["flag"]: c["to"] for c in first["changes"]} == \
+        {c["flag"]: c["to"] for c in doc["prescription"]["changes"]}
+    assert {c["flag"]: c["to"] for c in first["changes"]}["--gpu-memory-utilization"] >= 0.85
+    assert first["undoes"] and first["predicted"]["gain"] > max(c["predicted"]["gain"] for c in singles) + 0.02
+    # without precision changes the jump is the memory alone: no combination is offered
+    queue = candidates(best, [], set(allowed_flags(None, allow_precision=False)))
+    assert rank_candidates(doc, queue, "request_throughput", noise=0.02)[0]["rule"] != "prescription"
+
+
 # ------------------------------------------------------------------- out of sample: recorded after the model
 
 @pytest.mark.parametrize(("base", "after", "changes", "tolerance"), [

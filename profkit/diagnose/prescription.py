@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from profkit.diagnose.engine import Finding
+from profkit.diagnose.rule_files import SEVERITY_ORDER
 from profkit.model.observe import Unobservable, observe
 from profkit.model.predict import DEFAULT_NOISE, MODELLED, Calibrated, Prediction, calibrate, predict
 from profkit.model.simulate import Infeasible
@@ -102,21 +103,7 @@ def prescribe(doc: dict[str, Any], findings: list[Finding], allow_precision: boo
             continue
         singles.append((_gain(p), changes, rules, p))
     singles.sort(key=lambda s: -s[0])
-    chosen: dict[str, Any] = {}
-    answers: list[str] = []
-    best: Prediction | None = None
-    gain = 0.0
-    for g, changes, rules, _ in singles:
-        if g < threshold or any(k in chosen for k in changes):
-            continue
-        trial = {**chosen, **changes}
-        try:
-            p = predict(cal, trial, noise=noise)
-        except Infeasible:
-            continue
-        if _gain(p) - gain >= threshold:
-            chosen, gain, best = trial, _gain(p), p
-            answers += [r for r in rules if r not in answers]
+    chosen, answers, best = combine(cal, [(g, changes, rules) for g, changes, rules, _ in singles], threshold, noise)
     if best is None:
         top = singles[0] if singles else None
         left = (f"; the best single change ({_describe(top[1])}) is predicted at {top[0] * 100:+.1f}% "
@@ -131,6 +118,30 @@ def prescribe(doc: dict[str, Any], findings: list[Finding], allow_precision: boo
                   if str(v).startswith("fp8") else None} for k, v in chosen.items()],
         predicted={**best.metrics, "limit_after": best.limit_after},
         reasoning=best.reasoning, answers=answers)
+
+
+def combine(cal: Calibrated, singles: list[tuple[float, dict[str, Any], list[str]]], threshold: float,
+            noise: float | None = None) -> tuple[dict[str, Any], list[str], Prediction | None]:
+    """Changes predicted alone ((gain, {dest: value}, rules), best first) combined greedily: each joins while the
+    combination, predicted as a whole, gains more than the noise over the set without it and touches no lever
+    already chosen. Returns the changes, the rules they answer and the combination's prediction (None: nothing
+    helps beyond the noise)."""
+    chosen: dict[str, Any] = {}
+    answers: list[str] = []
+    best: Prediction | None = None
+    gain = 0.0
+    for g, changes, rules in singles:
+        if g < threshold or any(k in chosen for k in changes):
+            continue
+        trial = {**chosen, **changes}
+        try:
+            p = predict(cal, _resolved(trial, cal), noise=noise)
+        except Infeasible:
+            continue
+        if _gain(p) - gain >= threshold:
+            chosen, gain, best = trial, _gain(p), p
+            answers += [r for r in rules if r not in answers]
+    return chosen, answers, best
 
 
 def _describe(changes: dict[str, Any]) -> str:
@@ -198,4 +209,32 @@ def rank_candidates(doc: dict[str, Any], queue: list[dict[str, Any]], objective:
         ranked.append((gain, {**cand, "changes": new_changes, "skip": gain < threshold,
                               "predicted": {**m, "gain": gain, "limit_after": p.limit_after}}))
     predicted = sorted((r for r in ranked if r[0] is not None), key=lambda r: -r[0])
-    return [c for _, c in predicted] + [c for g, c in ranked if g is None]
+    together = _together(cal, [c for _, c in predicted], objective, threshold, noise)
+    return together + [c for _, c in predicted] + [c for g, c in ranked if g is None]
+
+
+def _together(cal: Calibrated, ranked: list[dict[str, Any]], objective: str, threshold: float,
+              noise: float | None) -> list[dict[str, Any]]:
+    """The candidates the model predicts to help, combined as one jump (the prescription, within what tune may
+    change) when together they are predicted to gain more than the best alone by more than the noise: one server
+    start reaches what several single steps would. Empty when no such combination exists."""
+    helping = [c for c in ranked if not c["skip"]]
+    if len(helping) < 2:
+        return []
+    singles = [(c["predicted"]["gain"], {dest_of(ch["flag"]): ch["to"] for ch in c["changes"]}, [c["rule"]])
+               for c in helping]
+    chosen, rules, p = combine(cal, singles, threshold, noise)
+    if p is None or len(rules) < 2:
+        return []
+    m = p.metrics[objective]
+    gain = m["predicted"] / m["before"] - 1 if m["before"] else 0.0
+    if gain - helping[0]["predicted"]["gain"] < threshold:
+        return []
+    members = [c for c in helping if c["rule"] in rules]
+    changes = [ch for c in members for ch in c["changes"] if dest_of(ch["flag"]) in chosen]
+    return [{"rule": "prescription", "severity": min((c["severity"] for c in members), key=SEVERITY_ORDER.__getitem__),
+             "changes": changes, "gain": gain, "answers": rules,
+             "undoes": "; ".join(c["undoes"] for c in members if c.get("undoes")) or None,
+             "order": f"the model's prescription: {len(rules)} findings' changes together ({', '.join(rules)})",
+             "skip": False, "predicted": {**m, "gain": gain, "limit_after": p.limit_after}}]
+

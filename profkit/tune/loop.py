@@ -562,10 +562,12 @@ def dry_run_lines(opts: TuneOptions) -> list[str]:
     engine = opts.user.role("server") or opts.user.role("offline")
     mine = [f"{flag} {value}" for flag, value in _given(engine, allowed)
             if default_of(dest_of(flag), None) != value]
-    lines.append("order: first a change that undoes a flag you set away from vLLM's default"
+    lines.append("order: by the gain the model of the run predicts (re-calibrated after every kept run), the "
+                 "findings' changes together first where they are predicted to gain more than any alone; a change "
+                 "that undoes a flag you set away from vLLM's default"
                  + (f" (yours: {', '.join(mine)})" if mine else " (none in this command)")
-                 + "; then by expected gain (each finding's gain over the diagnosed run); tune.json says why each "
-                   "candidate came when it did")
+                 + " is undone fully, to the value the model picks; changes the model cannot predict come after, "
+                   "by each finding's expected gain; tune.json says why each candidate came when it did")
     return lines
 
 
