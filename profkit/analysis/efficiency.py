@@ -137,7 +137,7 @@ def efficiency_section(gpu_name: str | None, model: ModelShape | None, config: d
         out["model"] = {"path": model.path, "architecture": model.architecture, "matmul_params": model.matmul_params,
                         "weight_bytes": model.matmul_params * bits // 8 // tp if bits else None,
                         "kv_bytes_per_token": model.kv_bytes_per_token(kv) // tp if kv else None,
-                        "dense": model.dense}
+                        "dense": model.dense, "layers": model.layers}
     ok = seconds is not None and seconds > 0
     flops, read, write = (_delta(counters, f"vllm:estimated_{k}_per_gpu_total")
                           for k in ("flops", "read_bytes", "write_bytes"))

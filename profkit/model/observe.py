@@ -65,6 +65,7 @@ class Observation:
     matmul_params: float  # weights every token multiplies (per GPU)
     weight_bits: int
     layers_heads_dim: float  # layers x attention heads x head dim (per GPU): attention FLOPs per pair / 4
+    layers: int | None  # the model's layers (config.json)
     gpu: str | None
     phase_mfu: float | None = None  # the run's own prefill-bearing steps' MFU (vLLM's step annotations)
     phase_mbu: float | None = None  # its decode-only steps' MBU
@@ -127,7 +128,8 @@ def observe(doc: dict[str, Any]) -> Observation:
         request_rate=_num(bench.get("request_rate")), max_concurrency=int(concurrency) if concurrency else None,
         config=config, memory=memory, measured=measured, bandwidth_bps=bandwidth * 1e12,
         compute_flops=compute * 1e12, fp8_flops=fp8 * 1e12 if fp8 else None, matmul_params=params / tp,
-        weight_bits=int(bits), layers_heads_dim=_attention_width(eff, doc) / tp, gpu=gpu.get("name"),
+        weight_bits=int(bits), layers_heads_dim=_attention_width(eff, doc) / tp,
+        layers=int(_num(model.get("layers")) or 0) or None, gpu=gpu.get("name"),
         phase_mfu=_num((phases.get("prefill-bearing") or {}).get("mfu")),
         phase_mbu=_num((phases.get("decode-only") or {}).get("mbu")), decode_step_s=decode_step,
         host={k.removeprefix("host."): float(v) for k, v in facts.items()

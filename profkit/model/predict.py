@@ -34,9 +34,17 @@ DEFAULT_NOISE = 0.03
 # token costs 0.5-1.0x its 16-bit time.
 FP8_GEMM_SPEEDUP = (1.3, 1.7, 2.2)
 FP8_KV_TOKEN_COST = (1.0, 0.8, 0.5)
-# Launching a step's kernels one by one without CUDA graphs: kernels per layer x a launch each.
+# Launching a step's kernels one by one without CUDA graphs: kernels per layer x a launch each on the GPU's side...
 KERNELS_PER_LAYER, LAUNCH_S = 14, 5e-6
 GRAPH_OVERHEAD_S = 4e-4
+# ... and the engine core's CPU to issue them, per layer (PyTorch's eager dispatch of a layer's ops): the 1.1B shape
+# (16 layers) at 8 requests in flight took 9.9-13.7 ms a step eager against 2.5 ms with CUDA graphs
+# (tests/data/h100_tune_model, lb_*): 0.4-0.7 ms a layer, (low, middle, high), each end simulated. Read off the
+# same pair it predicts (P19): in-sample.
+EAGER_CPU_PER_LAYER_S = (4e-4, 5.5e-4, 7e-4)
+# A request's latency outside the engine's steps (HTTP, tokenising, the client's own work): fitted on the run as
+# what its mean TTFT exceeds the simulated one by, up to this much; a larger excess is the model's error.
+REQUEST_LATENCY_MAX_S = 0.2
 # The share of the KV cache an admission leaves free: vLLM's scheduler admits less eagerly than a greedy fill (a
 # greedy fill preempts 3x what the 14B run measured; 1 % reproduces it, and was vLLM V0's watermark). Fitted per run
 # where its preemptions are known.
@@ -67,6 +75,7 @@ class Calibrated:
     compute_factor: float
     baseline: SimResult
     fit_error: dict[str, float]  # |log(simulated / measured)| of each metric, fitted or not
+    request_latency_s: float = 0.0  # each request's TTFT outside the engine's steps (fitted; REQUEST_LATENCY_MAX_S)
 
 
 @dataclass
@@ -96,7 +105,13 @@ def _prior_cost(obs: Observation, eager: bool) -> StepCost:
     return StepCost(overhead_s=_overhead(eager, layers),
                     weights_s=weights / bw, token_s=2.0 * obs.matmul_params / flops,
                     kv_token_s=obs.memory.kv_bytes_per_token / bw, pair_s=4.0 * obs.layers_heads_dim / flops,
-                    cpu_step_s=CPU_STEP_S, cpu_seq_s=CPU_SEQ_S)
+                    cpu_step_s=_cpu_step(obs, eager), cpu_seq_s=CPU_SEQ_S)
+
+
+def _cpu_step(obs: Observation, eager: bool, per_layer: float = EAGER_CPU_PER_LAYER_S[1]) -> float:
+    """The engine core's CPU per step before calibration: scheduling and sampling, plus issuing every layer's
+    kernels one by one without CUDA graphs."""
+    return CPU_STEP_S + (per_layer * (obs.layers or 0) if eager else 0.0)
 
 
 def _overhead(eager: bool, layers: float) -> float:
@@ -162,9 +177,11 @@ def _fit(obs: Observation) -> Calibrated:
     error = {"elapsed": abs(math.log(sim.elapsed_s / m.elapsed_s))}
     if m.tpot_mean_s:
         error["tpot"] = abs(math.log(sim.tpot_mean_s / m.tpot_mean_s))
+    latency = 0.0
     if m.ttft_mean_s:
-        error["ttft"] = abs(math.log(max(sim.ttft_mean_s, 1e-6) / m.ttft_mean_s))
-    return Calibrated(obs, work, engine, cost, scale, scale, sim, error)
+        latency = min(max(m.ttft_mean_s - sim.ttft_mean_s, 0.0), REQUEST_LATENCY_MAX_S)
+        error["ttft"] = abs(math.log(max(sim.ttft_mean_s + latency, 1e-6) / m.ttft_mean_s))
+    return Calibrated(obs, work, engine, cost, scale, scale, sim, error, latency)
 
 
 # ------------------------------------------------------------------------------------------------- prediction
@@ -209,9 +226,15 @@ def predict(cal: Calibrated, changes: dict[str, Any], noise: float | None = None
     eager_after = bool(changes.get("enforce_eager", eager_before))
     layers = max(1.0, obs.layers_heads_dim / 5120.0)
     overhead = cost.overhead_s - _overhead(eager_before, layers) + _overhead(eager_after, layers)
+    # the engine core's CPU per step keeps the factor the run fitted on it; only the launches come or go (each end
+    # of their uncertain cost simulated)
+    cpu_steps = [cost.cpu_step_s * _cpu_step(obs, eager_after, e) / _cpu_step(obs, eager_before, e)
+                 for e in EAGER_CPU_PER_LAYER_S]
+    cpu_step = cpu_steps[1]
     if eager_after != eager_before:
-        reasoning.append(f"CUDA graphs {'off' if eager_after else 'on'}: each step's launch overhead "
-                         f"{cost.overhead_s * 1e3:.2f} → {overhead * 1e3:.2f} ms")
+        reasoning.append(f"CUDA graphs {'off' if eager_after else 'on'}: each step's launch overhead on the GPU "
+                         f"{cost.overhead_s * 1e3:.2f} → {overhead * 1e3:.2f} ms; the engine core's CPU per step "
+                         f"{cost.cpu_step_s * 1e3:.2f} → {cpu_step * 1e3:.2f} ms")
     base_cost = replace(cost, overhead_s=overhead)
     speedups = FP8_GEMM_SPEEDUP if fp8_weights else (1.0, 1.0, 1.0)
     kv_costs = FP8_KV_TOKEN_COST if fp8_kv else (1.0, 1.0, 1.0)
@@ -223,9 +246,9 @@ def predict(cal: Calibrated, changes: dict[str, Any], noise: float | None = None
                          "(half the bytes, dequantised as read)")
     runs = [simulate(work, new_engine, replace(base_cost, weights_s=base_cost.weights_s / (2 if fp8_weights else 1),
                                                 token_s=base_cost.token_s / g, pair_s=base_cost.pair_s / g,
-                                                kv_token_s=base_cost.kv_token_s * k))
-            for g, k in zip(speedups, kv_costs, strict=True)]
-    if not (fp8_weights or fp8_kv):
+                                                kv_token_s=base_cost.kv_token_s * k, cpu_step_s=c))
+            for g, k, c in zip(speedups, kv_costs, cpu_steps, strict=True)]
+    if not (fp8_weights or fp8_kv or eager_after != eager_before):
         runs = runs[:1]
     mid = runs[len(runs) // 2]
     caps_before, caps = host_ceilings(obs, {}, cal.baseline), host_ceilings(obs, changes, cal.baseline, mid)
@@ -239,15 +262,17 @@ def predict(cal: Calibrated, changes: dict[str, Any], noise: float | None = None
         spread += EXTRAPOLATED_CEILING  # a ceiling read off an unsaturated process, and an uncalibrated GPU
     metrics: dict[str, dict[str, float | None]] = {}
     measured = obs.measured
+    latency = {"ttft_mean_ms": cal.request_latency_s * 1e3}  # the same for every request, before and after
     base_values = _metrics(before, caps_before)
     for name, _ in METRICS:
-        values = [_metrics(r, caps)[name] for r in runs]
+        values = [_metrics(r, caps)[name] + latency.get(name, 0.0) for r in runs]
         meas = _measured(measured, name)
+        base = base_values[name] + latency.get(name, 0.0)
         # scale each simulated value by the measured/simulated ratio of the baseline: the fit's bias cancels
-        ratio = meas / base_values[name] if meas and base_values[name] else 1.0
+        ratio = meas / base if meas and base else 1.0
         scaled = [v * ratio for v in values]
         err = spread + (cal.fit_error.get("ttft", 0.0) if name == "ttft_mean_ms" else 0.0)
-        metrics[name] = {"before": meas, "predicted": _metrics(mid, caps)[name] * ratio,
+        metrics[name] = {"before": meas, "predicted": (_metrics(mid, caps)[name] + latency.get(name, 0.0)) * ratio,
                          "low": min(scaled) * math.exp(-err), "high": max(scaled) * math.exp(err)}
     limit_after = limit_of(mid, new_engine, work, caps)
     limit_before = limit_of(before, engine, work, caps_before)

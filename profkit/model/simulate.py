@@ -16,6 +16,7 @@ Pure and deterministic: the same inputs give the same run. One step costs a few 
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -92,6 +93,10 @@ def simulate(work: Workload, engine: Engine, cost: StepCost, max_steps: int = 2_
                          f"{engine.kv_tokens:,}")
     arrival = np.zeros(n) if not work.request_rate else np.arange(n) / work.request_rate
     cap = work.max_concurrency or n
+    # the client's free slots, by when each came free: a request held back by --max-concurrency is sent (and its
+    # TTFT starts, as vllm bench measures it) when a slot frees, not when it was due
+    slots = deque([0.0] * min(cap, n))
+    sent = np.zeros(n)
     need = np.full(n, prompt, dtype=np.int64)  # tokens to compute before the request decodes
     done = np.zeros(n, dtype=np.int64)  # of those, computed
     generated = np.zeros(n, dtype=np.int64)
@@ -111,6 +116,7 @@ def simulate(work: Workload, engine: Engine, cost: StepCost, max_steps: int = 2_
     while steps < max_steps:
         # arrivals: those due, within the client's concurrency
         while next_arrival < n and in_flight < cap and arrival[next_arrival] <= clock:
+            sent[next_arrival] = max(arrival[next_arrival], slots.popleft())
             waiting.append(next_arrival)
             next_arrival += 1
             in_flight += 1
@@ -205,13 +211,14 @@ def simulate(work: Workload, engine: Engine, cost: StepCost, max_steps: int = 2_
             kv[r] = 0
             running.remove(r)
             in_flight -= 1
+            slots.append(clock)
         if free <= 0.01 * capacity:
             full_steps += 1
     if np.isnan(finish).any():
         raise ValueError(f"the simulation did not finish within {max_steps:,} steps")
     start = float(arrival.min())
     elapsed = float(finish.max()) - start
-    ttft = first - arrival
+    ttft = first - sent
     tpot = (finish - first) / max(out - 1, 1)
     return SimResult(
         elapsed_s=elapsed, request_throughput=n / elapsed, output_throughput=n * out / elapsed,
