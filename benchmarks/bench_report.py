@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-SHAPES = {"throughput": (REPO.parent / "shared" / "fixtures" / "h100_vllm" / "thr_graphs.sqlite.xz", "17,68,272"),
+SHAPES = {"throughput": (REPO / "tests" / "data" / "fixtures" / "h100_vllm" / "thr_graphs.sqlite.xz", "17,68,272"),
           "serve": (REPO / "tests" / "data" / "h100_serve_frontend_slice.sqlite.xz", "213")}
 TABLES = ["CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_MEMCPY",
           "CUPTI_ACTIVITY_KIND_MEMSET", "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", "NVTX_EVENTS", "SCHED_EVENTS",

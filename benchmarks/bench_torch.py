@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-DEFAULT_FIXTURE = next((REPO.parent / "shared" / "fixtures" / "h100_vllm" / "torch_profile").glob("rank0.*.json.gz"),
+DEFAULT_FIXTURE = next((REPO / "tests" / "data" / "fixtures" / "h100_vllm" / "torch_profile").glob("rank0.*.json.gz"),
                        None)
 HTA_SCRIPT = """
 import logging, sys

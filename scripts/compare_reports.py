@@ -28,7 +28,7 @@ import tarfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-FIXTURES = Path(os.environ.get("PROFKIT_FIXTURES", REPO.parent / "shared" / "fixtures"))
+FIXTURES = Path(os.environ.get("PROFKIT_FIXTURES", REPO / "tests" / "data" / "fixtures"))
 DATA = REPO / "tests" / "data"
 FORMATS = ("text", "json", "md", "html")
 TOY = ["chunked_prefill", "eager_b1", "eager_b64", "graphs_b1", "graphs_b64", "hostgap_b16", "prefill_long",

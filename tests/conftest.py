@@ -1,16 +1,15 @@
-"""Shared test fixtures: the real H100 traces in ../shared/fixtures, decompressed once per session."""
+"""Shared test fixtures: the real H100 traces in tests/data/fixtures, decompressed once per session."""
 
 from __future__ import annotations
 
 import lzma
-import os
 import shutil
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-FIXTURES = Path(os.environ.get("PROFKIT_FIXTURES", REPO.parent / "shared" / "fixtures"))
+FIXTURES = REPO / "tests" / "data" / "fixtures"
 GROUND_TRUTH = Path(__file__).resolve().parent / "ground_truth"
 TOY = ["chunked_prefill", "eager_b1", "eager_b64", "graphs_b1", "graphs_b64", "hostgap_b16",
        "prefill_long", "swap_b16", "sync_b16"]
@@ -27,7 +26,7 @@ def fixture_xz(name: str) -> Path:
 @pytest.fixture(scope="session")
 def trace_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if not FIXTURES.is_dir():
-        pytest.fail(f"fixtures not found at {FIXTURES} (set PROFKIT_FIXTURES)")
+        pytest.fail(f"fixtures not found at {FIXTURES}: the repository is incomplete")
     return tmp_path_factory.mktemp("traces")
 
 

@@ -91,7 +91,7 @@ def test_the_annotated_tokens_are_vllms_scheduled_tokens(runs: dict[str, Path], 
 
 def test_both_annotation_forms_parse() -> None:
     """The detailed form (detailed_trace_annotation) as vLLM 0.26 wrote it on the H100, and the short form of the
-    torch-profiler fixture (../shared/fixtures/h100_vllm/torch_profile)."""
+    torch-profiler fixture (tests/data/fixtures/h100_vllm/torch_profile)."""
     assert parse_step_name("execute_8192_context_9(sq8032sk8542sqsq7173376sqsk7679010)_generation_160(sq160sk"
                            "191420sqsq160sqsk191420)") == (9, 8032, 8542, 7173376, 7679010, 160, 160, 191420, 160,
                                                            191420)

@@ -4,7 +4,7 @@ order and a value of the column's type (or NULL where the column allows it) in e
 Real traces read here: nsys exports of the toy engine (eager_b1), of a frontend-bound `vllm serve` with the OS
 scheduler's context switches (tests/data/h100_serve_frontend_slice.sqlite.xz), of a GEMM loop with the GPU's
 counters sampled (tests/data/gpu_metrics/h100_gemm_copy.sqlite.xz); torch.profiler traces of the toy engine (eager,
-with swaps) and of a vLLM engine with step annotations (shared/fixtures). Each is checked through its first
+with swaps) and of a vLLM engine with step annotations (tests/data/fixtures). Each is checked through its first
 connection and through a reopened one (analyses run on both).
 """
 
