@@ -1,7 +1,7 @@
 """The `profkit.report/1` document as typed structures, built once (`profkit.report.build_report`) and never
 patched: one trace's sections (or the first rank's: `profkit.analysis.sections.Sections`), vLLM's evidence, the
 host samples, the facts, the findings with what the suggested command does with each change, and that command.
-`Report.document()` is the JSON contract (`../shared/DESIGN.md`); every renderer and comparison reads that
+`Report.document()` is the JSON contract (`docs/design.md`); every renderer and comparison reads that
 document."""
 
 from __future__ import annotations
