@@ -56,9 +56,10 @@ def _candidates(findings: list[Finding], cal: Calibrated) -> dict[tuple[str, Any
             if dest == "kv_cache_memory_bytes" and to is None:
                 to = "default"
             out.setdefault((dest, to), []).append(f.rule)
-            for value in TRIED.get(dest, ()):
-                if value != config.get(dest):
-                    out.setdefault((dest, value), [])
+            for value in TRIED.get(dest, ()):  # the model's own values answer the findings naming the lever
+                rules = out.setdefault((dest, value), []) if value != config.get(dest) else None
+                if rules is not None and f.rule not in rules:
+                    rules.append(f.rule)
     if ("quantization", "fp8") in out or ("kv_cache_dtype", "fp8") in out:
         out.setdefault(("fp8-pair", True), sorted({r for k, v in out.items() if k[1] == "fp8" for r in v}))
     return out

@@ -83,6 +83,10 @@ class Suggestion:
                     changes.append(c)
                 elif a.to == c.to:
                     changes.append(msgspec.structs.replace(c, action=a.action))
+                elif prescribed:  # one value per flag in the whole report: the model's, the rule's kept as a note
+                    changes.append(msgspec.structs.replace(c, to=a.to, action=a.action,
+                                                           note=f"the prescription's value (the model chose it; "
+                                                                f"the rule proposed {c.to})"))
                 else:
                     changes.append(msgspec.structs.replace(c, action="none", note=NOT_PRESCRIBED if prescribed
                                                            else "a more severe finding sets this flag"))
