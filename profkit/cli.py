@@ -14,24 +14,19 @@ from pathlib import Path
 
 import click
 
-from profkit import __version__
+from profkit import __version__, units
 from profkit.errors import ProfkitError
 from profkit.escape import one_line, shell_word, terminal
 from profkit.inputs import refuse_overwrite
 from profkit.render import render
 
-_UNITS = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
-
 
 def parse_duration(text: str) -> int:
-    """'100us', '1.5ms', '2s', '500000' (ns) -> integer nanoseconds."""
-    m = re.fullmatch(r"\s*([0-9]{0,15}\.?[0-9]{1,15})\s*(ns|us|ms|s)?\s*", text)
-    if not m:
-        raise click.BadParameter(f"{text!r}: expected a duration such as 100us, 2ms or 1s")
-    value = int(float(m.group(1)) * _UNITS[m.group(2) or "ns"])
-    if value >= 1 << 62:
-        raise click.BadParameter(f"{text!r}: longer than any trace (at most about 146 years)")
-    return value
+    """'100us', '1.5ms', '2s' -> integer nanoseconds (units.parse_duration), as a Click error."""
+    try:
+        return units.parse_duration(text)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 @click.group()
@@ -62,9 +57,9 @@ def evidence_options(fn: Callable) -> Callable:
 @cli.command()
 @click.argument("traces", type=click.Path(path_type=Path), nargs=-1)
 @click.option("--window", default="auto", show_default=True,
-              help="all | auto (the benchmark phase) | nvtx:NAME | START_NS:END_NS")
+              help="all | auto (the benchmark phase) | nvtx:NAME | START:END with units, e.g. 1.5s:4s")
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "md", "html"]), default="text",
-              show_default=True)
+              show_default=True, help="text for the terminal, md for a ticket, html (self-contained), json")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="write here, not stdout")
 @click.option("--gap-threshold", default="100us", show_default=True,
               help="list GPU gaps at least this long (e.g. 100us, 1ms, 500ms)")
@@ -130,7 +125,7 @@ def report(traces: tuple[Path, ...], window: str, fmt: str, output: Path | None,
 @click.argument("run", required=False)
 @click.argument("changes", nargs=-1, type=click.UNPROCESSED)
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "md", "html"]), default="text",
-              show_default=True)
+              show_default=True, help="text for the terminal, md for a ticket, html (self-contained), json")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="write here, not stdout")
 @evidence_options
 @click.option("--noise", default=None, help="the run-to-run spread to assume, e.g. 3% (default: 3%)")
@@ -174,7 +169,7 @@ def predict_cmd(run: str | None, changes: tuple[str, ...], fmt: str, output: Pat
 @click.argument("before")
 @click.argument("after")
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "md", "html"]), default="text",
-              show_default=True)
+              show_default=True, help="text for the terminal, md for a ticket, html (self-contained), json")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="write here, not stdout")
 @click.option("--noise", default="5%", show_default=True,
               help="threshold assumed where a side has a single run (replicates measure it)")
@@ -209,7 +204,8 @@ def diff_cmd(before: str, after: str, fmt: str, output: Path | None, noise: str,
 
 @cli.command("history")
 @click.argument("db", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--format", "fmt", type=click.Choice(["text", "json", "md"]), default="text", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "md"]), default="text", show_default=True,
+              help="text for the terminal, md for a ticket, json")
 @click.option("--label", help="only runs with this label")
 @click.option("--last", type=click.IntRange(min=1), help="only the newest N runs")
 def history_cmd(db: Path, fmt: str, label: str | None, last: int | None) -> None:
@@ -269,8 +265,11 @@ def serve_run_options(fn: Callable) -> Callable:
         click.option("--model", help="serve: the model to serve and benchmark"),
         click.option("--server-args", default="", help='serve: flags for vllm serve, e.g. "--max-num-seqs 64"'),
         click.option("--bench-args", default="", help='serve: flags for vllm bench serve, e.g. "--num-prompts 200"'),
-        click.option("--port", type=int, default=8000, show_default=True),
-        click.option("--health-timeout", type=float, default=600, show_default=True),
+        click.option("--port", type=int, default=8000, show_default=True,
+                     help="serve: the port the server listens on and the benchmark client targets"),
+        click.option("--health-timeout", type=float, default=600, show_default=True,
+                     help="serve: seconds to wait for the server's /health before giving up (start-up of a large "
+                          "model with compilation takes minutes)"),
         click.argument("command", nargs=-1, type=click.UNPROCESSED),
     ]):
         fn = option(fn)
@@ -352,8 +351,9 @@ def capture(tool: str, out: Path | None, dry_run: bool, capture_range: bool, del
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="tune folder (default: tune-YYYYmmdd-HHMMSS)")
 @click.option("--dry-run", is_flag=True, help="print the baseline run, the settings and the flags tune may change")
-@click.option("--nsys", "nsys_exe", default="nsys", show_default=True)
-@click.option("--rules", "rules_dirs", type=click.Path(file_okay=False, path_type=Path), multiple=True)
+@click.option("--nsys", "nsys_exe", default="nsys", show_default=True, help="nsys executable")
+@click.option("--rules", "rules_dirs", type=click.Path(file_okay=False, path_type=Path), multiple=True,
+              help="extra folder of rule YAML files")
 @click.option("--allow-precision-changes", "allow_precision", is_flag=True,
               help="also try changes that alter the model's numerics (FP8 weights or KV cache, quantization); "
                    "check accuracy before shipping what it finds")
@@ -411,7 +411,8 @@ def rules() -> None:
 
 
 @rules.command("list")
-@click.option("--rules", "rules_dirs", type=click.Path(file_okay=False, path_type=Path), multiple=True)
+@click.option("--rules", "rules_dirs", type=click.Path(file_okay=False, path_type=Path), multiple=True,
+              help="extra folder of rule YAML files")
 def rules_list(rules_dirs: tuple[Path, ...]) -> None:
     """Every rule: id, severity, title."""
     from profkit.diagnose.rule_files import load_rules
@@ -422,7 +423,8 @@ def rules_list(rules_dirs: tuple[Path, ...]) -> None:
 
 @rules.command("explain")
 @click.argument("rule_id")
-@click.option("--rules", "rules_dirs", type=click.Path(file_okay=False, path_type=Path), multiple=True)
+@click.option("--rules", "rules_dirs", type=click.Path(file_okay=False, path_type=Path), multiple=True,
+              help="extra folder of rule YAML files")
 def rules_explain(rule_id: str, rules_dirs: tuple[Path, ...]) -> None:
     """What a rule looks for, its thresholds and their sources, and the flags it changes."""
     from profkit.diagnose.explain import explain

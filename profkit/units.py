@@ -5,6 +5,8 @@ templates and the comparison all read their numbers through here)."""
 
 from __future__ import annotations
 
+import re
+
 
 def ns(value: float | int | None) -> str:
     """Nanoseconds as the largest unit that keeps the number >= 1: 1.23 ms, 456 us, 12.0 s."""
@@ -71,3 +73,30 @@ def metric_value(name: str, value: float | None) -> str:
     if name.endswith("_ns"):
         return ns(value)
     return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+
+
+GAP_CLASS_LABELS = {"lt_20us": "< 20 us", "20us_1ms": "20 us - 1 ms", "1ms_100ms": "1 - 100 ms",
+                    "ge_100ms": ">= 100 ms"}
+
+
+def gap_class(key: str) -> str:
+    """A gap-size class as a reader says it (`lt_20us` -> `< 20 us`), the same in every format."""
+    return GAP_CLASS_LABELS.get(key, key.replace("_", " "))
+
+
+DURATION_UNITS = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
+_DURATION = re.compile(r"\s*([0-9]{0,15}\.?[0-9]{1,15})\s*(ns|us|ms|s)?\s*")
+
+
+def parse_duration(text: str) -> int:
+    """'100us', '1.5ms', '2s', '500000ns' -> integer nanoseconds. A bare number is refused (ValueError, the message
+    says why): 5 could mean 5 ns or 5 s."""
+    m = _DURATION.fullmatch(text)
+    if not m:
+        raise ValueError(f"{text!r}: expected a duration such as 100us, 2ms or 1s")
+    if not m.group(2):
+        raise ValueError(f"{text!r}: give a unit (ns, us, ms or s), e.g. {m.group(1)}ns or {m.group(1)}ms")
+    value = int(float(m.group(1)) * DURATION_UNITS[m.group(2)])
+    if value >= 1 << 62:
+        raise ValueError(f"{text!r}: longer than any trace (at most about 146 years)")
+    return value

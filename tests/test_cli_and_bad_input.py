@@ -53,7 +53,7 @@ def test_window_options(sqlite_path) -> None:
     nvtx = json.loads(profkit("report", path, "--window", "nvtx:prefill", "--format", "json").stdout)
     assert nvtx["window"]["how"] == "nvtx:prefill"
     assert nvtx["window"]["duration_ns"] == 20464823 - 13687553  # the prefill range in NVTX_EVENTS
-    explicit = json.loads(profkit("report", path, "--window", "13687553:20464823", "--format", "json").stdout)
+    explicit = json.loads(profkit("report", path, "--window", "13687553ns:20464823ns", "--format", "json").stdout)
     assert explicit["facts"]["kernels.count"] == nvtx["facts"]["kernels.count"]
     one_error_line(profkit("report", path, "--window", "nvtx:nope"), "no NVTX range")
     one_error_line(profkit("report", path, "--window", "banana"), "expected all, auto")

@@ -3,6 +3,8 @@ it changes."""
 
 from __future__ import annotations
 
+import re
+
 from profkit.diagnose.rule_files import Rule, fact_names
 from profkit.escape import terminal
 
@@ -30,6 +32,21 @@ def explain(rule: Rule) -> str:
         lines += ["", "  flag changes:"]
         for c in rule.changes:
             cond = f" (when {c.when})" if c.when else ""
-            to = "(removed)" if c.to is None else c.to
-            lines.append(f"    {c.flag} -> {to}{cond}: {' '.join(c.why.split())}")
+            to = "(removed)" if c.to is None else readable(str(c.to))
+            lines.append(f"    {c.flag} -> {to}{cond}: {readable(' '.join(c.why.split()))}")
     return "\n".join(terminal(line) for line in lines)
+
+
+_FACT = re.compile(r"f\[\s*['\"]([^'\"]+)['\"]\s*\]")
+_FORMAT_FILTER = re.compile(r"\s*\|\s*(?:num|pct|int|float|round|ns|bytes)\b(?:\([^)]*\))?")
+_LIST_FILTER = re.compile(r"^\[(.*)\]\s*\|\s*(max|min)$")
+
+
+def readable(template: str) -> str:
+    """A rule file's Jinja value as a reader says it: `{{ f['config.max_num_seqs'] * 2 }}` reads
+    `config.max_num_seqs × 2`, `{{ [a, b] | max }}` reads `max(a, b)`; formatting filters and `{% %}` tags go."""
+    def expression(m: re.Match[str]) -> str:
+        text = _FORMAT_FILTER.sub("", _FACT.sub(r"\1", m.group(1))).strip()
+        text = _LIST_FILTER.sub(r"\2(\1)", text)
+        return text.replace(" * ", " × ").replace(" // ", " ÷ ").replace(" / ", " ÷ ")
+    return re.sub(r"\{%.*?%\}", "", re.sub(r"\{\{(.*?)\}\}", expression, template, flags=re.S), flags=re.S)

@@ -7,11 +7,15 @@ it writes into the SVG, so kernel names from the trace stay text.
 from __future__ import annotations
 
 import io
+import logging
 from typing import Any
 
 import matplotlib
 
 matplotlib.use("svg")  # no display, no raster backend needed
+# The SVG backend looks up the math fonts it embeds once per process and logs each family a slim install lacks;
+# text stays text (svg.fonttype none) and falls back to DejaVu Sans, so the lines say nothing to the reader.
+logging.getLogger("matplotlib.font_manager").setLevel(logging.ERROR)
 
 import matplotlib.pyplot as plt  # noqa: E402
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from profkit.escape import document, terminal
-from profkit.units import clip, flag_value, metric_value, ns, pct
+from profkit.units import clip, flag_value, gap_class, metric_value, ns, pct
 
 ARROW = {"better": "better", "worse": "WORSE", "within noise": "within noise", "same": "same", "changed": "changed"}
 ARROWS = {"better": "▲", "worse": "▼", "within noise": "≈", "same": "=", "changed": "↔"}
@@ -21,7 +21,7 @@ def _flag(v: Any) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
     if v is None:
-        return "(removed)"
+        return "not set"
     return str(v)
 
 
@@ -112,7 +112,7 @@ def render_diff_text(doc: dict[str, Any], top: int = 10) -> str:
         out.append(f"GPU (windows {ns(w['before_ns'])} vs {ns(w['after_ns'])}: {terminal(w['compared'])})")
         out.append(f"  utilization {pct(gpu['utilization']['before'])} -> {pct(gpu['utilization']['after'])}")
         for g in gpu["idle_by_gap_class"]:
-            out.append(f"  idle in gaps {g['class'].replace('_', ' '):10} {pct(g['before_share'])} -> "
+            out.append(f"  idle in gaps {gap_class(g['class']):12} {pct(g['before_share'])} -> "
                        f"{pct(g['after_share'])} of the window")
         out.append("  time by category (share of window)")
         for c in gpu["categories"][:top]:
@@ -131,7 +131,7 @@ def render_diff_markdown(doc: dict[str, Any], top: int = 10) -> str:
     from profkit.render import markdown
 
     env = markdown.environment()
-    env.filters.update(metric=metric_value, change=change_text, flag=flag_value)
+    env.filters.update(metric=metric_value, change=change_text, flag=flag_value, gap_class=gap_class)
     return document(env.get_template("diff.md.j2").render(d=doc, verdict=verdict_sentence(doc), top=top))
 
 
@@ -147,6 +147,6 @@ def render_diff_html(doc: dict[str, Any]) -> str:
             svgs["kernels"] = charts.delta_chart(doc["gpu"]["kernels"]["rows"], "name", "kernel time")
     svgs = {k: jinja2.filters.Markup(v) for k, v in svgs.items()}  # matplotlib escaped the labels
     env = html.environment()
-    env.filters.update(metric=metric_value, change=change_text, flag=flag_value)
+    env.filters.update(metric=metric_value, change=change_text, flag=flag_value, gap_class=gap_class)
     return document(env.get_template("diff.html.j2").render(d=doc, verdict=verdict_sentence(doc), charts=svgs,
                                                             arrows=ARROWS))

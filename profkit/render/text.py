@@ -9,7 +9,7 @@ from profkit.escape import document, terminal
 from profkit.render.efficiency import PRECISION_NOTE, efficiency_view
 from profkit.render.prescription import prescription_lines
 from profkit.render.ranks import rank_table
-from profkit.units import change_from, change_to, clip, ns, pct, size
+from profkit.units import change_from, change_to, clip, gap_class, ns, pct, size
 
 
 def _table(rows: list[dict[str, Any]], columns: dict[str, Any], limit: int) -> str:
@@ -179,8 +179,8 @@ def render_text(report: dict[str, Any], top: int = 10, name_width: int = 70) -> 
         *([f"  TRACE INCONSISTENT: {terminal(src['inconsistent'])}"] if src.get("inconsistent") else []),
         f"  GPU utilization {pct(gpu['utilization'])}: busy {ns(gpu['busy_ns'])}, idle {ns(gpu['idle_ns'])}",
         f"  kernels {facts['kernels.count']:,} ({pct(facts['kernels.graph_share'])} from CUDA graphs, "
-        f"{pct(facts['kernels.short_share'])} shorter than 10 us); launch latency median "
-        f"{ns(facts['launch.latency_median_ns'])}",
+        f"{pct(facts['kernels.short_share'])} shorter than 10 us); launch call to kernel start median "
+        f"{ns(facts['launch.latency_median_ns'])} (queueing behind earlier GPU work included)",
         *outcome_lines(report),
         "",
     ]
@@ -206,7 +206,7 @@ def render_text(report: dict[str, Any], top: int = 10, name_width: int = 70) -> 
         "",
         "GPU idle by gap size",
         _table([{"class": k, **v} for k, v in report["gap_classes"].items()], {
-            "gap size": lambda r: r["class"].replace("_", " "), "gaps": lambda r: r["count"],
+            "gap size": lambda r: gap_class(r["class"]), "gaps": lambda r: r["count"],
             # idle summed over the GPUs: a share of their time (window x GPUs), as the gaps.*_idle_share facts
             "idle": lambda r: ns(r["idle_ns"]),
             "of window": lambda r: pct(r["idle_ns"] / max(1, gpu["busy_ns"] + gpu["idle_ns"])),
@@ -246,7 +246,8 @@ def _findings(report: dict[str, Any]) -> list[str]:
     if report.get("findings"):
         out.append("Findings")
         for f in report["findings"]:
-            out.append(f"  [{terminal(f['severity'])}] {terminal(f['title'])}: {terminal(f['summary'])}")
+            out.append(f"  [{terminal(f['severity'])}] {terminal(f['title'])} ({terminal(f['rule'])}): "
+                       f"{terminal(f['summary'])}")
             for c in f.get("changes", []):
                 action = f" [{terminal(c['action'])}]" if c.get("action") else ""
                 out.append(f"      {terminal(c['flag'])}: {terminal(change_from(c))} -> {terminal(change_to(c))}"

@@ -9,7 +9,7 @@ import msgspec
 
 
 class ReportOptions(msgspec.Struct, frozen=True, kw_only=True):
-    """How the traces are analysed and judged: the window (all | auto | nvtx:NAME | START_NS:END_NS), the
+    """How the traces are analysed and judged: the window (all | auto | nvtx:NAME | START:END with units), the
     shortest GPU gap listed, the timeline's buckets, extra rule folders, and where several traces are analysed
     (`jobs` local processes, default the cores; or tasks on the Dask scheduler at `dask`)."""
 

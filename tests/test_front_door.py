@@ -1,0 +1,139 @@
+"""The front door, as a newcomer meets it: the README's two commands and its demo, `python -m profkit`, help on
+every option, the library API, and one voice across formats (each item once through the CLI, on bundled real runs)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+
+from tests.cli import one_error_line, profkit
+
+REPO = Path(__file__).resolve().parent.parent
+KV_BOUND, PRESCRIBED = REPO / "samples" / "vllm_14b_kv_bound", REPO / "samples" / "vllm_14b_prescribed"
+OUTSIDE = "../" + "shared"  # the folder beside a developer's checkout, which a clone does not have
+
+
+def _bench(folder: Path) -> dict:
+    return json.loads((folder / "bench.json").read_text())
+
+
+def test_the_readme_fits_a_screen_or_two_and_has_exactly_two_set_up_commands() -> None:
+    text = (REPO / "README.md").read_text()
+    assert len(text.splitlines()) <= 120
+    setups = [b for b in re.findall(r"```\n(.*?)```", text, re.S) if "python3 -m venv" in b]
+    assert len(setups) == 2
+    demo, tests = setups
+    assert "profkit report samples/vllm_14b_kv_bound" in demo and "pytest" in tests
+    assert OUTSIDE not in text and "[capture]" in text
+    for link in re.findall(r"\]\(((?!https?://)[^)#]+)", text):  # every link names a file of the repository
+        assert (REPO / link).exists(), link
+
+
+def test_the_repository_stands_alone() -> None:
+    """No test, CI or docs file reaches outside the repository for its data."""
+    for path in [*REPO.glob("tests/*.py"), REPO / ".ci" / "run", *REPO.glob("docs/*.md"), REPO / "mkdocs.yml"]:
+        assert OUTSIDE not in path.read_text(), path
+
+
+def test_the_demo_prescribes_a_change_with_its_expected_effect() -> None:
+    """The README's first command, on a real 14B run on an H100: a verdict, a prescription with a predicted range,
+    and the range holds what the prescribed configuration measured (the second sample, same workload, same GPU)."""
+    text = profkit("report", KV_BOUND).stdout
+    assert "Verdict: the limit is the KV cache's size" in text
+    lead = text[text.index("Prescription"):text.index("Findings")]
+    assert "--kv-cache-dtype auto -> fp8" in lead and "--gpu-memory-utilization 0.6 -> 0.9" in lead
+    doc = json.loads(profkit("report", KV_BOUND, "--format", "json").stdout)
+    rt = doc["prescription"]["predicted"]["request_throughput"]
+    assert rt["before"] == _bench(KV_BOUND)["request_throughput"]
+    measured = _bench(PRESCRIBED)["request_throughput"]
+    assert rt["low"] <= measured <= rt["high"] and abs(rt["predicted"] / measured - 1) < 0.10
+    for fmt, marker in (("md", "Prescription"), ("html", "Prescription")):
+        out = profkit("report", KV_BOUND, "--format", fmt).stdout
+        assert marker in out and "19.29" in out
+
+
+def test_python_dash_m_profkit_is_the_command_line() -> None:
+    r = subprocess.run([sys.executable, "-m", "profkit", "--version"], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.startswith("profkit, version ")
+
+
+def test_every_option_says_what_it_does() -> None:
+    from profkit.cli import cli
+
+    missing = []
+
+    def walk(cmd: click.Command, path: str) -> None:
+        missing.extend(f"{path} {p.opts[0]}" for p in cmd.params if isinstance(p, click.Option) and not p.help)
+        if isinstance(cmd, click.Group):
+            for name, sub in cmd.commands.items():
+                walk(sub, f"{path} {name}")
+
+    walk(cli, "profkit")
+    assert missing == []
+
+
+def test_the_library_gives_what_the_command_prints() -> None:
+    from profkit.api import diff, predict, render, report
+
+    doc = report(KV_BOUND)
+    printed = json.loads(profkit("report", KV_BOUND, "--format", "json").stdout)
+    assert doc["prescription"] == printed["prescription"] and doc["findings"] == printed["findings"]
+    assert render(doc, "text").splitlines()[2:6] == profkit("report", KV_BOUND).stdout.splitlines()[2:6]
+    d = diff(KV_BOUND, PRESCRIBED)
+    row = next(m for m in d["metrics"] if m["name"] == "request_throughput")
+    assert row["after"] == _bench(PRESCRIBED)["request_throughput"]
+    p = predict(KV_BOUND, "--kv-cache-dtype fp8")
+    assert p["schema"] == "profkit.prediction/1" and p["changes"] == {"kv_cache_dtype": "fp8"}
+
+
+# ----------------------------------------------------------------------------------- one voice across formats
+
+def test_text_findings_name_their_rule(sqlite_path) -> None:
+    """`rules explain ID` needs the id: the text names it as Markdown and HTML do."""
+    doc = json.loads(profkit("report", KV_BOUND, "--format", "json").stdout)
+    text = profkit("report", KV_BOUND).stdout
+    for f in doc["findings"]:
+        assert f"] {f['title']} ({f['rule']})" in text
+
+
+def test_gap_sizes_read_as_a_reader_says_them() -> None:
+    trace = REPO / "samples" / "hostgap_b16.sqlite"
+    for fmt in ("text", "html"):
+        out = profkit("report", trace, "--format", fmt).stdout
+        assert "20 us - 1 ms" in out and "lt 20us" not in out and "ge 100ms" not in out
+
+
+def test_the_launch_figure_says_it_includes_queueing() -> None:
+    trace = REPO / "samples" / "hostgap_b16.sqlite"
+    for fmt in ("text", "md", "html"):
+        out = profkit("report", trace, "--format", fmt).stdout
+        assert "launch call to kernel start" in out and "launch latency" not in out
+
+
+def test_the_diff_verdict_says_not_set_for_a_flag_never_given() -> None:
+    line = next(x for x in profkit("diff", KV_BOUND, PRESCRIBED).stdout.splitlines() if x.startswith("AFTER: "))
+    assert line.startswith("AFTER: request_throughput +97 %")
+    assert "--kv-cache-dtype not set -> fp8" in line and "(removed)" not in line
+
+
+def test_durations_need_units() -> None:
+    trace = REPO / "samples" / "hostgap_b16.sqlite"
+    one_error_line(profkit("report", trace, "--gap-threshold", "5"), "give a unit")
+    one_error_line(profkit("report", trace, "--window", "13687553:20464823"), "with a unit")
+    ok = json.loads(profkit("report", trace, "--window", "1.5s:4s", "--format", "json").stdout)
+    assert (ok["window"]["start_ns"], ok["window"]["end_ns"]) == (1_500_000_000, 4_000_000_000)
+
+
+def test_rules_explain_reads_as_prose() -> None:
+    """A rule's computed values read as expressions over facts, not Jinja."""
+    ids = [line.split()[0] for line in profkit("rules", "list").stdout.splitlines() if line.strip()]
+    assert len(ids) > 10
+    for rule in ids:
+        out = profkit("rules", "explain", rule).stdout
+        assert "{{" not in out and "{%" not in out and "f['" not in out, rule
+    assert "--max-num-seqs -> config.max_num_seqs × 2" in profkit("rules", "explain", "host-gaps").stdout
