@@ -28,8 +28,13 @@ def test_reads_the_bundled_torch_sample() -> None:
     folder = CaptureFolder(SAMPLE)
     assert [p.relative_to(SAMPLE).parts[0] for p in folder.traces()] == [files.TORCH_DIR]
     assert folder.log_path.name == files.BENCH_LOG and folder.host() is None
-    # recorded through a wrapper script (`/tmp/vllmw`): no vLLM command to quote back, its flags still known
-    assert folder.user_command() is None
+    # recorded through a wrapper script (`/tmp/vllmw`) in vllm's place: the command is still the manifest's, with
+    # what capture added for the profiler and the folder taken off
+    user = folder.user_command()
+    assert user is not None and user.source.startswith("capture manifest")
+    assert user.commands[0].argv() == ["vllm", "bench", "throughput", "--model", "/tmp/tiny", "--dataset-name",
+                                       "random", "--random-input-len", "512", "--random-output-len", "32",
+                                       "--num-prompts", "32", "--max-model-len", "2048"]
     assert folder.manifest().vllm_args.startswith("--model /tmp/tiny --dataset-name random")
 
 

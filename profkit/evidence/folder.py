@@ -197,7 +197,10 @@ def manifest_user_command(m: CaptureManifest) -> UserCommand | None:
     found = []
     for line in m.commands or []:
         try:
-            cmd = VllmCommand.find_in(shlex.split(line, comments=True))
+            argv = shlex.split(line, comments=True)
+            cmd = VllmCommand.find_in(argv)
+            if cmd is None and len(argv) > 1 and argv[1] in ("bench", "serve"):
+                cmd = VllmCommand.find_in(["vllm", *argv[1:]])  # a wrapper script in vllm's place (/tmp/vllmw)
         except ValueError:
             continue
         if cmd:
