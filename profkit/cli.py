@@ -21,6 +21,20 @@ from profkit.inputs import refuse_overwrite
 from profkit.render import render
 
 
+def parse_window(text: str) -> str:
+    """--window START:END, each end a duration with a unit since the trace's clock began (1.5s:4s,
+    13687553ns:20464823ns), as the library's START_NS:END_NS; all, auto and nvtx:NAME pass through."""
+    spec = text.strip()
+    if spec in ("all", "auto") or spec.startswith("nvtx:") or ":" not in spec:
+        return spec
+    try:
+        start, end = (units.parse_duration(end) for end in spec.split(":", 1))
+    except ValueError as exc:
+        raise click.BadParameter(f"{text!r}: each end of START:END needs a unit, e.g. 1.5s:4s or "
+                                 f"13687553ns:20464823ns ({exc})", param_hint="--window") from None
+    return f"{start}:{end}"
+
+
 def parse_duration(text: str) -> int:
     """'100us', '1.5ms', '2s' -> integer nanoseconds (units.parse_duration), as a Click error."""
     try:
@@ -101,7 +115,8 @@ def report(traces: tuple[Path, ...], window: str, fmt: str, output: Path | None,
 
     show = sys.stderr.isatty() if progress is None else progress
     trace = list(traces) if len(traces) > 1 else (traces[0] if traces else None)
-    options = ReportOptions(window=window, gap_threshold_ns=parse_duration(gap_threshold), rules_dirs=rules_dirs,
+    options = ReportOptions(window=parse_window(window), gap_threshold_ns=parse_duration(gap_threshold),
+                            rules_dirs=rules_dirs,
                             jobs=jobs, dask=dask_address)
     evidence = Evidence.read(bench=bench, log=vllm_log, metrics=metrics, vllm_args=vllm_args,
                              model_config=model_config, host=host_json)

@@ -124,7 +124,7 @@ def test_the_diff_verdict_says_not_set_for_a_flag_never_given() -> None:
 def test_durations_need_units() -> None:
     trace = REPO / "samples" / "hostgap_b16.sqlite"
     one_error_line(profkit("report", trace, "--gap-threshold", "5"), "give a unit")
-    one_error_line(profkit("report", trace, "--window", "13687553:20464823"), "with a unit")
+    one_error_line(profkit("report", trace, "--window", "13687553:20464823"), "needs a unit")
     ok = json.loads(profkit("report", trace, "--window", "1.5s:4s", "--format", "json").stdout)
     assert (ok["window"]["start_ns"], ok["window"]["end_ns"]) == (1_500_000_000, 4_000_000_000)
 

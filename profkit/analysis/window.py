@@ -9,12 +9,12 @@ gpu_gaps` rule; the window is the last phase holding a real share of the GPU wor
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 
 from profkit.analysis.seq import seq_range
 from profkit.errors import ProfkitError
 from profkit.traces.schema import Trace
-from profkit.units import parse_duration
 
 PHASE_GAP_NS = 500_000_000  # nsys analyze gpu_gaps default threshold
 # A phase must hold this share of the busiest phase's GPU time to count as "the benchmark";
@@ -78,7 +78,8 @@ def gpu_span(trace: Trace) -> tuple[int, int]:
 
 
 def choose_window(trace: Trace, spec: str, phases: list[dict] | None = None) -> Window:
-    """Parse `--window` (all | auto | nvtx:NAME | START:END, each end a duration with a unit) into a `Window`."""
+    """Parse a window (all | auto | nvtx:NAME | START_NS:END_NS; the command line turns START:END with units
+    into nanoseconds) into a `Window`."""
     spec = (spec or "auto").strip()
     first, last = gpu_span(trace)
     if spec == "all":
@@ -88,17 +89,15 @@ def choose_window(trace: Trace, spec: str, phases: list[dict] | None = None) -> 
         return _auto_window(first, last, phases or [])
     if spec.startswith("nvtx:"):
         return _nvtx_window(trace, spec[5:])
-    if ":" in spec:
-        ends = spec.split(":", 1)
-        try:
-            start, end = (parse_duration(e) for e in ends)
-        except ValueError as exc:
-            raise ProfkitError(f"--window {spec!r}: each end is a time since the trace's start with a unit, e.g. "
-                               f"1.5s:4s or 13687553ns:20464823ns ({exc})") from None
+    m = re.fullmatch(r"(\d+)\s*:\s*(\d+)", spec)
+    if m:
+        start, end = int(m.group(1)), int(m.group(2))
         if end <= start:
             raise ProfkitError(f"--window {spec}: the end must come after the start")
+        if end >= 1 << 63:
+            raise ProfkitError(f"--window {spec}: past any trace timestamp (nanoseconds fit in 63 bits)")
         return Window(start, end, "explicit", f"{start} ns to {end} ns as given")
-    raise ProfkitError(f"--window {spec!r}: expected all, auto, nvtx:NAME or START:END (e.g. 1.5s:4s)")
+    raise ProfkitError(f"--window {spec!r}: expected all, auto, nvtx:NAME or START_NS:END_NS")
 
 
 def _auto_window(first: int, last: int, phases: list[dict]) -> Window:

@@ -17,11 +17,11 @@ VERDICT_METRICS = ("request_throughput", "output_throughput", "mean_ttft_ms", "p
                    "vllm.preemptions", "gpu.utilization")
 
 
-def _flag(v: Any) -> str:
+def _flag(v: Any, absent: str) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
     if v is None:
-        return "not set"
+        return absent
     return str(v)
 
 
@@ -49,7 +49,8 @@ def verdict_sentence(doc: dict[str, Any]) -> str:
     if findings["new"]:
         parts.append("new: " + ", ".join(findings["new"]))
     if flags:
-        parts.append("flags: " + ", ".join(f"{f['flag']} {_flag(f['before'])} -> {_flag(f['after'])}" for f in flags))
+        parts.append("flags: " + ", ".join(f"{f['flag']} {_flag(f['before'], 'not set')} -> "
+                                           f"{_flag(f['after'], '(removed)')}" for f in flags))
     n = noise["replicates"]
     parts.append(f"noise: {noise['measured_pct']:.1f} % on {noise['measured_metric']} measured over {n[0]}+{n[1]} "
                  "runs" if noise["measured_pct"] is not None else f"noise: {noise['assumed_pct']:g} % assumed "
