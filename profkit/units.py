@@ -100,3 +100,8 @@ def parse_duration(text: str) -> int:
     if value >= 1 << 62:
         raise ValueError(f"{text!r}: longer than any trace (at most about 146 years)")
     return value
+
+
+def number(value: float | int | None, decimals: int = 0) -> str:
+    """A count or measurement the same way in every format: thousands separated, `decimals` places."""
+    return "-" if value is None else f"{value:,.{decimals}f}"

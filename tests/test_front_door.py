@@ -137,3 +137,17 @@ def test_rules_explain_reads_as_prose() -> None:
         out = profkit("rules", "explain", rule).stdout
         assert "{{" not in out and "{%" not in out and "f['" not in out, rule
     assert "--max-num-seqs -> config.max_num_seqs × 2" in profkit("rules", "explain", "host-gaps").stdout
+
+
+def test_one_number_format_in_every_format() -> None:
+    """The same figure reads the same in text, Markdown and HTML: thousands separated, the same decimals."""
+    outs = {fmt: profkit("report", KV_BOUND, "--format", fmt).stdout for fmt in ("text", "md", "html")}
+    bench = _bench(KV_BOUND)
+    rps, p99 = f"{bench['request_throughput']:,.2f}", f"{bench['p99_ttft_ms']:,.1f}"
+    assert (rps, p99) == ("9.16", "35,110.6")
+    for fmt, out in outs.items():
+        assert rps in out and p99 in out and "35110" not in out, fmt
+    assert "output tok/s 2,346" in outs["text"]
+    trace = REPO / "samples" / "hostgap_b16.sqlite"
+    for fmt, shown in (("text", "kernels 9,127 ("), ("md", "· 9,127 kernels ("), ("html", "kernels<b>9,127</b>")):
+        assert shown in profkit("report", trace, "--format", fmt).stdout, fmt

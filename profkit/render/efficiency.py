@@ -53,8 +53,8 @@ def efficiency_view(report: dict[str, Any]) -> dict[str, Any] | None:
     else:
         peaks = f"{gpu.get('name') or 'the GPU'}: not in profkit's peak table (no MFU/MBU)"
     bits, kv = prec.get("weight_bits"), prec.get("kv_cache_bytes")
-    precision = ", ".join(p for p in (f"weights {bits}-bit" if bits else "", f"KV cache {kv} byte(s) per element"
-                                      if kv else "") if p)
+    kv_text = f"KV cache {kv} byte{'' if kv == 1 else 's'} per element" if kv else ""
+    precision = ", ".join(p for p in (f"weights {bits}-bit" if bits else "", kv_text) if p)
     labelled = [(label, eff.get(key), False) for key, label in ESTIMATES]
     phases = eff.get("phases") or {}
     labelled += [(f"{row['phase']} steps ({row['steps']:,}, {_num(row['seconds'])} s)", row, True)
@@ -109,7 +109,7 @@ def _metrics(gm: dict[str, Any] | None) -> dict[str, Any] | None:
     for name, by_metric in ranked[:TOP_CATEGORIES]:
         flat = {m: v.get("mean") for m, v in by_metric.items()}
         samples = max((v.get("samples") or 0) for v in by_metric.values())
-        rows.append({"scope": f"under {name} ({samples:,} samples)",
+        rows.append({"scope": f"under {name} ({samples:,} sample{'' if samples == 1 else 's'})",
                      **{k: _metric_pct(flat, k) for k, _ in METRIC_COLUMNS}})
     return {"source": gm.get("source"), "columns": [title for _, title in METRIC_COLUMNS], "rows": rows,
             "metric_keys": [k for k, _ in METRIC_COLUMNS]}

@@ -31,7 +31,8 @@ def environment() -> jinja2.Environment:
         lstrip_blocks=True,
     )
     env.filters.update(ns=units.ns, pct=units.pct, size=units.size, clip=units.clip, value=_value,
-                       change_from=units.change_from, change_to=units.change_to, gap_class=units.gap_class)
+                       change_from=units.change_from, change_to=units.change_to, gap_class=units.gap_class,
+                       number=units.number)
     return env
 
 

@@ -50,12 +50,12 @@ def outcome_lines(report: dict[str, Any]) -> list[str]:
     """vLLM's own figures: the benchmark's throughput and latency, preemptions, KV cache."""
     f = report["facts"]
     parts = []
-    for key, label, fmt in (("vllm.requests_per_second", "req/s", "{:.2f}"),
-                            ("vllm.output_throughput", "output tok/s", "{:.0f}"),
-                            ("vllm.ttft_mean_ms", "mean TTFT ms", "{:.1f}"),
-                            ("vllm.ttft_p99_ms", "p99 TTFT ms", "{:.1f}"),
-                            ("vllm.tpot_mean_ms", "mean TPOT ms", "{:.2f}"),
-                            ("vllm.preemptions", "preemptions", "{}"),
+    for key, label, fmt in (("vllm.requests_per_second", "req/s", "{:,.2f}"),
+                            ("vllm.output_throughput", "output tok/s", "{:,.0f}"),
+                            ("vllm.ttft_mean_ms", "mean TTFT ms", "{:,.1f}"),
+                            ("vllm.ttft_p99_ms", "p99 TTFT ms", "{:,.1f}"),
+                            ("vllm.tpot_mean_ms", "mean TPOT ms", "{:,.2f}"),
+                            ("vllm.preemptions", "preemptions", "{:,.0f}"),
                             ("vllm.kv_cache_usage_max", "peak KV usage", None)):
         value = f.get(key)
         if value is not None:
