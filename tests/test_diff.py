@@ -196,7 +196,7 @@ def test_cli_gate_exit_codes_and_formats(saved, tmp_path: Path) -> None:
     doc = json.loads((tmp_path / "d.json").read_text())
     assert doc["schema"] == "profkit.diff/2" and doc["gate"] == {"conditions": [], "failed": []}
     assert "<script" not in (tmp_path / "d.html").read_text().lower()
-    assert "| kernels.graph\\_share | 0.0% | 98.3% | from 0 |" in (tmp_path / "d.md").read_text()
+    assert "| kernels.graph\\_share | 0.0% | 98.3% | +98.3 pts |" in (tmp_path / "d.md").read_text()  # a share: points
 
 
 def test_bad_sides(saved, tmp_path: Path, sqlite_path) -> None:

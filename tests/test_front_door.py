@@ -151,3 +151,20 @@ def test_one_number_format_in_every_format() -> None:
     trace = REPO / "samples" / "hostgap_b16.sqlite"
     for fmt, shown in (("text", "kernels 9,127 ("), ("md", "· 9,127 kernels ("), ("html", "kernels<b>9,127</b>")):
         assert shown in profkit("report", trace, "--format", fmt).stdout, fmt
+
+
+def test_the_diff_shows_shares_in_points_and_arrows_that_follow_the_number(tmp_path: Path) -> None:
+    """KV usage 100.0% -> 78.4% is -21.6 points (not -21.6 %, which it happens to equal here, nor a relative
+    change of a share); a TTFT that fell reads ▼ with its verdict, better; a GPU that differs comes first."""
+    text = profkit("diff", KV_BOUND, PRESCRIBED).stdout
+    row = next(x for x in text.splitlines() if x.strip().startswith("vllm.kv_cache_usage_max"))
+    assert "-21.6 pts" in row
+    html = profkit("diff", KV_BOUND, PRESCRIBED, "--format", "html").stdout
+    assert 'mean_ttft_ms<b class="better">▼ -62.5% <small>better</small>' in html
+    assert 'request_throughput<b class="better">▲ +96.6% <small>better</small>' in html
+    doc = json.loads(profkit("report", PRESCRIBED, "--format", "json").stdout)
+    doc["source"]["gpu"] = "NVIDIA A100-SXM4-80GB"
+    other = tmp_path / "a100.json"
+    other.write_text(json.dumps(doc))
+    verdict = next(x for x in profkit("diff", KV_BOUND, other).stdout.splitlines() if "AFTER:" in x)
+    assert verdict.startswith("NOT COMPARABLE: ") and verdict.index("NOT COMPARABLE") < verdict.index("AFTER:")

@@ -7,10 +7,21 @@ from __future__ import annotations
 from typing import Any
 
 from profkit.escape import document, terminal
-from profkit.units import clip, flag_value, gap_class, metric_value, ns, pct
+from profkit.units import clip, flag_value, gap_class, is_share, metric_value, ns, pct
 
 ARROW = {"better": "better", "worse": "WORSE", "within noise": "within noise", "same": "same", "changed": "changed"}
-ARROWS = {"better": "▲", "worse": "▼", "within noise": "≈", "same": "=", "changed": "↔"}
+QUIET_MARKS = {"within noise": "≈", "same": "="}
+
+
+def arrow(row: dict[str, Any]) -> str:
+    """Which way the number moved (▲ up, ▼ down), whatever that means for the run: the verdict says better or
+    worse (a TTFT that fell 44 % reads ▼ -44.3 %, better)."""
+    if row["verdict"] in QUIET_MARKS:
+        return QUIET_MARKS[row["verdict"]]
+    before, after = row.get("before"), row.get("after")
+    if before is None or after is None or before == after:
+        return "↔"
+    return "▲" if after > before else "▼"
 
 # The metrics the verdict line names, in its order.
 VERDICT_METRICS = ("request_throughput", "output_throughput", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms",
@@ -36,12 +47,15 @@ def verdict_sentence(doc: dict[str, Any]) -> str:
             continue
         if r["verdict"] in ("better", "worse", "changed"):
             pct = r["change_pct"]
-            change = f"{pct:+.0f} %" if pct is not None else f"{r['before']:g} -> {r['after']:g}"
+            change = change_text(r) if is_share(name) else \
+                f"{pct:+.0f} %" if pct is not None else f"{r['before']:g} -> {r['after']:g}"
             moved.append(f"{name} {change} ({r['verdict']})")
         elif r["verdict"] == "within noise":
             quiet.append(name)
     findings, flags, noise, comp = doc["findings"], doc["flags"], doc["noise"], doc["comparability"]
-    parts = ["AFTER: " + ("; ".join(moved) if moved else "no change beyond noise")]
+    # comparability first: a reader who stops after ten words must not miss that the sides differ
+    parts = ["NOT COMPARABLE: " + "; ".join(comp["differs"])] if comp["differs"] else []
+    parts.append("AFTER: " + ("; ".join(moved) if moved else "no change beyond noise"))
     if quiet:
         parts.append("within noise: " + ", ".join(quiet))
     if findings["resolved"]:
@@ -55,14 +69,15 @@ def verdict_sentence(doc: dict[str, Any]) -> str:
     parts.append(f"noise: {noise['measured_pct']:.1f} % on {noise['measured_metric']} measured over {n[0]}+{n[1]} "
                  "runs" if noise["measured_pct"] is not None else f"noise: {noise['assumed_pct']:g} % assumed "
                                                                    "(single runs)")
-    if comp["differs"]:
-        parts.append("NOT COMPARABLE: " + "; ".join(comp["differs"]))
-    elif comp["unknown"]:
+    if not comp["differs"] and comp["unknown"]:
         parts.append("comparability unknown for " + ", ".join(comp["unknown"]))
     return "; ".join(parts)
 
 
 def change_text(row: dict[str, Any]) -> str:
+    """A metric's change: a share moves in points (0.1% -> 1.8% is +1.7 pts, not +1137.5%), anything else in %."""
+    if is_share(row["name"]) and row.get("before") is not None and row.get("after") is not None:
+        return f"{(row['after'] - row['before']) * 100:+.1f} pts"
     if row["change_pct"] is None:
         return "-" if row["change"] == 0 else "from 0"
     return f"{row['change_pct']:+.1f}%"
@@ -148,6 +163,5 @@ def render_diff_html(doc: dict[str, Any]) -> str:
             svgs["kernels"] = charts.delta_chart(doc["gpu"]["kernels"]["rows"], "name", "kernel time")
     svgs = {k: jinja2.filters.Markup(v) for k, v in svgs.items()}  # matplotlib escaped the labels
     env = html.environment()
-    env.filters.update(metric=metric_value, change=change_text, flag=flag_value, gap_class=gap_class)
-    return document(env.get_template("diff.html.j2").render(d=doc, verdict=verdict_sentence(doc), charts=svgs,
-                                                            arrows=ARROWS))
+    env.filters.update(metric=metric_value, change=change_text, flag=flag_value, gap_class=gap_class, arrow=arrow)
+    return document(env.get_template("diff.html.j2").render(d=doc, verdict=verdict_sentence(doc), charts=svgs))
