@@ -411,6 +411,7 @@ MANIFEST_KEYS = st.sampled_from(["vllm_args", "command", "environment", "tool", 
 @FUZZ
 @given(st.dictionaries(MANIFEST_KEYS, json_values, max_size=6) | json_values)
 @example({"vllm_args": None, "command": None, "environment": {"": float("inf")}})  # Infinity reached the JSON
+@example({"vllm_args": '"'})  # an unclosed quote was blamed on --vllm-args, an option nobody gave
 def test_capture_manifests(tmp_path_factory, manifest: object) -> None:
     import shutil
 

@@ -22,6 +22,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from profkit.errors import ProfkitError
 from profkit.evidence.bench import BenchResult, read_bench
 from profkit.evidence.host import HostSamples, read_host
 from profkit.evidence.manifest import CaptureManifest, read_manifest
@@ -151,9 +152,16 @@ class CaptureFolder:
         return manifest_user_command(m) if m else None
 
     def vllm_args(self) -> str | None:
-        """The flags vLLM ran with, as the manifest records them."""
+        """The flags vLLM ran with, as the manifest records them (a line the shell cannot split names the
+        manifest, not an option the user never gave)."""
         m = self.manifest()
-        return m.vllm_args if m else None
+        if m is None or not m.vllm_args:
+            return None
+        try:
+            shlex.split(m.vllm_args)
+        except ValueError as exc:
+            raise ProfkitError(f"{self.path / MANIFEST}: vllm_args: {exc}") from None
+        return m.vllm_args
 
     # writing --------------------------------------------------------------------------------------------------
     def exists(self) -> bool:
