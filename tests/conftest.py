@@ -62,25 +62,25 @@ def report_all(sqlite_path):
     return get
 
 
+def unpack(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
+    """tests/data/NAME.tar.xz unpacked into a fresh temp folder: the folder NAME it holds."""
+    import tarfile
+
+    folder = tmp_path_factory.mktemp(name)
+    with tarfile.open(Path(__file__).parent / "data" / f"{name}.tar.xz") as tar:
+        tar.extractall(folder, filter="data")
+    return folder / name
+
+
 @pytest.fixture(scope="session")
 def h100_tune(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Real `profkit tune` folders and default-config captures from the H100 (tests/data/h100_tune.tar.xz;
     its README says what each is)."""
-    import tarfile
-
-    folder = tmp_path_factory.mktemp("h100_tune")
-    with tarfile.open(Path(__file__).parent / "data" / "h100_tune.tar.xz") as tar:
-        tar.extractall(folder, filter="data")
-    return folder / "h100_tune"
+    return unpack(tmp_path_factory, "h100_tune")
 
 
 @pytest.fixture(scope="session")
 def h100_host(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Real runs of a frontend-bound vLLM server on the H100: tune from the defaults, the by-hand A/B, the
     GPU-bound control, an nsys capture (tests/data/h100_host.tar.xz; its README says what each is)."""
-    import tarfile
-
-    folder = tmp_path_factory.mktemp("h100_host")
-    with tarfile.open(Path(__file__).parent / "data" / "h100_host.tar.xz") as tar:
-        tar.extractall(folder, filter="data")
-    return folder / "h100_host"
+    return unpack(tmp_path_factory, "h100_host")

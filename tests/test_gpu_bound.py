@@ -15,7 +15,6 @@ import csv
 import json
 import lzma
 import shutil
-import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +26,7 @@ from profkit.report import ReportOptions, build_report
 from profkit.traces.gpu_metrics import open_gpu_metrics
 from profkit.tune.loop import allowed_flags
 from tests.cli import profkit
+from tests.conftest import unpack
 from tests.test_tune import env  # noqa: F401 - the fake vLLM and nsys on PATH (a fixture)
 
 DATA = Path(__file__).parent / "data"
@@ -36,10 +36,7 @@ PRECISION_FLAGS = {"--quantization", "--kv-cache-dtype"}
 
 @pytest.fixture(scope="module")
 def gpu_bound(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("h100_gpu_bound")
-    with tarfile.open(DATA / "h100_gpu_bound.tar.xz") as tar:
-        tar.extractall(folder, filter="data")
-    return folder / "h100_gpu_bound"
+    return unpack(tmp_path_factory, "h100_gpu_bound")
 
 
 @pytest.fixture(scope="module")

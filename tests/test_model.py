@@ -19,6 +19,7 @@ from profkit.model.predict import calibrate, predict
 from profkit.model.simulate import Engine, StepCost, Workload, simulate
 from profkit.report import build_report
 from tests.cli import one_error_line, profkit
+from tests.conftest import unpack
 
 DATA = Path(__file__).parent / "data"
 
@@ -288,10 +289,7 @@ def test_pairs_recorded_after_the_model(tmp_path: Path, base: str, after: str, c
 
 @pytest.fixture(scope="module")
 def tune_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("tune_model")
-    with tarfile.open(DATA / "h100_tune_model.tar.xz") as tar:
-        tar.extractall(out, filter="data")
-    return out / "h100_tune_model"
+    return unpack(tmp_path_factory, "h100_tune_model")
 
 
 def _mean_rate(folder: Path) -> float:
