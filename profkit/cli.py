@@ -230,6 +230,17 @@ def history_cmd(db: Path, fmt: str, label: str | None, last: int | None) -> None
     click.echo(render(history_document(list_runs(db, label=label, last=last)), fmt), nl=False)
 
 
+@cli.command("schema")
+@click.argument("kind", type=click.Choice(["report", "diff", "prediction", "tune", "history"]), default="report")
+def schema_cmd(kind: str) -> None:
+    """Print the JSON Schema of a document kind (what `--format json` writes; `tune.json` for tune)."""
+    import json
+
+    from profkit.api import schema
+
+    click.echo(json.dumps(schema(kind), indent=1))
+
+
 def _parse_share(text: str, option: str) -> float:
     m = re.fullmatch(r"\s*(\d{1,3}(?:\.\d+)?)\s*(%?)\s*", text)
     if not m:

@@ -18,6 +18,11 @@ def shipped_dir(name: str) -> Path:
     raise FileNotFoundError(f"profkit installation is missing its {name}/ folder")
 
 
+def schema_path(kind: str) -> Path:
+    """The shipped JSON Schema of a document kind (`profkit/schemas/KIND.schema.json`, part of the package)."""
+    return _PACKAGE / "schemas" / f"{kind}.schema.json"
+
+
 def process_context() -> BaseContext:
     """forkserver (else spawn), never fork, for every pool profkit starts. A forked worker inherits the
     parent's forkserver handle (started by an earlier Kineto decode) and fails on it with ECHILD when

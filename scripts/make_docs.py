@@ -105,7 +105,11 @@ def contracts_page() -> str:
            "schema; a key is added, never renamed or removed, within one schema version. The shapes below are the "
            "top-level keys and their values' types, read off real documents of the bundled samples. What each "
            "figure means: the report's in [the design](design.md#the-report-contract-json-schema-profkitreport1), "
-           "the prediction's in [the model of the run](prediction.md#the-contracts).\n"]
+           "the prediction's in [the model of the run](prediction.md#the-contracts).\n\n"
+           "Each kind's JSON Schema (draft 2020-12) ships in the package, `profkit/schemas/KIND.schema.json`: "
+           "`profkit schema report` (or `diff`, `prediction`, `tune`, `history`) prints it, and "
+           "`profkit.api.schema(KIND)` returns it. Keys every document has are `required`; the tests validate "
+           "fresh documents of real runs against the shipped files.\n"]
     for title, doc, source in (
             ("Report", rep, "`profkit report samples/capture_thr_torch --format json` (its `prescription` from "
                        "`samples/vllm_14b_kv_bound`)"),
