@@ -89,7 +89,7 @@ def documents() -> dict[str, list[dict[str, Any]]]:
     reports = [report(SAMPLES / "vllm_14b_kv_bound"), report(SAMPLES / "vllm_14b_prescribed"),
                report(SAMPLES / "capture_thr_torch"), report(SAMPLES / "hostgap_b16.sqlite"),
                report(toy / "torch_eager_b1.json.gz"),
-               report([DATA / "foreign" / "hta_sampled_rank-0.json.gz", DATA / "foreign" / "hta_sampled_rank-1.json.gz"]),
+               report([DATA / "foreign" / f"hta_sampled_rank-{r}.json.gz" for r in (0, 1)]),
                report(None, bench=FIXTURES / "h100_vllm" / "capture_thr_eager" / "bench.json")]
     diffs = [diff(SAMPLES / "vllm_14b_kv_bound", SAMPLES / "vllm_14b_prescribed"),
              diff(toy / "torch_eager_b1.json.gz", toy / "torch_graphs_b16.json.gz"),
