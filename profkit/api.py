@@ -66,20 +66,12 @@ def render(document: dict[str, Any], fmt: str = "text", top: int = 10) -> str:
     return render_document(document, fmt, top)
 
 
-SCHEMA_KINDS = ("report", "diff", "prediction", "tune", "history")
-
-
 def schema(kind: str = "report") -> dict[str, Any]:
     """The JSON Schema (draft 2020-12) of a document kind: `report`, `diff`, `prediction`, `tune` or `history`.
     Keys every document has are `required`; a key is added, never renamed or removed, within one schema version."""
-    import json
+    from profkit.resources import document_schema
 
-    from profkit.errors import ProfkitError
-    from profkit.resources import schema_path
-
-    if kind not in SCHEMA_KINDS:
-        raise ProfkitError(f"no schema {kind!r} (one of {', '.join(SCHEMA_KINDS)})")
-    return json.loads(schema_path(kind).read_text())
+    return document_schema(kind)
 
 
 def _path(p: PathLike | None) -> Path | None:

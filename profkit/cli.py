@@ -19,6 +19,7 @@ from profkit.errors import ProfkitError
 from profkit.escape import one_line, shell_word, terminal
 from profkit.inputs import refuse_overwrite
 from profkit.render import render
+from profkit.resources import SCHEMA_KINDS, document_schema
 
 
 def parse_window(text: str) -> str:
@@ -231,14 +232,12 @@ def history_cmd(db: Path, fmt: str, label: str | None, last: int | None) -> None
 
 
 @cli.command("schema")
-@click.argument("kind", type=click.Choice(["report", "diff", "prediction", "tune", "history"]), default="report")
+@click.argument("kind", type=click.Choice(SCHEMA_KINDS), default="report")
 def schema_cmd(kind: str) -> None:
     """Print the JSON Schema of a document kind (what `--format json` writes; `tune.json` for tune)."""
     import json
 
-    from profkit.api import schema
-
-    click.echo(json.dumps(schema(kind), indent=1))
+    click.echo(json.dumps(document_schema(kind), indent=1))
 
 
 def _parse_share(text: str, option: str) -> float:

@@ -3,9 +3,13 @@ context every profkit process pool uses."""
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 from multiprocessing.context import BaseContext
 from pathlib import Path
+from typing import Any
+
+from profkit.errors import ProfkitError
 
 _PACKAGE = Path(__file__).resolve().parent
 
@@ -18,9 +22,14 @@ def shipped_dir(name: str) -> Path:
     raise FileNotFoundError(f"profkit installation is missing its {name}/ folder")
 
 
-def schema_path(kind: str) -> Path:
+SCHEMA_KINDS = ("report", "diff", "prediction", "tune", "history")
+
+
+def document_schema(kind: str) -> dict[str, Any]:
     """The shipped JSON Schema of a document kind (`profkit/schemas/KIND.schema.json`, part of the package)."""
-    return _PACKAGE / "schemas" / f"{kind}.schema.json"
+    if kind not in SCHEMA_KINDS:
+        raise ProfkitError(f"no schema {kind!r} (one of {', '.join(SCHEMA_KINDS)})")
+    return json.loads((_PACKAGE / "schemas" / f"{kind}.schema.json").read_text())
 
 
 def process_context() -> BaseContext:

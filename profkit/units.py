@@ -38,6 +38,16 @@ def clip(text: str | None, width: int = 80) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def clip_middle(text: str | None, width: int = 80) -> str:
+    """A name clipped in its middle: kernels of one family differ at their end (`..._rms_norm_0` / `_1`), or in
+    the template arguments a label ends with."""
+    text = text or ""
+    if len(text) <= width:
+        return text
+    tail = (width - 1) * 2 // 5
+    return text[: width - 1 - tail] + "…" + text[len(text) - tail:]
+
+
 def flag_value(value: object) -> str:
     """A flag's value as a person reads it: true/false, numbers as given, None as 'not set'."""
     if value is None:

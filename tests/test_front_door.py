@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import json
 import re
+import sqlite3
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import click
+import pytest
 
 from tests.cli import one_error_line, profkit
 
@@ -168,3 +171,60 @@ def test_the_diff_shows_shares_in_points_and_arrows_that_follow_the_number(tmp_p
     other.write_text(json.dumps(doc))
     verdict = next(x for x in profkit("diff", KV_BOUND, other).stdout.splitlines() if "AFTER:" in x)
     assert verdict.startswith("NOT COMPARABLE: ") and verdict.index("NOT COMPARABLE") < verdict.index("AFTER:")
+
+
+@pytest.fixture(scope="module")
+def phases_pair(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The profiled 14B runs, bf16 and FP8 (tests/data/h100_phases): vLLM names each engine step in NVTX, and
+    FlashAttention's kernels differ only in their template arguments."""
+    folder = tmp_path_factory.mktemp("front_door_phases")
+    for name in ("bf16", "fp8"):
+        with tarfile.open(REPO / "tests" / "data" / "h100_phases" / f"{name}.tar.xz") as tar:
+            tar.extractall(folder, filter="data")
+    return {name: folder / name for name in ("bf16", "fp8")}
+
+
+def test_engine_step_annotations_are_one_row_per_kind_of_step(phases_pair: dict[str, Path]) -> None:
+    folder = phases_pair["bf16"]
+    out = profkit("report", str(folder), "--window", "all", "--format", "json")
+    assert out.returncode == 0, out.stderr
+    rows = {r["range"]: r for r in json.loads(out.stdout)["nvtx"]}
+    # ground truth read here with SQL: every step annotation, split by whether it carried prompt tokens
+    conn = sqlite3.connect(f"file:{folder / 'trace.sqlite'}?mode=ro", uri=True)
+    texts = [t for (t,) in conn.execute("SELECT coalesce(s.value, n.text) FROM NVTX_EVENTS n "
+                                        "LEFT JOIN StringIds s ON n.textId = s.id")]
+    conn.close()
+    steps = [t for t in texts if t and re.match(r"execute_\d+_context_\d+\(", t)]
+    decode = sum(1 for t in steps if re.match(r"execute_\d+_context_0\(", t))
+    assert len(steps) > 20 and 0 < decode < len(steps)
+    assert rows[":vLLM engine steps, decode only (execute_*_context_0_generation_*)"]["count"] == decode
+    assert rows[":vLLM engine steps with prompt tokens (execute_*_context_N_generation_*)"]["count"] == \
+        len(steps) - decode
+    assert not [r for r in rows if "execute_" in r and "vLLM engine steps" not in r]
+    text = profkit("report", str(folder), "--window", "all").stdout
+    assert "vLLM engine steps, decode only" in text and "execute_156_context_0" not in text
+
+
+def test_templated_kernels_read_differently_in_the_report_and_the_diff(phases_pair: dict[str, Path]) -> None:
+    out = profkit("report", str(phases_pair["bf16"]), "--format", "json")
+    kernels = json.loads(out.stdout)["kernels"]
+    flash = [k for k in kernels if k["short_name"] == "device_kernel"]
+    assert len(flash) == 3  # FlashAttention's forward kernel at two tile sizes and its combine kernel
+    assert sorted(k["label"] for k in flash) == ["device_kernel<FlashAttnFwdCombine>",
+                                                 "device_kernel<FlashAttnFwdSm90 … 128>",
+                                                 "device_kernel<FlashAttnFwdSm90 … 64>"]
+    assert len({k["label"] for k in kernels}) == len(kernels)
+    text = profkit("report", str(phases_pair["bf16"]), "--top", "20").stdout
+    assert "device_kernel<FlashAttnFwdSm90 … 64>" in text
+    assert not re.search(r"\sdevice_kernel\s*$", text, re.M)
+    # the diff labels both sides together: a kernel new after FP8 and one gone read differently
+    diff = profkit("diff", str(phases_pair["bf16"]), str(phases_pair["fp8"]), "--format", "json", "--top", "100")
+    rows = json.loads(diff.stdout)["gpu"]["kernels"]["rows"]
+    shown = [r["label"] for r in rows]
+    assert len(set(shown)) == len(shown)
+    clipped = [r["name"][:80] for r in rows]
+    assert len(set(clipped)) < len(clipped)  # the names clipped as before would have read the same
+    md = profkit("diff", str(phases_pair["bf16"]), str(phases_pair["fp8"]), "--format", "md", "--top", "100").stdout
+    kernel_cells = [line.split(" | ")[0].lstrip("| ") for line in md.splitlines()
+                    if line.startswith("| ") and (" | new | " in line or " | vanished | " in line)]
+    assert len(kernel_cells) == len(set(kernel_cells)) > 10

@@ -7,6 +7,7 @@ from typing import Any
 from profkit.analysis.categories import categorize
 from profkit.analysis.stats import columnar_histogram, id_histogram, summarize
 from profkit.analysis.window import Window
+from profkit.kernel_names import distinct_labels
 from profkit.traces.schema import Trace
 
 # Kernels shorter than this are dominated by launch cost (a launch takes ~2-5 us of host time).
@@ -39,6 +40,9 @@ def kernel_summary(trace: Trace, window: Window) -> list[dict[str, Any]]:
         short = short_names.get(row["name_id"])
         row["short_name"] = row["name"] if short is None else short
         row["category"] = categorize(row["name"])
+    labels = distinct_labels({row["name"]: row["short_name"] for row in stats})
+    for row in stats:
+        row["label"] = labels[row["name"]]
     return sorted(stats, key=lambda r: (-r["total"], r["count"], r["name"]))
 
 

@@ -24,6 +24,7 @@ from profkit.compare import metrics as m
 from profkit.errors import ProfkitError
 from profkit.evidence.folder import CaptureFolder
 from profkit.inputs import read_json, require_file
+from profkit.kernel_names import distinct_labels
 from profkit.resources import process_context
 from profkit.vllm.command import VllmCommand
 from profkit.vllm.options import normalize_flag
@@ -252,6 +253,10 @@ def compare_gpu(before: dict[str, Any], after: dict[str, Any], top: int = 50) ->
 
     gb, ga = share(before["gap_classes"], bw), share(after["gap_classes"], aw)
     kern = _rate_rows(before["kernels"], after["kernels"], "name", bw, aw)
+    # the two sides' kernels labelled together: a kernel new in one and gone from the other reads differently
+    labels = distinct_labels({k["name"]: k.get("short_name") for k in [*before["kernels"], *after["kernels"]]})
+    for row in kern["rows"]:
+        row["label"] = labels[row["name"]]
     return {
         "windows": {"before_ns": bw, "after_ns": aw, "same_length": abs(bw - aw) <= 0.05 * max(bw, aw),
                     "compared": "rates and shares of each side's window (raw totals depend on its length)"},

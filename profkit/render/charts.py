@@ -19,7 +19,7 @@ logging.getLogger("matplotlib.font_manager").setLevel(logging.ERROR)
 
 import matplotlib.pyplot as plt  # noqa: E402
 
-from profkit.units import clip, ns, pct  # noqa: E402
+from profkit.units import clip, clip_middle, ns, pct  # noqa: E402
 
 plt.rcParams.update({
     "svg.fonttype": "none",  # text stays <text>: smaller files, selectable, searchable
@@ -100,7 +100,8 @@ def category_chart(report: dict[str, Any]) -> str:
 
 def top_kernels_chart(report: dict[str, Any], top: int = 12) -> str:
     ks = report["kernels"][:top]
-    return _barh([clip(k["short_name"], 60) for k in ks], [k["total_ns"] / 1e6 for k in ks], "total time (ms)",
+    return _barh([clip_middle(k.get("label") or k["short_name"], 60) for k in ks], [k["total_ns"] / 1e6 for k in ks],
+                 "total time (ms)",
                  annotate=[f"{k['count']}x, {ns(k['avg_ns'])} avg" for k in ks])
 
 

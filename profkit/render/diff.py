@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from profkit.escape import document, terminal
-from profkit.units import clip, flag_value, gap_class, is_share, metric_value, ns, pct
+from profkit.units import clip_middle, flag_value, gap_class, is_share, metric_value, ns, pct
 
 ARROW = {"better": "better", "worse": "WORSE", "within noise": "within noise", "same": "same", "changed": "changed"}
 QUIET_MARKS = {"within noise": "≈", "same": "="}
@@ -139,7 +139,7 @@ def render_diff_text(doc: dict[str, Any], top: int = 10) -> str:
                    " largest changes (share of window):")
         for r in k["rows"][:top]:
             out.append(f"    {pct(r['before_window_share']):>6} -> {pct(r['after_window_share']):>6}  {r['status']:8} "
-                       f"{terminal(clip(r['name'], 80))}")
+                       f"{terminal(clip_middle(r.get('label') or r['name'], 80))}")
     return document("\n".join(out) + "\n")
 
 
@@ -160,7 +160,9 @@ def render_diff_html(doc: dict[str, Any]) -> str:
     if doc.get("gpu"):
         svgs["categories"] = charts.delta_chart(doc["gpu"]["categories"], "category", "kernel time by category")
         if doc["gpu"]["kernels"]["rows"]:
-            svgs["kernels"] = charts.delta_chart(doc["gpu"]["kernels"]["rows"], "name", "kernel time")
+            svgs["kernels"] = charts.delta_chart(
+                [{**r, "name": r.get("label") or r["name"]} for r in doc["gpu"]["kernels"]["rows"]], "name",
+                "kernel time")
     svgs = {k: jinja2.filters.Markup(v) for k, v in svgs.items()}  # matplotlib escaped the labels
     env = html.environment()
     env.filters.update(metric=metric_value, change=change_text, flag=flag_value, gap_class=gap_class, arrow=arrow)

@@ -31,6 +31,7 @@ def environment() -> jinja2.Environment:
         lstrip_blocks=True,
     )
     env.filters.update(ns=units.ns, pct=units.pct, size=units.size, clip=units.clip, value=_value,
+                       clip_middle=units.clip_middle,
                        change_from=units.change_from, change_to=units.change_to, gap_class=units.gap_class,
                        number=units.number)
     return env

@@ -55,6 +55,7 @@ def environment() -> jinja2.Environment:
         undefined=jinja2.StrictUndefined,
     )
     env.filters.update(ns=units.ns, pct=units.pct, size=units.size, clip=units.clip, safe_code=CodeBlock,
+                       clip_middle=units.clip_middle,
                        code_line=code_line, change_from=units.change_from, change_to=units.change_to,
                        gap_class=units.gap_class, number=units.number, zip=lambda a, b: list(zip(a, b, strict=True)))
     return env

@@ -9,7 +9,7 @@ from profkit.escape import document, terminal
 from profkit.render.efficiency import PRECISION_NOTE, efficiency_view
 from profkit.render.prescription import prescription_lines
 from profkit.render.ranks import rank_table
-from profkit.units import change_from, change_to, clip, gap_class, ns, pct, size
+from profkit.units import change_from, change_to, clip, clip_middle, gap_class, ns, pct, size
 
 
 def _table(rows: list[dict[str, Any]], columns: dict[str, Any], limit: int) -> str:
@@ -201,7 +201,8 @@ def render_text(report: dict[str, Any], top: int = 10, name_width: int = 70) -> 
         _table(report["kernels"], {
             "time": lambda r: ns(r["total_ns"]), "share": lambda r: pct(r["share"]),
             "count": lambda r: r["count"], "avg": lambda r: ns(r["avg_ns"]), "med": lambda r: ns(r["median_ns"]),
-            "category": lambda r: r["category"], "name": lambda r: clip(r["short_name"], name_width),
+            "category": lambda r: r["category"],
+            "name": lambda r: clip_middle(r.get("label") or r["short_name"], name_width),
         }, top),
         "",
         "GPU idle by gap size",

@@ -30,8 +30,8 @@ from profkit.traces import Trace, open_trace
 Progress = Callable[[str], None]
 STAT_RENAMES = {"total": "total_ns", "avg": "avg_ns", "median": "median_ns", "min": "min_ns",
                 "max": "max_ns", "stddev": "stddev_ns"}
-KERNEL_FIELDS = ["name", "short_name", "category", "count", "total_ns", "share", "avg_ns", "median_ns", "min_ns",
-                 "max_ns", "stddev_ns", "graph_count", "short_count"]
+KERNEL_FIELDS = ["name", "short_name", "label", "category", "count", "total_ns", "share", "avg_ns", "median_ns",
+                 "min_ns", "max_ns", "stddev_ns", "graph_count", "short_count"]
 
 
 def trace_sections(path: str | os.PathLike, window: str, gap_threshold_ns: int, buckets: int,
