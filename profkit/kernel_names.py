@@ -17,6 +17,7 @@ from collections.abc import Mapping
 
 # identifiers, template integer arguments written as (int)64 / (bool)1, and bare integers
 _TOKEN = re.compile(r"\((?:unsigned )?(?:int|bool|long|char|short)\)-?\d+|[A-Za-z_]\w*|-?\d+")
+_IDENTIFIER = re.compile(r"~?[A-Za-z_]\w*")
 _MAX_EXTRA = 4  # tokens added to a label before falling back to a number
 
 
@@ -32,8 +33,9 @@ def base_name(name: str) -> str:
         elif not depth:
             head.append(ch)
     words = "".join(head).split()
-    last = words[-1] if words else ""
-    return last.rsplit("::", 1)[-1] or name
+    last = words[-1].rsplit("::", 1)[-1] if words else ""
+    # only a C++ signature has a base name; any other text (a Triton kernel, a clipped name) is its own
+    return last if _IDENTIFIER.fullmatch(last) and any(c in name for c in "<(:") else name
 
 
 def _tokens(name: str) -> list[str]:
