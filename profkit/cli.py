@@ -164,6 +164,8 @@ def predict_cmd(run: str | None, changes: tuple[str, ...], fmt: str, output: Pat
     from profkit.evidence.record import Evidence
     from profkit.report.predict import predict_run
 
+    if run is not None and run.startswith("-"):  # `--bench B -- --flag V`: no RUN, the evidence alone
+        run, changes = None, (run, *changes)
     evidence = Evidence.read(bench=bench, log=vllm_log, metrics=metrics, vllm_args=vllm_args,
                              model_config=model_config, host=host_json)
     spread = _parse_share(noise, "--noise") if noise else None

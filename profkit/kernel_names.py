@@ -35,7 +35,8 @@ def base_name(name: str) -> str:
     words = "".join(head).split()
     last = words[-1].rsplit("::", 1)[-1] if words else ""
     # only a C++ signature has a base name; any other text (a Triton kernel, a clipped name) is its own
-    return last if _IDENTIFIER.fullmatch(last) and any(c in name for c in "<(:") else name
+    signature = any(c in name for c in "<(:") and not name.lstrip().startswith(("<", "(", "["))
+    return last if signature and _IDENTIFIER.fullmatch(last) else name
 
 
 def _tokens(name: str) -> list[str]:

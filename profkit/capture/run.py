@@ -24,8 +24,10 @@ from profkit.capture.host import HostSampler
 from profkit.capture.manifest import Manifest, environment, start_manifest
 from profkit.capture.plan import NSYS_FLUSH_MS, Plan, Step
 from profkit.errors import ProfkitError
+from profkit.escape import one_line
 from profkit.evidence import folder as files
 from profkit.evidence.folder import CaptureFolder
+from profkit.evidence.vllm_log import start_failure
 
 T = TypeVar("T")
 STOP_GRACE_S = 180.0  # nsys needs time to flush a large report after SIGINT
@@ -174,7 +176,9 @@ class ServerSession:
         plan, server = self.plan, self.server
         assert server is not None and self.manifest is not None
         if server.poll() is not None:
-            raise CaptureError(f"vllm serve exited with code {server.returncode}; see {self.log_path}")
+            why = start_failure(self.log_path)
+            raise CaptureError(f"vllm serve exited with code {server.returncode}"
+                               f"{': ' + one_line(why, 600) if why else ''}; see {self.log_path}")
         folder = CaptureFolder(plan.out / name)
         folder.path.mkdir(parents=True, exist_ok=False)
         seed = self.seed + len(self.runs)
@@ -323,14 +327,17 @@ def _start_server(plan: Plan, manifest: Manifest, say: Callable[[str], None]) ->
     while time.time() < deadline:
         if proc.poll() is not None:
             manifest.server_exit(proc.returncode)
-            raise CaptureError(f"vllm serve exited with code {proc.returncode} before it was healthy; "
-                               f"see {plan.out / step.log}")
+            why = start_failure(plan.out / step.log)
+            raise CaptureError(f"vllm serve exited with code {proc.returncode} before it was healthy"
+                               f"{': ' + one_line(why, 600) if why else ''}; see {plan.out / step.log}")
         if _get(url, timeout=2.0) is not None:
             say(f"server healthy after {time.time() - manifest.started:.0f} s")
             return proc
         time.sleep(1.0)
     _stop(proc, manifest, say)
-    raise CaptureError(f"vllm serve was not healthy within {plan.health_timeout_s:g} s")
+    why = start_failure(plan.out / step.log)  # a server whose workers died may hang instead of exiting
+    raise CaptureError(f"vllm serve was not healthy within {plan.health_timeout_s:g} s"
+                       f"{': ' + one_line(why, 600) if why else ''}; see {plan.out / step.log}")
 
 
 def _scrape(plan: Plan, which: str, manifest: Manifest, folder: CaptureFolder | None = None) -> None:

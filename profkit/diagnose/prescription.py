@@ -55,6 +55,11 @@ def _candidates(findings: list[Finding], cal: Calibrated) -> dict[tuple[str, Any
             to = c.to
             if dest == "kv_cache_memory_bytes" and to is None:
                 to = "default"
+            if dest in PARALLEL:  # the same GPUs split another way: (GPUs per engine, engines)
+                layout = _layout(dest, to, cal)
+                if layout is not None:
+                    out.setdefault(("parallel", layout), []).append(f.rule)
+                continue
             out.setdefault((dest, to), []).append(f.rule)
             for value in TRIED.get(dest, ()):  # the model's own values answer the findings naming the lever
                 rules = out.setdefault((dest, value), []) if value != config.get(dest) else None
@@ -65,10 +70,42 @@ def _candidates(findings: list[Finding], cal: Calibrated) -> dict[tuple[str, Any
     return out
 
 
+PARALLEL = ("tensor_parallel_size", "data_parallel_size")
+
+
+def _layout(dest: str, value: Any, cal: Calibrated) -> tuple[int, int] | None:
+    """A finding's tensor or data parallel size as a split of the run's own GPUs: (per engine, engines), or None
+    where it does not divide them or is the run's own."""
+    obs = cal.observation
+    gpus = obs.tensor_parallel * obs.data_parallel
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        return None
+    if n < 1 or gpus % n:
+        return None
+    layout = (n, gpus // n) if dest == "tensor_parallel_size" else (gpus // n, n)
+    return None if layout == (obs.tensor_parallel, obs.data_parallel) else layout
+
+
+def _same_gpus(changes: dict[str, Any], cal: Calibrated) -> dict[str, Any]:
+    """A change of the tensor or data parallel size alone, as the split of the run's own GPUs it means (tune runs
+    on the machine the run used: it never asks for more GPUs)."""
+    for dest in PARALLEL:
+        if dest in changes:
+            layout = _layout(dest, changes[dest], cal)
+            rest = {k: v for k, v in changes.items() if k not in PARALLEL}
+            return rest if layout is None else {**rest, "tensor_parallel_size": layout[0],
+                                                "data_parallel_size": layout[1]}
+    return changes
+
+
 def _changes(key: tuple[str, Any], cal: Calibrated) -> dict[str, Any]:
     dest, value = key
     if dest == "fp8-pair":
         return {"quantization": "fp8", "kv_cache_dtype": "fp8"}
+    if dest == "parallel":
+        return {"tensor_parallel_size": value[0], "data_parallel_size": value[1]}
     if dest == "kv_cache_memory_bytes" and value == "default":
         mem = cal.observation.memory
         if mem.total_bytes and mem.weights_bytes:
@@ -193,7 +230,7 @@ def rank_candidates(doc: dict[str, Any], queue: list[dict[str, Any]], objective:
     threshold = max(noise if noise is not None else DEFAULT_NOISE, 0.02)
     ranked = []
     for cand in queue:
-        changes = {dest_of(c["flag"]): c.get("to") for c in cand["changes"]}
+        changes = _same_gpus({dest_of(c["flag"]): c.get("to") for c in cand["changes"]}, cal)
         if not set(changes) & MODELLED or set(changes) - MODELLED:
             ranked.append((None, cand))  # a lever the model cannot predict: tried after the predicted ones
             continue
@@ -207,6 +244,9 @@ def rank_candidates(doc: dict[str, Any], queue: list[dict[str, Any]], objective:
         new_changes = [{**c, "to": chosen[dest_of(c["flag"])],
                         **({"model_chose": True} if chosen[dest_of(c["flag"])] != c.get("to") else {})}
                        for c in cand["changes"]]
+        given = {dest_of(c["flag"]) for c in cand["changes"]}
+        new_changes += [{"flag": flag_for(k), "to": v, "action": "set", "model_chose": True,
+                         "why": "the same GPUs split the other way"} for k, v in chosen.items() if k not in given]
         ranked.append((gain, {**cand, "changes": new_changes, "skip": gain < threshold,
                               "predicted": {**m, "gain": gain, "limit_after": p.limit_after}}))
     predicted = sorted((r for r in ranked if r[0] is not None), key=lambda r: -r[0])

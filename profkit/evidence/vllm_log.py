@@ -142,3 +142,60 @@ def _literal(text: str) -> Any:
 
 def read_log(path: Path) -> VllmLog:
     return parse_log(read_text(Path(path), "vLLM log"))
+
+
+# A Python exception as vLLM's processes print it, after their prefixes ("(EngineCore_DP0 pid=12) ", "ERROR 11-26
+# 12:00:00 [core.py:700] "): "RuntimeError: CUDA error: ..." or a bare "KeyboardInterrupt".
+_LINE_PREFIX = re.compile(r"^(?:\(\w[\w-]{0,40} pid=\d{1,10}\)\s*){0,4}"
+                          r"(?:(?:INFO|WARNING|ERROR|DEBUG|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? "
+                          r"\[[^\]]{0,200}\]\s?)?")
+_EXCEPTION = re.compile(r"^((?:[A-Za-z_]\w{0,60}\.){0,6}[A-Za-z_]\w{0,60}(?:Error|Exception|Exit|Interrupt))"
+                        r"(?::\s?(.*))?$")
+# vLLM's own "see above" wrappers: they name no cause
+_CASCADE = ("Engine core initialization failed", "EngineCore encountered an issue",
+            "WorkerProc initialization failed", "Worker failed with error", "Engine core proc")
+TAIL_BYTES = 4 << 20  # the end of a server log: a start-up's traceback is there, not in a gigabyte of stats lines
+
+
+def first_exception(text: str) -> str | None:
+    """The first exception a traceback in the log ends with, as `Type: message` (the root cause: the workers'
+    errors come before the engine's and the API server's "see above" wrappers)."""
+    in_traceback = False
+    for raw in text.splitlines():
+        if len(raw) > MAX_LINE:
+            continue
+        line = _LINE_PREFIX.sub("", raw, count=1).rstrip()
+        if line.startswith("Traceback (most recent call last)"):
+            in_traceback = True
+            continue
+        if not in_traceback or line.startswith((" ", "\t")) or not line:
+            continue
+        m = _EXCEPTION.match(line)
+        if m is None:
+            continue
+        in_traceback = False
+        message = (m.group(2) or "").strip()
+        if any(c in message for c in _CASCADE):
+            continue
+        if len(message) > 240:  # a cuBLAS call's whole signature: the status names the error
+            message = message[:239] + "…"
+        return f"{m.group(1)}: {message}" if message else m.group(1)
+    return None
+
+
+def start_failure(path: Path) -> str | None:
+    """Why a server died before it was healthy, from its log: the first exception, and for a known class
+    (profkit.vllm.start_failures) the cause and the flag that avoids it. None when the log says nothing."""
+    from profkit.vllm.start_failures import classify
+
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - TAIL_BYTES))
+            text = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    exception, known = first_exception(text), classify(text)
+    parts = [exception] if exception else []
+    if known is not None:
+        parts.append(f"{known.cause}; try {known.remedy}")
+    return "; ".join(parts) or None

@@ -73,6 +73,10 @@ class Observation:
     host: dict[str, float] = field(default_factory=dict)  # the host samples' facts (host.*: cores, saturated shares)
     gpu_busy: float | None = None  # share of the benchmark the GPU was busy (NVML, else the trace)
     default_max_num_seqs: int | None = None  # vLLM's default for this GPU (what removing the flag gives)
+    tensor_parallel: int = 1  # GPUs per engine (--tensor-parallel-size)
+    data_parallel: int = 1  # engines (--data-parallel-size)
+    hidden: float | None = None  # the model's hidden size (the activations each all-reduce carries per token)
+    allreduce_s: float | None = None  # the trace's mean all-reduce kernel time on the first GPU (tensor parallel)
     notes: list[str] = field(default_factory=list)
 
 
@@ -135,7 +139,18 @@ def observe(doc: dict[str, Any]) -> Observation:
         host={k.removeprefix("host."): float(v) for k, v in facts.items()
               if k.startswith("host.") and _num(v) is not None},
         gpu_busy=_num(facts.get("host.gpu_util_mean")) or _num(facts.get("gpu.utilization")),
-        default_max_num_seqs=facts.get("vllm.default_max_num_seqs"))
+        default_max_num_seqs=facts.get("vllm.default_max_num_seqs"),
+        tensor_parallel=int(tp), data_parallel=int(_num(config.get("data_parallel_size")) or 1),
+        hidden=_attention_width(eff, doc) / layers if (layers := int(_num(model.get("layers")) or 0)) else None,
+        allreduce_s=_allreduce_s(doc) if tp > 1 else None)
+
+
+def _allreduce_s(doc: dict[str, Any]) -> float | None:
+    """The mean time of one communication kernel on the first GPU of a tensor-parallel trace (its all-reduces)."""
+    ranks = doc.get("ranks") or []
+    comm = (ranks[0].get("communication") or {}) if ranks else {}
+    count, total = _num(comm.get("count")), _num(comm.get("total_ns"))
+    return total / count / 1e9 if count and total else None
 
 
 def _total_memory(vllm: dict[str, Any], gpu: dict[str, Any]) -> float | None:

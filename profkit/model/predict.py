@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from profkit.model.observe import Observation, Unobservable
-from profkit.model.simulate import Engine, Infeasible, SimResult, StepCost, Workload, simulate
+from profkit.model.simulate import Engine, Infeasible, SimResult, StepCost, Workload, simulate_engines
 
 SCHEMA = "profkit.prediction/1"
 METRICS = (("request_throughput", "req/s"), ("output_throughput", "tok/s"), ("ttft_mean_ms", "ms"),
@@ -61,8 +61,17 @@ CPU_STEP_S, CPU_SEQ_S = 2.5e-3, 3e-5
 # model's API server spent ~0.4 ms a step at 345 steps/s (KV-starved) and ~0.12 ms per token at large batches.
 FRONTEND_STEP_S = 3e-4
 EXTRAPOLATED_CEILING = 0.15
+# Tensor parallelism's all-reduces: two a layer (after attention, after the MLP), each a latency plus the step's
+# activations (hidden x 2 bytes a token, 2(t-1)/t of them over each GPU's NVLink). Priors, (low, middle, high), each
+# end simulated; a tensor-parallel trace's own mean all-reduce time replaces them for its own parallelism. Read off
+# the TP=2 capture on 2 H200s (NVLink, tests/data/h200_tp2): vLLM's custom all-reduce (decode) 12.5 us a call, NCCL's
+# ring all-reduce of an 8,192-token prefill chunk (84 MB) 382 us, i.e. 2.2e11 bytes/s of activations.
+ALLREDUCES_PER_LAYER = 2
+ALLREDUCE_LATENCY_S = (6e-6, 1.25e-5, 2e-5)
+NVLINK_BPS = (3e11, 2.2e11, 1.5e11)
 MODELLED = {"gpu_memory_utilization", "kv_cache_memory_bytes", "kv_cache_dtype", "quantization", "max_num_seqs",
-            "max_num_batched_tokens", "max_model_len", "enforce_eager", "api_server_count"}
+            "max_num_batched_tokens", "max_model_len", "enforce_eager", "api_server_count", "tensor_parallel_size",
+            "data_parallel_size"}
 
 
 @dataclass(frozen=True)
@@ -102,10 +111,24 @@ def _prior_cost(obs: Observation, eager: bool) -> StepCost:
     bw, flops = obs.bandwidth_bps * mbu, obs.compute_flops * mfu
     weights = obs.matmul_params * obs.weight_bits / 8
     layers = max(1.0, obs.layers_heads_dim / 5120.0)
+    comm_s, comm_token_s = _comm(obs, obs.tensor_parallel)
     return StepCost(overhead_s=_overhead(eager, layers),
                     weights_s=weights / bw, token_s=2.0 * obs.matmul_params / flops,
                     kv_token_s=obs.memory.kv_bytes_per_token / bw, pair_s=4.0 * obs.layers_heads_dim / flops,
-                    cpu_step_s=_cpu_step(obs, eager), cpu_seq_s=CPU_SEQ_S)
+                    cpu_step_s=_cpu_step(obs, eager), cpu_seq_s=CPU_SEQ_S, comm_s=comm_s, comm_token_s=comm_token_s)
+
+
+def _comm(obs: Observation, tp: int, end: int = 1) -> tuple[float, float]:
+    """A step's all-reduce time at tensor parallel size `tp`: (per step, per token of the step). The run's own
+    mean all-reduce time where it has that parallelism, else the priors (`end`: 0 low, 1 middle, 2 high)."""
+    if tp <= 1:
+        return 0.0, 0.0
+    layers = obs.layers or max(1.0, obs.layers_heads_dim * obs.tensor_parallel / 5120.0)
+    calls = ALLREDUCES_PER_LAYER * layers
+    if tp == obs.tensor_parallel and obs.allreduce_s:
+        return calls * obs.allreduce_s, 0.0
+    hidden = obs.hidden or 5120.0
+    return calls * ALLREDUCE_LATENCY_S[end], calls * hidden * 2.0 * 2.0 * (tp - 1) / tp / NVLINK_BPS[end]
 
 
 def _cpu_step(obs: Observation, eager: bool, per_layer: float = EAGER_CPU_PER_LAYER_S[1]) -> float:
@@ -141,14 +164,15 @@ def _fit(obs: Observation) -> Calibrated:
     engine = Engine(obs.memory.kv_tokens, int(obs.config.get("max_num_seqs") or 256),
                     int(obs.config.get("max_num_batched_tokens") or 8192), reserve=DEFAULT_RESERVE)
     if m.preemptions is not None:  # the cache's slack from the run's own preemptions (each one recomputes)
-        tried = {w: simulate(work, replace(engine, reserve=w), prior).preemptions for w in RESERVES}
+        tried = {w: simulate_engines(work, replace(engine, reserve=w), prior, obs.data_parallel).preemptions
+                 for w in RESERVES}
         best = min(tried, key=lambda w: (abs(math.log((tried[w] + 1) / (m.preemptions + 1))), abs(w - DEFAULT_RESERVE)))
         engine = replace(engine, reserve=best)
 
     bound = host_bound(obs) if obs.host else "unknown"
     # a frontend process set the pace: the duration hides the engine's speed
     if bound and bound not in ("engine_core", "unknown"):
-        sim = simulate(work, engine, prior)
+        sim = simulate_engines(work, engine, prior, obs.data_parallel)
         return Calibrated(obs, work, engine, prior, 1.0, 1.0, sim, {})
 
     def scaled(log_scale: float) -> StepCost:
@@ -160,7 +184,7 @@ def _fit(obs: Observation) -> Calibrated:
         return _scaled(cpu if bound == "unknown" else prior, f, f)
 
     def gap(log_scale: float) -> tuple[float, SimResult]:
-        r = simulate(work, engine, scaled(log_scale))
+        r = simulate_engines(work, engine, scaled(log_scale), obs.data_parallel)
         return math.log(r.elapsed_s / m.elapsed_s), r
 
     # secant on log(scale): the duration is close to proportional to the step costs
@@ -200,9 +224,27 @@ def predict(cal: Calibrated, changes: dict[str, Any], noise: float | None = None
     fp8_weights = _is_fp8(changes.get("quantization")) and obs.weight_bits > 8
     fp8_kv = _is_fp8(changes.get("kv_cache_dtype")) and obs.memory.kv_bytes_per_token > 0 \
         and not _is_fp8(obs.config.get("kv_cache_dtype"))
-    # the KV cache's size
+    tp0, dp0 = obs.tensor_parallel, obs.data_parallel
+    tp1, dp1 = int(changes.get("tensor_parallel_size") or tp0), int(changes.get("data_parallel_size") or dp0)
+    share = tp0 / tp1  # of the model's work and weights on one GPU, after over before
+    # the KV cache's size (one GPU's bytes; a token's bytes on one GPU: its share of the KV heads)
     kv_bytes = _kv_bytes(obs, changes, fp8_weights, reasoning)
-    per_token = obs.memory.kv_bytes_per_token / (2 if fp8_kv else 1)
+    per_token = obs.memory.kv_bytes_per_token / (2 if fp8_kv else 1) * share
+    if tp1 != tp0:
+        weights = obs.memory.weights_bytes or obs.matmul_params * obs.weight_bits / 8
+        kv_bytes -= weights * (share - 1)
+        reasoning.append(f"--tensor-parallel-size {tp0} → {tp1}: each GPU holds {share:g}x the weights "
+                         f"({weights / 2**30:.1f} → {weights * share / 2**30:.1f} GiB) and does {share:g}x the work "
+                         "of a step" + ("; no all-reduces" if tp1 == 1 else ""))
+        if kv_bytes <= 0:
+            raise Infeasible(f"at --tensor-parallel-size {tp1} the weights ({weights * share / 2**30:.1f} GiB a GPU) "
+                             "leave no memory for the KV cache")
+    if dp1 != dp0:
+        reasoning.append(f"--data-parallel-size {dp0} → {dp1}: " + (
+            f"{dp1} engines, each serving 1/{dp1} of the requests (and of the client's slots)" if dp1 > 1
+            else "one engine serves every request"))
+    if tp1 * dp1 != tp0 * dp0:
+        trades.append(f"uses {tp1 * dp1} GPUs (the run used {tp0 * dp0})")
     kv_tokens = round(kv_bytes / per_token) if kv_bytes and kv_bytes > 0 else 0
     if abs(kv_tokens - obs.memory.kv_tokens) > 1e-3 * obs.memory.kv_tokens:
         reasoning.append(f"KV cache {obs.memory.kv_tokens:,} → {kv_tokens:,} tokens"
@@ -236,6 +278,13 @@ def predict(cal: Calibrated, changes: dict[str, Any], noise: float | None = None
                          f"{cost.overhead_s * 1e3:.2f} → {overhead * 1e3:.2f} ms; the engine core's CPU per step "
                          f"{cost.cpu_step_s * 1e3:.2f} → {cpu_step * 1e3:.2f} ms")
     base_cost = replace(cost, overhead_s=overhead)
+    if tp1 != tp0:  # a GPU's share of the work scales; the all-reduces are those of the new parallelism
+        base_cost = replace(base_cost, weights_s=base_cost.weights_s * share, token_s=base_cost.token_s * share,
+                            kv_token_s=base_cost.kv_token_s * share, pair_s=base_cost.pair_s * share)
+    comms = [_comm(obs, tp1, end) for end in range(3)] if tp1 != tp0 else [(cost.comm_s, cost.comm_token_s)] * 3
+    if tp1 != tp0 and (cost.comm_s or comms[1][0]):
+        reasoning.append(f"all-reduces {cost.comm_s * 1e3:.2f} → {comms[1][0] * 1e3:.2f} ms a step (latency)"
+                         + (f" + {comms[1][1] * 8192 * 1e3:.1f} ms for an 8,192-token prefill" if comms[1][1] else ""))
     speedups = FP8_GEMM_SPEEDUP if fp8_weights else (1.0, 1.0, 1.0)
     kv_costs = FP8_KV_TOKEN_COST if fp8_kv else (1.0, 1.0, 1.0)
     if fp8_weights:
@@ -244,11 +293,12 @@ def predict(cal: Calibrated, changes: dict[str, Any], noise: float | None = None
     if fp8_kv:
         reasoning.append(f"FP8 KV cache: a cached token read in {kv_costs[-1]}x-{kv_costs[0]}x its 16-bit time "
                          "(half the bytes, dequantised as read)")
-    runs = [simulate(work, new_engine, replace(base_cost, weights_s=base_cost.weights_s / (2 if fp8_weights else 1),
-                                                token_s=base_cost.token_s / g, pair_s=base_cost.pair_s / g,
-                                                kv_token_s=base_cost.kv_token_s * k, cpu_step_s=c))
-            for g, k, c in zip(speedups, kv_costs, cpu_steps, strict=True)]
-    if not (fp8_weights or fp8_kv or eager_after != eager_before):
+    runs = [simulate_engines(work, new_engine, replace(
+                base_cost, weights_s=base_cost.weights_s / (2 if fp8_weights else 1), token_s=base_cost.token_s / g,
+                pair_s=base_cost.pair_s / g, kv_token_s=base_cost.kv_token_s * k, cpu_step_s=c, comm_s=cs,
+                comm_token_s=ct), dp1)
+            for g, k, c, (cs, ct) in zip(speedups, kv_costs, cpu_steps, comms, strict=True)]
+    if not (fp8_weights or fp8_kv or eager_after != eager_before or tp1 != tp0):
         runs = runs[:1]
     mid = runs[len(runs) // 2]
     caps_before, caps = host_ceilings(obs, {}, cal.baseline), host_ceilings(obs, changes, cal.baseline, mid)
@@ -349,7 +399,9 @@ def host_ceilings(obs: Observation, changes: dict[str, Any], before: SimResult,
         if not cpu or cpu <= 0 or not out:
             continue
         processes = int(obs.config.get("api_server_count") or 1) if name == "api_server" else 1
-        count = int(changes.get("api_server_count", processes)) if name == "api_server" else 1
+        default = max(1, round(processes * int(changes.get("data_parallel_size") or obs.data_parallel)
+                                / obs.data_parallel))  # vLLM runs one API server per engine unless told
+        count = int(changes.get("api_server_count") or default) if name == "api_server" else 1
         per_process = cpu / processes
         if obs.host.get(f"{name}_saturated_share", 0.0) >= SATURATED:
             per_process = 1.0  # it carried what one core carries

@@ -16,8 +16,9 @@ Pure and deterministic: the same inputs give the same run. One step costs a few 
 
 from __future__ import annotations
 
+import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -56,12 +57,14 @@ class StepCost:
     pair_s: float  # one (query, key) pair of attention arithmetic
     cpu_step_s: float = 0.0  # the engine core's CPU per step (scheduling, sampling, output processing) ...
     cpu_seq_s: float = 0.0  # ... and per request in the step
+    comm_s: float = 0.0  # tensor parallelism's all-reduces per step: their latency ...
+    comm_token_s: float = 0.0  # ... and per token of the step (its activations over NVLink)
 
     def step_s(self, tokens: float, kv_read: float, pairs: float, seqs: int = 0) -> float:
         """The GPU's time for the step, or the engine core's CPU time where that is longer (with asynchronous
         scheduling the CPU prepares the next step while the GPU runs this one)."""
         gpu = self.overhead_s + max(self.weights_s, tokens * self.token_s) + kv_read * self.kv_token_s \
-            + pairs * self.pair_s
+            + pairs * self.pair_s + self.comm_s + tokens * self.comm_token_s
         return max(gpu, self.cpu_step_s + seqs * self.cpu_seq_s)
 
 
@@ -227,3 +230,18 @@ def simulate(work: Workload, engine: Engine, cost: StepCost, max_steps: int = 2_
         batch_mean=batch_sum / batch_steps if batch_steps else 0.0, batch_max=batch_max,
         decode_step_s=decode_time / decode_steps if decode_steps else float("nan"),
         kv_full_share=full_steps / steps if steps else 0.0, prompt_tokens_computed=computed)
+
+
+def simulate_engines(work: Workload, engine: Engine, cost: StepCost, engines: int = 1) -> SimResult:
+    """`engines` data-parallel engines (--data-parallel-size), each with `engine`'s settings: vLLM's API server sends
+    each request to the least loaded, so each serves an even share of the requests, the rate and the client's
+    slots; throughputs add up, latencies are one engine's."""
+    if engines <= 1:
+        return simulate(work, engine, cost)
+    share = Workload(max(1, round(work.requests / engines)), work.prompt_tokens, work.output_tokens,
+                     work.request_rate / engines if work.request_rate else None,
+                     max(1, math.ceil(work.max_concurrency / engines)) if work.max_concurrency else None)
+    r = simulate(share, engine, cost)
+    return replace(r, request_throughput=r.request_throughput * engines,
+                   output_throughput=r.output_throughput * engines,
+                   preemptions=r.preemptions * engines, prompt_tokens_computed=r.prompt_tokens_computed * engines)

@@ -35,6 +35,7 @@ SUBCOMMANDS = (("serve",), ("bench", "throughput"), ("bench", "latency"), ("benc
 # later": prefix caching, async scheduling); this table says what it becomes.
 VLLM_DEFAULTS: dict[str, Any] = {
     "tensor_parallel_size": 1,
+    "data_parallel_size": 1,
     "max_num_seqs": None,  # by GPU: default_max_num_seqs()
     "max_num_batched_tokens": None,  # depends on the entry point (8192 serve / 16384 offline on H100)
     "gpu_memory_utilization": 0.92,
@@ -55,7 +56,7 @@ VLLM_DEFAULTS: dict[str, Any] = {
     "speculative_config": None,
 }
 # The settings above that vLLM reads as numbers, and as switches: a value of another type is no value of theirs.
-NUMERIC_SETTINGS = frozenset({"tensor_parallel_size", "max_num_seqs", "max_num_batched_tokens",
+NUMERIC_SETTINGS = frozenset({"tensor_parallel_size", "data_parallel_size", "max_num_seqs", "max_num_batched_tokens",
                               "gpu_memory_utilization", "max_model_len", "kv_cache_memory_bytes", "cpu_offload_gb",
                               "api_server_count", "stream_interval", "max_cudagraph_capture_size"})
 SWITCHES = frozenset({"enforce_eager", "enable_chunked_prefill", "enable_prefix_caching", "async_scheduling"})
