@@ -66,6 +66,17 @@ def render(document: dict[str, Any], fmt: str = "text", top: int = 10) -> str:
     return render_document(document, fmt, top)
 
 
+def attach(url: str, out: PathLike, *, duration_s: float = 60.0, interval_s: float = 5.0,
+           headers: dict[str, str] | None = None) -> Path:
+    """Watch the vLLM server at `url` for `duration_s` through its own endpoints and write a live capture folder at
+    `out` (what `profkit attach` does); `report(out)` reads it."""
+    from profkit.capture.attach import AttachOptions
+    from profkit.capture.attach import attach as watch
+
+    return watch(AttachOptions(url=url, out=Path(out), duration_s=duration_s, interval_s=interval_s,
+                               headers=dict(headers or {})))
+
+
 def schema(kind: str = "report") -> dict[str, Any]:
     """The JSON Schema (draft 2020-12) of a document kind: `report`, `diff`, `prediction`, `tune` or `history`.
     Keys every document has are `required`; a key is added, never renamed or removed, within one schema version."""

@@ -233,6 +233,46 @@ def history_cmd(db: Path, fmt: str, label: str | None, last: int | None) -> None
     click.echo(render(history_document(list_runs(db, label=label, last=last)), fmt), nl=False)
 
 
+@cli.command("attach")
+@click.argument("url")
+@click.option("--duration", default="60s", show_default=True, help="how long to watch, with a unit (90s, 300s)")
+@click.option("--interval", default="5s", show_default=True,
+              help="time between two /metrics scrapes (1s at least: a scrape renders every series on the server)")
+@click.option("--every", default=None, help="print a line per interval of this length, e.g. 30s")
+@click.option("--profile", "profile", default=None,
+              help="take a profile window of this length at the start (POST /start_profile, /stop_profile; the "
+                   "server must have been started with --profiler-config)")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="capture folder (default: attach-YYYYmmdd-HHMMSS)")
+@click.option("--header", "headers", multiple=True, metavar="'NAME: VALUE'",
+              help="sent with every request, e.g. 'Authorization: Bearer ...' (else PROFKIT_API_KEY or "
+                   "VLLM_API_KEY as a bearer token); never written down")
+def attach_cmd(url: str, duration: str, interval: str, every: str | None, profile: str | None, out: Path | None,
+               headers: tuple[str, ...]) -> None:
+    """Watch a running vLLM server through its own endpoints (/metrics, /version, /v1/models) and write a capture
+    folder (kind live) for `profkit report`, `diff` and `history`. Only reads, at most one scrape a second.
+
+    \b
+      profkit attach http://127.0.0.1:8000 --duration 2min --every 30s --out before-deploy"""
+    import time
+
+    from profkit.capture.attach import AttachOptions, attach
+
+    parsed = {}
+    for h in headers:
+        name, sep, value = h.partition(":")
+        if not sep or not name.strip():
+            raise click.BadParameter("expected 'NAME: VALUE' (the value is not shown)", param_hint="--header")
+        parsed[name.strip()] = value.strip()
+    seconds = {k: parse_duration(v) / 1e9 if v else None for k, v in
+               (("duration", duration), ("interval", interval), ("every", every), ("profile", profile))}
+    folder = out or Path(time.strftime("attach-%Y%m%d-%H%M%S"))
+    opts = AttachOptions(url=url, out=folder, duration_s=seconds["duration"], interval_s=seconds["interval"],
+                         every_s=seconds["every"], profile_s=seconds["profile"], headers=parsed)
+    done = attach(opts, say=lambda m: click.echo(f"profkit: {terminal(m)}", err=True))
+    click.echo(f"profkit: live capture complete: {terminal(done)} (profkit report {shell_word(str(done))})", err=True)
+
+
 @cli.command("schema")
 @click.argument("kind", type=click.Choice(SCHEMA_KINDS), default="report")
 def schema_cmd(kind: str) -> None:

@@ -9,11 +9,14 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from profkit.capture.attach import AttachOptions, attach
 from profkit.diagnose.facts import FACTS, UNITS, compute_facts
 from profkit.evidence.record import Evidence
 from profkit.render import render
 from profkit.report import Report, ReportOptions, build_report
 from tests.cli import profkit
+from tests.conftest import unpack
+from tests.test_attach import StandIn
 
 DATA = Path(__file__).parent / "data"
 # Declared facts that none of the runs below gives a value, and why: each is None in every recorded run because
@@ -75,7 +78,13 @@ def rich_reports(tmp_path_factory: pytest.TempPathFactory, h100_tune: Path) -> d
         tar.extractall(folder, filter="data")
     ranks = [DATA / "foreign" / f"hta_sampled_rank-{i}.json.gz" for i in (0, 1)]
     kv = DATA / "vllm_serve_kv300mb"
+    live = folder / "live"  # a live window: profkit attach on a stand-in replaying a real server's /metrics
+    capture = unpack(tmp_path_factory, "h200_tp2") / "capture"
+    scrapes = [(capture / f"metrics-{n}.txt").read_text() for n in ("before", "after", "after")]
+    with StandIn(scrapes) as server:
+        attach(AttachOptions(url=server.url, out=live, duration_s=2.0, interval_s=1.0))
     return {
+        "live": build_report(live),
         "fp8": build_report(folder / "fp8", options=ReportOptions(window="all")),
         "ranks": build_report(ranks, options=ReportOptions(window="all", jobs=1)),
         "offline": build_report(h100_tune / "def_thr"),

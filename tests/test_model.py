@@ -194,12 +194,12 @@ def test_a_change_within_the_noise_is_predicted_within_it(runs: dict[str, Path])
 
 def test_predict_in_every_format(runs: dict[str, Path], tmp_path: Path) -> None:
     args = ("predict", runs["bf16"], "--format")
-    doc = json.loads(profkit(*args, "json", "--", "--kv-cache-dtype", "fp8", "--tensor-parallel-size", "2").stdout)
+    doc = json.loads(profkit(*args, "json", "--", "--kv-cache-dtype", "fp8", "--stream-interval", "4").stdout)
     assert doc["schema"] == "profkit.prediction/1"
     assert set(doc["metrics"]) == {"request_throughput", "output_throughput", "ttft_mean_ms", "tpot_mean_ms"}
     for m in doc["metrics"].values():
         assert m["low"] <= m["predicted"] <= m["high"] and m["before"] > 0
-    assert doc["unmodelled"] == ["tensor_parallel_size"]
+    assert doc["unmodelled"] == ["stream_interval"]
     assert doc["limit"]["before"] and doc["limit"]["after"] and doc["reasoning"]
     for fmt in ("text", "md", "html"):
         out = profkit(*args, fmt, "--", "--kv-cache-dtype", "fp8").stdout

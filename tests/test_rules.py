@@ -281,13 +281,20 @@ def test_graph_coverage_and_communication_rules(auto) -> None:
     whole = auto("thr_graphs", window="all")
     assert 0 < whole["facts"]["kernels.graph_share"] < 0.8 and "cuda-graph-coverage" in fired(whole)
     assert "cuda-graph-coverage" not in fired(auto("thr_graphs"))  # the benchmark phase: 84 % from graphs
-    # No fixture has tensor parallelism: evaluate the rule on real facts with the one fact changed.
+    # The TP=2 recordings are in test_tensor_parallel.py; here the rules on a single-GPU run's real facts with the
+    # parallel facts changed: communication is a diagnosis, the layout's change is tp-or-dp's (the model decides).
     rule = [r for r in load_rules() if r.id == "tp-communication"]
     facts = dict(auto("thr_graphs")["facts"])
     assert evaluate(rule, facts)[0] == []
     facts.update({"category.communication.share": 0.3, "config.tensor_parallel_size": 4})
     found = evaluate(rule, facts)[0]
-    assert found and found[0].changes[0].to == 2
+    assert found and found[0].changes == []
+    layout = [r for r in load_rules() if r.id == "tp-or-dp"]
+    facts.update({"vllm.running_max": 800, "config.data_parallel_size": 1})
+    found = evaluate(layout, facts)[0]
+    assert [(c.flag, c.to) for c in found[0].changes] == [("--data-parallel-size", 4)]
+    facts.update({"vllm.running_max": 4})
+    assert evaluate(layout, facts)[0] == []
 
 
 def write_rule(folder: Path, name: str, text: str) -> Path:

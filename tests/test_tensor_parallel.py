@@ -209,3 +209,18 @@ def test_data_parallel_engines_each_serve_their_share() -> None:
         assert two.request_throughput == pytest.approx(2 * one.request_throughput)
         assert two.output_throughput == pytest.approx(2 * one.output_throughput)
         assert (two.ttft_mean_s, two.tpot_mean_s, two.elapsed_s) == (one.ttft_mean_s, one.tpot_mean_s, one.elapsed_s)
+
+
+def test_every_split_of_the_runs_gpus_is_a_candidate_layout() -> None:
+    """Planned for any GPU count: a run on 4 GPUs as TP=4 is offered 1x4 and 2x2; as 2x2, 1x4 and 4x1."""
+    from types import SimpleNamespace
+
+    from profkit.diagnose.prescription import _layouts
+
+    def cal(tp: int, dp: int) -> SimpleNamespace:
+        return SimpleNamespace(observation=SimpleNamespace(tensor_parallel=tp, data_parallel=dp))
+
+    assert _layouts(cal(4, 1)) == [(1, 4), (2, 2)]
+    assert _layouts(cal(2, 2)) == [(1, 4), (4, 1)]
+    assert _layouts(cal(8, 1)) == [(1, 8), (2, 4), (4, 2)]
+    assert _layouts(cal(1, 1)) == []

@@ -47,9 +47,14 @@ HEADLINE_FACTS: dict[str, str | None] = {
 
 
 def outcome(report: dict[str, Any]) -> dict[str, float]:
-    """The benchmark's figures of one run, under vLLM's bench JSON names (only those the run has)."""
+    """The benchmark's figures of one run, under vLLM's bench JSON names (only those the run has); a live window
+    (`profkit attach`, no benchmark) gives the same names from the server's counters and histograms."""
     bench = (report.get("vllm") or {}).get("bench") or {}
-    return {name: float(bench[key]) for name, (key, _) in OUTCOME.items() if bench.get(key) is not None}
+    if not bench and (report.get("vllm") or {}).get("live"):
+        facts = report.get("facts") or {}
+        bench = {key: facts.get(f"vllm.{key}") for _, (key, _) in OUTCOME.items()}
+    return {name: float(bench[key]) for name, (key, _) in OUTCOME.items()
+            if isinstance(bench.get(key), (int, float)) and not isinstance(bench.get(key), bool)}
 
 
 def headline(report: dict[str, Any]) -> dict[str, float]:

@@ -23,7 +23,7 @@ UNITS = {
     "ns": "nanoseconds", "ms": "milliseconds", "share": "0..1", "count": "count", "bytes": "bytes",
     "cores": "CPU cores (1.0 = one core busy)", "req/s": "requests per second", "tok/s": "tokens per second",
     "tokens": "tokens", "rank": "a rank's label", "value": "the flag's value", "text": "text",
-    "bool": "true or false", "bits": "bits",
+    "bool": "true or false", "bits": "bits", "s": "seconds",
 }
 
 
@@ -103,7 +103,10 @@ def _declare() -> dict[str, Fact]:
         ("vllm.waiting_max", "count", "peak requests waiting (log or metrics)"),
         ("vllm.running_max", "count", "peak requests running (log; else the benchmark client's peak in flight; else "
                                       "metrics)"),
-        ("vllm.running_mean", "count", "mean requests running over the log's stats lines"),
+        ("vllm.running_mean", "count", "mean requests running over the log's stats lines (or a live window's "
+                                       "scrapes)"),
+        ("live.seconds", "s", "the span of a live window's scrapes (profkit attach)"),
+        ("live.requests", "count", "requests finished in a live window (vllm:request_success_total's change)"),
         ("vllm.prefix_cache_hit_rate", "share", "prefix cache hits / queries, 0..1"),
         ("vllm.prompt_token_share", "share", "prompt tokens / all tokens processed (log throughput lines, else "
                                              "token counters)"),
@@ -382,12 +385,31 @@ def vllm_facts(vllm: Any) -> dict[str, Any]:
     for key in ("requests_per_second", "num_requests", "output_throughput", "ttft_mean_ms", "ttft_p99_ms",
                 "tpot_mean_ms", "tpot_p99_ms", "itl_mean_ms", "itl_p99_ms"):
         facts[f"vllm.{key}"] = getattr(bench, key) if bench is not None else None
+    live = (vllm.live or {}) if vllm is not None else {}
+    if bench is None and live:  # a live window: the server's own counters and histograms
+        window = live.get("seconds") or 0.0
+        gen = (live.get("output_tokens_per_request") or 0.0) * (live.get("requests") or 0.0)
+        for key, value in (("requests_per_second", live.get("request_rate")), ("num_requests", live.get("requests")),
+                           ("output_throughput", gen / window if window > 0 and gen else None),
+                           ("ttft_mean_ms", (live.get("ttft_ms") or {}).get("mean")),
+                           ("ttft_p99_ms", (live.get("ttft_ms") or {}).get("p99")),
+                           ("tpot_mean_ms", (live.get("tpot_ms") or {}).get("mean")),
+                           ("tpot_p99_ms", (live.get("tpot_ms") or {}).get("p99")),
+                           ("itl_mean_ms", (live.get("itl_ms") or {}).get("mean")),
+                           ("itl_p99_ms", (live.get("itl_ms") or {}).get("p99"))):
+            facts[f"vllm.{key}"] = value
     log = vllm.log if vllm is not None else None
     metrics = (vllm.metrics_delta or vllm.metrics or {}) if vllm is not None else {}
     gauges = (vllm.metrics or {}) if vllm is not None else {}
 
+    series = (vllm.series or {}) if vllm is not None else {}
+
     def logged(key: str) -> Any:
-        return getattr(log, key) if log is not None else None
+        """The log's stats lines, else a live window's scrapes (`profkit attach`)."""
+        value = getattr(log, key) if log is not None else None
+        if value is None and key in series:
+            return series[key] * 100 if key.startswith("kv_cache_usage") else series[key]
+        return value
 
     preempt = metrics.get("vllm:num_preemptions_total")
     facts["vllm.preemptions"] = int(preempt) if preempt is not None else logged("preemptions_total")
@@ -403,6 +425,9 @@ def vllm_facts(vllm: Any) -> dict[str, Any]:
         running = bench.peak_concurrent_requests
     facts["vllm.running_max"] = running if running is not None else gauges.get("vllm:num_requests_running")
     facts["vllm.running_mean"] = logged("running_mean")
+    facts["live.seconds"] = series.get("seconds")
+    finished = metrics.get("vllm:request_success_total") if series else None
+    facts["live.requests"] = int(finished) if finished is not None else None
     hits, queries = metrics.get("vllm:prefix_cache_hits_total"), metrics.get("vllm:prefix_cache_queries_total")
     if hits is not None and queries:
         facts["vllm.prefix_cache_hit_rate"] = hits / queries

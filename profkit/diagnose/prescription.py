@@ -55,10 +55,10 @@ def _candidates(findings: list[Finding], cal: Calibrated) -> dict[tuple[str, Any
             to = c.to
             if dest == "kv_cache_memory_bytes" and to is None:
                 to = "default"
-            if dest in PARALLEL:  # the same GPUs split another way: (GPUs per engine, engines)
-                layout = _layout(dest, to, cal)
-                if layout is not None:
-                    out.setdefault(("parallel", layout), []).append(f.rule)
+            if dest in PARALLEL:  # the same GPUs split another way: (GPUs per engine, engines), every split tried
+                if _layout(dest, to, cal) is not None:
+                    for layout in _layouts(cal):
+                        out.setdefault(("parallel", layout), []).append(f.rule)
                 continue
             out.setdefault((dest, to), []).append(f.rule)
             for value in TRIED.get(dest, ()):  # the model's own values answer the findings naming the lever
@@ -98,6 +98,14 @@ def _same_gpus(changes: dict[str, Any], cal: Calibrated) -> dict[str, Any]:
             return rest if layout is None else {**rest, "tensor_parallel_size": layout[0],
                                                 "data_parallel_size": layout[1]}
     return changes
+
+
+def _layouts(cal: Calibrated) -> list[tuple[int, int]]:
+    """Every split of the run's GPUs into engines of equal size but its own (4 GPUs: 1x4, 2x2, 4x1)."""
+    obs = cal.observation
+    gpus = obs.tensor_parallel * obs.data_parallel
+    return [(t, gpus // t) for t in range(1, gpus + 1) if gpus % t == 0 and (t, gpus // t) != (obs.tensor_parallel,
+                                                                                                obs.data_parallel)]
 
 
 def _changes(key: tuple[str, Any], cal: Calibrated) -> dict[str, Any]:

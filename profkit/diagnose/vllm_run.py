@@ -10,7 +10,7 @@ from typing import Any
 import msgspec
 
 from profkit.evidence.bench import BenchResult
-from profkit.evidence.metrics import MetricsScrape, counter_delta
+from profkit.evidence.metrics import MetricsScrape, bucket_delta, counter_delta, quantile, series_summary
 from profkit.evidence.vllm_log import VllmLog
 from profkit.vllm.options import default_max_num_seqs, effective_config
 
@@ -20,6 +20,8 @@ class VllmSection(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True)
     log: VllmLog | None = None
     metrics: dict[str, float] | None = None  # the last scrape
     metrics_delta: dict[str, float] | None = None  # counters over the benchmark (two scrapes)
+    series: dict[str, float | int] | None = None  # a live window's scrapes: span, gauges' max and mean
+    live: dict[str, Any] | None = None  # a live window's rates, mix and latency percentiles (profkit attach)
     flags: dict[str, Any]  # the settings the run's command gave
     defaults: dict[str, Any]  # vLLM's defaults that depend on the GPU, and the GPU
     config: dict[str, Any]  # every setting rules may name: {value, source}; empty for a run not shown to be vLLM's
@@ -36,10 +38,49 @@ def vllm_section(bench: BenchResult | None, log: VllmLog | None, metrics: list[M
         bench=bench, log=log,
         metrics=metrics[-1].values if metrics else None,
         metrics_delta=counter_delta(metrics[0], metrics[-1]) if len(metrics) > 1 else None,
+        series=series_summary(metrics),
+        live=live_window(metrics),
         flags=flags,
         defaults={"max_num_seqs": default_max_num_seqs(gpu), "gpu": gpu},
         config=effective_config(flags, logged, gpu) if is_vllm else {},
     )
+
+
+# vLLM 0.26's request histograms (seconds): what each live latency is
+LATENCIES = {"ttft": "vllm:time_to_first_token_seconds", "itl": "vllm:inter_token_latency_seconds",
+             "tpot": "vllm:request_time_per_output_token_seconds", "queue": "vllm:request_queue_time_seconds",
+             "prefill": "vllm:request_prefill_time_seconds", "decode": "vllm:request_decode_time_seconds",
+             "e2e": "vllm:e2e_request_latency_seconds"}
+
+
+def live_window(metrics: list[MetricsScrape]) -> dict[str, Any] | None:
+    """What a live window's first and last scrapes say (a series of timed scrapes: `profkit attach`): requests
+    finished and their rate, the mix (tokens per request), the prefix cache's hit rate, and each latency's mean and
+    p50/p90/p99 (ms) from vLLM's histograms over the window."""
+    timed = [m for m in metrics if m.t is not None]
+    if len(timed) < 2:
+        return None
+    first, last = metrics[0], metrics[-1]
+    seconds = (timed[-1].t or 0.0) - (timed[0].t or 0.0)
+    delta = counter_delta(first, last)
+    done = delta.get("vllm:request_success_total")
+    out: dict[str, Any] = {"seconds": seconds, "requests": done,
+                           "request_rate": done / seconds if done is not None and seconds > 0 else None}
+    prompt, gen = delta.get("vllm:prompt_tokens_total"), delta.get("vllm:generation_tokens_total")
+    if done:
+        out["prompt_tokens_per_request"] = prompt / done if prompt is not None else None
+        out["output_tokens_per_request"] = gen / done if gen is not None else None
+    hits, queries = delta.get("vllm:prefix_cache_hits_total"), delta.get("vllm:prefix_cache_queries_total")
+    out["prefix_cache_hit_rate"] = hits / queries if hits is not None and queries else None
+    for key, name in LATENCIES.items():
+        count, total = delta.get(f"{name}_count"), delta.get(f"{name}_sum")
+        if not count:
+            continue
+        buckets = bucket_delta(first, last, name)
+        out[f"{key}_ms"] = {"mean": total / count * 1e3 if total is not None else None, "count": count,
+                            **{f"p{round(q * 100)}": (v * 1e3 if (v := quantile(buckets, q)) is not None else None)
+                               for q in (0.5, 0.9, 0.99)}}
+    return out
 
 
 def vllm_run_evidence(bench: BenchResult | None, log: VllmLog | None, metrics: list[MetricsScrape],

@@ -26,7 +26,7 @@ from profkit.errors import ProfkitError
 from profkit.evidence.bench import BenchResult, read_bench
 from profkit.evidence.host import HostSamples, read_host
 from profkit.evidence.manifest import CaptureManifest, read_manifest
-from profkit.evidence.metrics import MetricsScrape, read_metrics
+from profkit.evidence.metrics import MetricsScrape, read_metrics, read_series
 from profkit.evidence.model_config import ModelShape, read_model_config
 from profkit.evidence.vllm_log import VllmLog, read_log
 from profkit.vllm.command import UserCommand, VllmCommand
@@ -44,6 +44,7 @@ BENCH_TORCH_LOG = "bench-torch.log"
 EXPORT_LOG = "export.log"
 METRICS_BEFORE = "metrics-before.txt"
 METRICS_AFTER = "metrics-after.txt"
+METRICS_SERIES = "metrics-series.jsonl"  # profkit attach: the scrapes between the first and the last
 HOST = "host.json"
 REPORT = "report.json"
 MODEL_CONFIG = "model-config.json"  # the served model's config.json, copied (its shape: FLOPs and bytes per token)
@@ -128,7 +129,13 @@ class CaptureFolder:
         return read_log(self.log_path) if self.log_path else None
 
     def metrics(self) -> list[MetricsScrape]:
-        return [read_metrics(p) for p in self.metrics_paths]
+        """The scrapes in time order: before, the timed series (`profkit attach`: vLLM's samples of every scrape),
+        after."""
+        scrapes = [read_metrics(p) for p in self.metrics_paths]
+        series = self._existing(METRICS_SERIES)
+        if series is None or len(scrapes) < 2:
+            return scrapes
+        return [scrapes[0], *read_series(series), scrapes[-1]]
 
     def host(self) -> HostSamples | None:
         return read_host(self.host_path) if self.host_path else None

@@ -13,27 +13,112 @@ from profkit.inputs import read_text
 
 
 class MetricsScrape(msgspec.Struct, frozen=True):
-    """One scrape: `{'vllm:num_preemptions_total': 31.0, ...}`; histograms keep their `_sum` and `_count`."""
+    """One scrape: `{'vllm:num_preemptions_total': 31.0, ...}`; histograms keep their `_sum` and `_count`; `t`:
+    seconds since the first scrape of a series (`profkit attach`), None for a lone scrape."""
 
     values: dict[str, float]
+    t: float | None = None
+    # histograms' cumulative buckets, summed over label sets: {name: {le: count}} ("+Inf" the total)
+    buckets: dict[str, dict[str, float]] = {}
+
+
+# The series `profkit attach` keeps between its first and last scrape, one JSON object a line:
+# {"t": seconds since the first scrape, "values": {name: value}} with vLLM's own samples only.
+SERIES_MAX_LINE = 1 << 20
+SERIES_MAX_SCRAPES = 100_000
+
+
+def read_series(path: Path) -> list[MetricsScrape]:
+    """`metrics-series.jsonl`: the scrapes in time order; a line that is not such an object fails the file."""
+    out: list[MetricsScrape] = []
+    decoder = msgspec.json.Decoder(MetricsScrape)
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, 1):
+            if number > SERIES_MAX_SCRAPES or len(line) > SERIES_MAX_LINE:
+                raise ProfkitError(f"{path}: line {number}: more than a metrics series holds")
+            if not line.strip():
+                continue
+            try:
+                scrape = decoder.decode(line)
+            except msgspec.ValidationError as exc:
+                raise ProfkitError(f"{path}: line {number}: not a scrape ({one_line(exc, 160)})") from None
+            except msgspec.DecodeError:
+                raise ProfkitError(f"{path}: line {number}: not JSON") from None
+            if scrape.t is None or not math.isfinite(scrape.t) or (out and scrape.t < (out[-1].t or 0.0)):
+                raise ProfkitError(f"{path}: line {number}: its time is missing or goes back")
+            out.append(MetricsScrape({k: v for k, v in scrape.values.items() if math.isfinite(v)}, scrape.t))
+    return out
+
+
+def series_summary(scrapes: list[MetricsScrape]) -> dict[str, float | int] | None:
+    """Over a series (3 scrapes or more): its span, and the max and mean of the scheduler's gauges (requests
+    running and waiting, the KV cache's usage), time-weighted like the periodic stats lines are."""
+    timed = [s for s in scrapes if s.t is not None]
+    if len(timed) < 3:
+        return None
+    out: dict[str, float | int] = {"scrapes": len(timed), "seconds": (timed[-1].t or 0.0) - (timed[0].t or 0.0)}
+    for key, names in (("running", ("vllm:num_requests_running",)), ("waiting", ("vllm:num_requests_waiting",)),
+                       ("kv_cache_usage", ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"))):
+        found = [next((s.values[m] for m in names if m in s.values), None) for s in timed]
+        values = [v for v in found if v is not None]
+        if values:
+            out[f"{key}_max"], out[f"{key}_mean"] = max(values), sum(values) / len(values)
+    return out
 
 
 def parse_metrics(text: str) -> MetricsScrape:
     from prometheus_client.parser import text_string_to_metric_families  # only runs that kept /metrics need it
 
     out: dict[str, float] = {}
+    buckets: dict[str, dict[str, float]] = {}
     try:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
-                if sample.name.endswith("_bucket") or sample.name.endswith("_created"):
+                if sample.name.endswith("_created"):
                     continue
                 value = float(sample.value)
                 if not math.isfinite(value):  # NaN/Inf samples say nothing a rule could use
                     continue
+                if sample.name.endswith("_bucket"):
+                    le = sample.labels.get("le")
+                    if le is not None and sample.name.startswith("vllm:"):
+                        hist = buckets.setdefault(sample.name.removesuffix("_bucket"), {})
+                        hist[le] = hist.get(le, 0.0) + value
+                    continue
                 out[sample.name] = out.get(sample.name, 0.0) + value
     except (ValueError, TypeError, IndexError, KeyError) as exc:
         raise ProfkitError(f"not Prometheus text format: {one_line(exc, 160)}") from None
-    return MetricsScrape(out)
+    return MetricsScrape(out, buckets=buckets)
+
+
+def bucket_delta(before: MetricsScrape, after: MetricsScrape, name: str) -> list[tuple[float, float]]:
+    """A histogram's buckets over a window: (upper bound, cumulative count) in order, +Inf last."""
+    now, then = after.buckets.get(name) or {}, before.buckets.get(name) or {}
+    out = []
+    for le, count in now.items():
+        try:
+            bound = float(le)
+        except ValueError:
+            continue
+        out.append((bound, max(0.0, count - then.get(le, 0.0))))
+    return sorted(out)
+
+
+def quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
+    """Prometheus's histogram_quantile: linear within the bucket that holds the q-th observation; in the +Inf
+    bucket, the highest finite bound. None without observations."""
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    total, lower, below = buckets[-1][1], 0.0, 0.0
+    rank = q * total
+    for bound, count in buckets:
+        if count >= rank:
+            if math.isinf(bound):
+                return lower
+            inside = count - below
+            return lower + (bound - lower) * ((rank - below) / inside if inside > 0 else 1.0)
+        lower, below = bound, count
+    return lower
 
 
 def read_metrics(path: Path) -> MetricsScrape:

@@ -9,7 +9,7 @@ from profkit.escape import document, terminal
 from profkit.render.efficiency import PRECISION_NOTE, efficiency_view
 from profkit.render.prescription import prescription_lines
 from profkit.render.ranks import rank_table
-from profkit.units import change_from, change_to, clip, clip_middle, gap_class, ns, pct, size
+from profkit.units import change_from, change_to, clip, clip_middle, gap_class, ns, number, pct, size
 
 
 def _table(rows: list[dict[str, Any]], columns: dict[str, Any], limit: int) -> str:
@@ -61,6 +61,30 @@ def outcome_lines(report: dict[str, Any]) -> list[str]:
         if value is not None:
             parts.append(f"{label} {pct(value) if fmt is None else fmt.format(value)}")
     return ["  vLLM: " + ", ".join(parts)] if parts else []
+
+
+def live_lines(report: dict[str, Any]) -> list[str]:
+    """A live window (profkit attach): its load, mix and the server's own latency percentiles."""
+    live = (report.get("vllm") or {}).get("live")
+    if not live:
+        return []
+    head = f"  live window {live['seconds']:,.0f} s: {number(live.get('requests'))} requests finished"
+    if live.get("request_rate") is not None:
+        head += f" ({live['request_rate']:,.2f} req/s)"
+    if live.get("prompt_tokens_per_request") is not None and live.get("output_tokens_per_request") is not None:
+        head += (f", {live['prompt_tokens_per_request']:,.0f} prompt / {live['output_tokens_per_request']:,.0f} "
+                 "output tokens a request")
+    if live.get("prefix_cache_hit_rate") is not None:
+        head += f", prefix cache hits {pct(live['prefix_cache_hit_rate'])}"
+    out = [head]
+    for key, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "inter-token"), ("queue", "queue"),
+                       ("e2e", "end to end")):
+        m = live.get(f"{key}_ms")
+        if m:
+            ps = " / ".join("-" if m.get(p) is None else f"{m[p]:,.1f}" for p in ("p50", "p90", "p99"))
+            out.append(f"    {label:12} mean {'-' if m.get('mean') is None else format(m['mean'], ',.1f')} ms, "
+                       f"p50 / p90 / p99 {ps} ms (vLLM's histograms)")
+    return out
 
 
 def host_lines(report: dict[str, Any]) -> list[str]:
@@ -182,6 +206,7 @@ def render_text(report: dict[str, Any], top: int = 10, name_width: int = 70) -> 
         f"{pct(facts['kernels.short_share'])} shorter than 10 us); launch call to kernel start median "
         f"{ns(facts['launch.latency_median_ns'])} (queueing behind earlier GPU work included)",
         *outcome_lines(report),
+        *live_lines(report),
         "",
     ]
     out += prescription_lines(report)
@@ -262,7 +287,7 @@ def _findings(report: dict[str, Any]) -> list[str]:
 def _render_evidence_only(report: dict[str, Any]) -> str:
     src = report["source"]
     out = [f"profkit report: {terminal(src['path'] or 'vLLM evidence')} (no trace: vLLM's own evidence only)",
-           *outcome_lines(report), ""]
+           *outcome_lines(report), *live_lines(report), ""]
     out += prescription_lines(report)
     out += _findings(report)
     out += efficiency_lines(report)
