@@ -21,8 +21,9 @@ class StandIn:
     """A vLLM-shaped HTTP server: /metrics answers each scrape with the next recorded text (the last repeats)."""
 
     def __init__(self, scrapes: list[str], token: str | None = None, status: int = 200,
-                 version: str = "0.26.0") -> None:
+                 version: str = "0.26.0", profiles: bool = False) -> None:
         self.scrapes, self.token, self.status, self.version = scrapes, token, status, version
+        self.profiles = profiles  # answers /start_profile and /stop_profile, as a server with --profiler-config
         self.seen: list[tuple[str, str, str | None]] = []  # method, path, authorization
         stand_in = self
 
@@ -40,6 +41,8 @@ class StandIn:
                     n = sum(1 for _, p, _ in stand_in.seen if p == "/metrics") - 1
                     text = stand_in.scrapes[min(n, len(stand_in.scrapes) - 1)]
                     return self._send(200, text.encode(), "text/plain; version=0.0.4")
+                if stand_in.profiles and self.command == "POST" and self.path in ("/start_profile", "/stop_profile"):
+                    return self._send(200, b"", "text/plain")
                 if self.path == "/version":
                     return self._send(200, json.dumps({"version": stand_in.version}).encode(), "application/json")
                 if self.path == "/v1/models":
@@ -202,3 +205,14 @@ def test_diff_of_two_live_folders_compares_the_servers_figures(recorded: dict[st
     assert rows["request_throughput"]["after"] == 0.0 and rows["request_throughput"]["verdict"] == "worse"
     idle = json.loads(profkit("report", tmp_path / "idle", "--format", "json").stdout)
     assert "live-window-quiet" in {f["rule"] for f in idle["findings"]}
+
+
+def test_a_profile_window_is_taken_only_when_asked(recorded: dict[str, str], tmp_path: Path) -> None:
+    with StandIn([recorded["after"]], profiles=True) as server:
+        r = profkit("attach", server.url, "--duration", "1s", "--profile", "1s", "--out", tmp_path / "p")
+        assert r.returncode == 0, r.stderr
+        assert [p for m, p, _ in server.seen if m == "POST"] == ["/start_profile", "/stop_profile"]
+        notes = json.loads((tmp_path / "p" / "manifest.json").read_text())["notes"]
+        assert any("profile window" in n for n in notes)
+        r = profkit("attach", server.url, "--duration", "1s", "--out", tmp_path / "q")
+        assert [p for m, p, _ in server.seen if m == "POST"] == ["/start_profile", "/stop_profile"]  # none more
