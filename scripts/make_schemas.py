@@ -38,6 +38,8 @@ MAPS = {
     "history": set(),
 }
 _IDENT = re.compile(r"^[a-z_][a-z0-9_]*$")
+# A flag's value, before or after a change: any JSON value a vLLM flag takes (a number, a word, a JSON config).
+_FLAG_VALUE = re.compile(r"(?:flags|changes)\[\]\.(?:from|to|before|after|value)$")
 DESCRIPTIONS = {
     "report": "profkit report --format json: one run's trace and evidence analysed, its findings and prescription.",
     "diff": "profkit diff --format json: two runs (or two sets of replicates) compared metric by metric.",
@@ -57,6 +59,8 @@ def _type(value: Any) -> str:
 
 def infer(values: list[Any], kind: str, path: str = "") -> dict[str, Any]:
     """The schema every value in `values` (the same place in many documents) satisfies."""
+    if _FLAG_VALUE.search(path):
+        return {}
     types = sorted({_type(v) for v in values})
     if types == ["null"]:
         return {}  # never seen with a value: no claim on its type

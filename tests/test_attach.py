@@ -72,6 +72,27 @@ class StandIn:
         self.server.server_close()
 
 
+class FakeClock:
+    """attach's clock and sleep for library calls: a window of minutes watched in no time."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def watched(url: str, out: Path, duration_s: float, interval_s: float) -> Path:
+    from profkit.capture.attach import AttachOptions, attach
+
+    fake = FakeClock()
+    return attach(AttachOptions(url=url, out=out, duration_s=duration_s, interval_s=interval_s), clock=fake.clock,
+                  sleep=fake.sleep)
+
+
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     capture = unpack(tmp_path_factory, "h200_tp2") / "capture"
@@ -158,8 +179,7 @@ def test_the_live_report_agrees_with_the_benchmark_of_the_same_load(recorded: di
     exactly, the rate within the window's slack, TPOT and inter-token latency within 1 %, TTFT within 10 % (the
     client's TTFT adds HTTP and tokenising)."""
     with StandIn([recorded["before"], recorded["after"], recorded["after"]]) as server:
-        r = profkit("attach", server.url, "--duration", "10s", "--interval", "5s", "--out", tmp_path / "w")
-        assert r.returncode == 0, r.stderr
+        watched(server.url, tmp_path / "w", 10.0, 5.0)
     doc = json.loads(profkit("report", tmp_path / "w", "--format", "json").stdout)
     live, facts = doc["vllm"]["live"], doc["facts"]
     assert live["requests"] == tp2_bench["completed"] == 200
@@ -197,8 +217,7 @@ def test_diff_of_two_live_folders_compares_the_servers_figures(recorded: dict[st
     for name, scrapes in (("busy", [recorded["before"], recorded["after"], recorded["after"]]),
                           ("idle", [recorded["after"]])):
         with StandIn(scrapes) as server:
-            r = profkit("attach", server.url, "--duration", "2s", "--interval", "1s", "--out", tmp_path / name)
-            assert r.returncode == 0, r.stderr
+            watched(server.url, tmp_path / name, 2.0, 1.0)
     doc = json.loads(profkit("diff", tmp_path / "busy", tmp_path / "idle", "--format", "json").stdout)
     rows = {m["name"]: m for m in doc["metrics"]}
     assert rows["request_throughput"]["before"] == pytest.approx(100.0, rel=0.05)  # 200 requests in 2 s

@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 import pytest
 
+from profkit.api import render
 from tests.cli import one_error_line, profkit
 
 REPO = Path(__file__).resolve().parent.parent
@@ -214,7 +215,7 @@ def test_templated_kernels_read_differently_in_the_report_and_the_diff(phases_pa
                                                  "device_kernel<FlashAttnFwdSm90 … 128>",
                                                  "device_kernel<FlashAttnFwdSm90 … 64>"]
     assert len({k["label"] for k in kernels}) == len(kernels)
-    text = profkit("report", str(phases_pair["bf16"]), "--top", "20").stdout
+    text = render(json.loads(out.stdout), "text", top=20)
     assert "device_kernel<FlashAttnFwdSm90 … 64>" in text
     assert not re.search(r"\sdevice_kernel\s*$", text, re.M)
     # the diff labels both sides together: a kernel new after FP8 and one gone read differently
@@ -224,7 +225,7 @@ def test_templated_kernels_read_differently_in_the_report_and_the_diff(phases_pa
     assert len(set(shown)) == len(shown)
     clipped = [r["name"][:80] for r in rows]
     assert len(set(clipped)) < len(clipped)  # the names clipped as before would have read the same
-    md = profkit("diff", str(phases_pair["bf16"]), str(phases_pair["fp8"]), "--format", "md", "--top", "100").stdout
+    md = render(json.loads(diff.stdout), "md", top=100)
     kernel_cells = [line.split(" | ")[0].lstrip("| ") for line in md.splitlines()
                     if line.startswith("| ") and (" | new | " in line or " | vanished | " in line)]
     assert len(kernel_cells) == len(set(kernel_cells)) > 10

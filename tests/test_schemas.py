@@ -59,7 +59,7 @@ def test_a_renamed_or_retyped_contract_key_fails_validation() -> None:
 
 
 def test_diff_and_prediction_documents_validate() -> None:
-    _check("diff", diff(TOY / "torch_graphs_b16.json.gz", TOY / "torch_hostgap_b16.json.gz"))
+    _check("diff", diff(SAMPLES / "vllm_14b_prescribed", SAMPLES / "vllm_14b_kv_bound"))
     _check("prediction", predict(SAMPLES / "vllm_14b_kv_bound", "--max-num-seqs 512"))
 
 
