@@ -29,6 +29,19 @@ BIG = {**TINY, "hidden_size": 5120, "intermediate_size": 13824, "num_hidden_laye
 GIB = 1 << 30
 
 # id, what changes, limit class, archive, baseline folders, changed folders, changes, changed side quoted
+LAYOUTS = {"tp2": {"tensor_parallel_size": 2, "data_parallel_size": 1},
+           "dp2": {"tensor_parallel_size": 1, "data_parallel_size": 2}}
+LOADS = {"T": ("throughput-bound, 800 at once (14B, 2 H200)", (11, 12, 13)),
+         "L": ("latency-bound, 4 in flight (14B, 2 H200)", (21, 22, 23))}
+
+
+def _layout_pair(pid: str, load: str, before: str, after: str) -> tuple:
+    """A TP=2 / DP=2 pair of tests/data/h200_tp2: each layout's 3 replicates of one load."""
+    limit, seeds = LOADS[load]
+    runs = [[f"h200_tp2/ab/{side}/{load}_s{s}" for s in seeds] for side in (before, after)]
+    return (pid, f"{before.upper()[:2]}=2 -> {after.upper()[:2]}=2", limit, "h200_tp2.tar.xz", *runs, LAYOUTS[after])
+
+
 PAIRS = [
     ("P1", "--kv-cache-memory-bytes 3e8 removed", "KV capacity (tiny)", "h100_tune.tar.xz",
      ["h100_tune/s1/runs/01-baseline", "h100_tune/s1/runs/02-baseline-replicate-1"],
@@ -89,22 +102,9 @@ PAIRS = [
      {"enforce_eager": False}),
     # recorded on 2 H200s after the model learned tensor and data parallelism (tests/data/h200_tp2.README.md); the
     # all-reduce priors were read off the same machine's TP=2 capture, a different run
-    ("P20", "TP=2 -> DP=2", "throughput-bound, 800 at once (14B, 2 H200)", "h200_tp2.tar.xz",
-     ["h200_tp2/ab/tp2/T_s11", "h200_tp2/ab/tp2/T_s12", "h200_tp2/ab/tp2/T_s13"],
-     ["h200_tp2/ab/dp2/T_s11", "h200_tp2/ab/dp2/T_s12", "h200_tp2/ab/dp2/T_s13"],
-     {"tensor_parallel_size": 1, "data_parallel_size": 2}),
-    ("P21", "DP=2 -> TP=2", "throughput-bound, 800 at once (14B, 2 H200)", "h200_tp2.tar.xz",
-     ["h200_tp2/ab/dp2/T_s11", "h200_tp2/ab/dp2/T_s12", "h200_tp2/ab/dp2/T_s13"],
-     ["h200_tp2/ab/tp2/T_s11", "h200_tp2/ab/tp2/T_s12", "h200_tp2/ab/tp2/T_s13"],
-     {"tensor_parallel_size": 2, "data_parallel_size": 1}),
-    ("P22", "TP=2 -> DP=2", "latency-bound, 4 in flight (14B, 2 H200)", "h200_tp2.tar.xz",
-     ["h200_tp2/ab/tp2/L_s21", "h200_tp2/ab/tp2/L_s22", "h200_tp2/ab/tp2/L_s23"],
-     ["h200_tp2/ab/dp2/L_s21", "h200_tp2/ab/dp2/L_s22", "h200_tp2/ab/dp2/L_s23"],
-     {"tensor_parallel_size": 1, "data_parallel_size": 2}),
-    ("P23", "DP=2 -> TP=2", "latency-bound, 4 in flight (14B, 2 H200)", "h200_tp2.tar.xz",
-     ["h200_tp2/ab/dp2/L_s21", "h200_tp2/ab/dp2/L_s22", "h200_tp2/ab/dp2/L_s23"],
-     ["h200_tp2/ab/tp2/L_s21", "h200_tp2/ab/tp2/L_s22", "h200_tp2/ab/tp2/L_s23"],
-     {"tensor_parallel_size": 2, "data_parallel_size": 1}),
+    *(_layout_pair(pid, load, before, after) for pid, load, before, after in (
+        ("P20", "T", "tp2", "dp2"), ("P21", "T", "dp2", "tp2"),
+        ("P22", "L", "tp2", "dp2"), ("P23", "L", "dp2", "tp2"))),
     ("P9", "KV cache squeezed to 2.32 GiB", "KV capacity, GPU-bound (14B)", "h100_host.tar.xz",
      ["h100_host/ctl"], [("h100_gpu_bound.tar.xz", "h100_gpu_bound/small_kv")],
      {"kv_cache_memory_bytes": 2.32 * GIB}),

@@ -235,3 +235,21 @@ def test_a_profile_window_is_taken_only_when_asked(recorded: dict[str, str], tmp
         assert any("profile window" in n for n in notes)
         r = profkit("attach", server.url, "--duration", "1s", "--out", tmp_path / "q")
         assert [p for m, p, _ in server.seen if m == "POST"] == ["/start_profile", "/stop_profile"]  # none more
+
+
+def test_a_broken_metrics_series_names_the_file(recorded: dict[str, str], tmp_path: Path) -> None:
+    """A live folder's series is the user's evidence too: not JSON, not a scrape, time going back, or a line longer
+    than any scrape each give one line naming the file and the line."""
+    with StandIn([recorded["before"], recorded["after"]]) as server:
+        watched(server.url, tmp_path / "w", 2.0, 1.0)
+    series = tmp_path / "w" / "metrics-series.jsonl"
+    good = series.read_text().splitlines()
+    for lines, needle in (([good[0], "{not json"], "line 2: not JSON"),
+                          ([good[0], '{"values": 3}'], "line 2: not a scrape"),
+                          ([good[1], good[0]], "line 2: its time is missing or goes back"),
+                          ([good[0], '{"t": 1, "values": {"vllm:x": 1}, "pad": "' + "x" * (1 << 20) + '"}'],
+                           "line 2: more than a metrics series holds")):
+        series.write_text("\n".join(lines) + "\n")
+        before = series.read_bytes()
+        one_error_line(profkit("report", tmp_path / "w"), f"metrics-series.jsonl: {needle}")
+        assert series.read_bytes() == before  # read, never written

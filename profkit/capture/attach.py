@@ -113,8 +113,9 @@ def scrape(root: str, headers: dict[str, str]) -> tuple[str, MetricsScrape]:
 
 def watch_line(t: float, first: MetricsScrape, before: MetricsScrape, now: MetricsScrape, dt: float) -> str:
     """One interval, as `--every` prints it."""
-    done = counter_delta(before, now).get("vllm:request_success_total", 0.0)
-    gen = counter_delta(before, now).get("vllm:generation_tokens_total", 0.0)
+    interval = counter_delta(before, now)
+    done = interval.get("vllm:request_success_total", 0.0)
+    gen = interval.get("vllm:generation_tokens_total", 0.0)
     v = now.values
     usage = v.get("vllm:kv_cache_usage_perc", v.get("vllm:gpu_cache_usage_perc"))
     preempted = counter_delta(first, now).get("vllm:num_preemptions_total", 0.0)
