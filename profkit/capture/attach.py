@@ -3,13 +3,21 @@ live) that `report`, `diff` and `history` read like any other.
 
 Only GETs of what the server publishes (`/version`, `/v1/models`, `/metrics`), at most one a second, each with a
 timeout and a size cap; a profile window (`/start_profile` ... `/stop_profile`) only when asked. Credentials come
-from `--header` or the environment and are sent, never written to the folder or printed."""
+from `--header` or the environment and are sent, never written to the folder or printed.
+
+On the server's own machine (a loopback URL or one of this host's addresses) attach also finds the process that
+listens on the port: its command line becomes the run's command (the report's suggested command is built on it),
+its process tree is sampled as `capture` samples it (`host.json`), and the served model's config.json and the GPU's
+name are kept beside the series. None of that is needed: a remote server is watched through its endpoints alone."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import shlex
+import socket
 import time
 import urllib.error
 import urllib.parse
@@ -21,7 +29,7 @@ from typing import Any
 
 import msgspec
 
-from profkit.capture.manifest import Manifest
+from profkit.capture.manifest import Manifest, gpu_identity
 from profkit.errors import ProfkitError
 from profkit.escape import one_line
 from profkit.evidence import folder as files
@@ -140,6 +148,7 @@ def attach(opts: AttachOptions, say: Callable[[str], None] = lambda _m: None,
     before_text, first = scrape(root, headers)  # before the folder: an endpoint that is no vLLM leaves nothing
     version = _json(root, "/version", headers)
     models = _json(root, "/v1/models", headers)
+    local = local_server(root)
     if opts.profile_s:  # refused before the folder exists: a server without a profiler leaves nothing behind
         _start_profile(root, headers)
     opts.out.mkdir(parents=True)
@@ -148,22 +157,40 @@ def attach(opts: AttachOptions, say: Callable[[str], None] = lambda _m: None,
     identity = {"url": root, "vllm": (version or {}).get("version") if isinstance(version, dict) else None,
                 "model": model.get("id"), "max_model_len": model.get("max_model_len"),
                 "authenticated": "Authorization" in headers or any(k.lower() == "authorization" for k in headers)}
+    environment: dict[str, Any] = {"vllm": identity["vllm"]} if identity["vllm"] else {}
+    ran: dict[str, Any] = {}
+    if local is not None:
+        identity["pid"] = local.pid
+        flags = local.argv[2:]  # the flags vLLM ran with, without the model's name (as capture records them)
+        ran = {"user_commands": [local.argv],
+               "vllm_args": flags[1:] if flags and not flags[0].startswith("-") else flags}
+        environment.update({k: v for k, v in gpu_identity().items() if v})
     manifest = Manifest.begin(folder.file(files.MANIFEST), {
-        "kind": "live", "commands": [f"profkit attach {root} --duration {opts.duration_s:g}s"],
-        "live": {k: v for k, v in identity.items() if v is not None},
-        "environment": {"vllm": identity["vllm"]} if identity["vllm"] else {}})
+        "kind": "live", "commands": [f"profkit attach {root} --duration {opts.duration_s:g}s",
+                                     *([shlex.join(local.argv) + "   # the server, found on this host"]
+                                       if local else [])],
+        **ran, "live": {k: v for k, v in identity.items() if v is not None}, "environment": environment})
+    served = (local.model if local else None) or model.get("root")
+    if served and local and not folder.write_model_config(served):
+        manifest.note(f"{files.MODEL_CONFIG} not written: {served} is no local folder with a config.json")
+    sampler = _sampler(local.pid) if local else None
     folder.file(files.METRICS_BEFORE).write_text(before_text)
     say(f"attached to {root}" + (f" (vLLM {identity['vllm']}" + (f", {model.get('id')}" if model.get("id") else "")
                                  + ")" if identity["vllm"] else ""))
     profiled = _profile(root, headers, opts.profile_s, say, sleep) if opts.profile_s else None
     start = clock()
     series = [msgspec.structs.replace(_vllm_only(first), t=0.0)]
+    lost: AttachError | None = None
     last_text, mark, marked = before_text, start, first
     with open(folder.file(files.METRICS_SERIES), "wb") as out:
         out.write(msgspec.json.encode(series[0]) + b"\n")
         while (now := clock()) - start < opts.duration_s:
             sleep(min(interval, max(0.0, opts.duration_s - (now - start))))
-            last_text, current = scrape(root, headers)
+            try:
+                last_text, current = scrape(root, headers)
+            except AttachError as exc:  # the server went away (a restart, a deploy): the window so far is kept
+                lost = exc
+                break
             t = clock() - start
             record = msgspec.structs.replace(_vllm_only(current), t=round(t, 3))
             out.write(msgspec.json.encode(record) + b"\n")
@@ -172,21 +199,115 @@ def attach(opts: AttachOptions, say: Callable[[str], None] = lambda _m: None,
                 say(watch_line(t, first, marked, current, max(t - (mark - start), 1e-9)))
                 mark, marked = start + t, current
     folder.file(files.METRICS_AFTER).write_text(last_text)
+    if sampler is not None:
+        folder.write_host(sampler.stop())
     manifest.note(f"{len(series)} scrapes over {series[-1].t or 0:.0f} s, one every {interval:g} s")
     if profiled:
         manifest.note(profiled)
+    if lost is not None:
+        manifest.finish("interrupted", where=str(lost))
+        raise AttachError(f"{lost}: the window ends at {series[-1].t or 0:.0f} s; {opts.out} keeps it "
+                          f"(profkit report {opts.out})")
     manifest.finish("ok")
     return opts.out
 
 
 def _vllm_only(scrape_: MetricsScrape) -> MetricsScrape:
+    # gauges and counters only: the histograms' buckets and the `*_info` labels are in metrics-before/after.txt
     return MetricsScrape({k: v for k, v in scrape_.values.items() if k.startswith(SERIES_PREFIX)})
 
 
 def _model(models: Any) -> dict[str, Any]:
     data = models.get("data") if isinstance(models, dict) else None
     first = data[0] if isinstance(data, list) and data and isinstance(data[0], dict) else {}
-    return {k: first[k] for k in ("id", "max_model_len") if isinstance(first.get(k), (str, int))}
+    return {k: first[k] for k in ("id", "root", "max_model_len") if isinstance(first.get(k), (str, int))}
+
+
+# --- the server's own machine ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LocalServer:
+    """The `vllm serve` process behind a URL on this machine."""
+
+    pid: int  # the root of the server's process tree
+    argv: list[str]  # its command line as `vllm serve ...`
+    model: str | None  # the model it serves, as given (a local folder or a hub id)
+
+
+def serve_argv(cmdline: list[str]) -> list[str] | None:
+    """A server process's command line as `vllm serve ...` (`vllm serve`, `python -m vllm.entrypoints.cli.main
+    serve`, `python -m vllm.entrypoints.openai.api_server`), or None when it is none of them."""
+    for i, word in enumerate(cmdline):
+        name = word.rsplit("/", 1)[-1]
+        if name in ("vllm", "vllm.entrypoints.cli.main") and cmdline[i + 1:i + 2] == ["serve"]:
+            return ["vllm", "serve", *cmdline[i + 2:]]
+        if name == "vllm.entrypoints.openai.api_server":
+            return ["vllm", "serve", *cmdline[i + 1:]]
+    return None
+
+
+def _this_host(host: str) -> bool:
+    if host in ("localhost", "127.0.0.1", "::1", "0.0.0.0", "::") or host.startswith("127."):
+        return True
+    with contextlib.suppress(OSError):
+        if host in (socket.gethostname(), socket.getfqdn()):
+            return True
+    try:
+        import psutil
+    except ImportError:
+        return False
+    return any(a.address.split("%")[0] == host for addrs in psutil.net_if_addrs().values() for a in addrs)
+
+
+def local_server(root: str) -> LocalServer | None:
+    """The vLLM server listening on `root`'s port when it runs on this machine and this user may see it (psutil);
+    None otherwise: attach then works from the endpoints alone."""
+    parts = urllib.parse.urlsplit(root)
+    if not parts.hostname or not _this_host(parts.hostname):
+        return None
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        import psutil
+    except ImportError:
+        return None
+    try:
+        pids = {c.pid for c in psutil.net_connections(kind="tcp")
+                if c.pid and c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port}
+    except (psutil.Error, OSError):
+        return None
+    for pid in sorted(pids):
+        # With several API servers the listener is a child (its title set by vLLM): the command is its parent's.
+        try:
+            proc: Any = psutil.Process(pid)
+            while proc is not None:
+                argv = serve_argv(proc.cmdline())
+                if argv is not None:
+                    return LocalServer(proc.pid, argv, _served_model(argv))
+                proc = proc.parent()
+        except psutil.Error:
+            continue
+    return None
+
+
+def _served_model(argv: list[str]) -> str | None:
+    from profkit.vllm.command import VllmCommand
+
+    try:
+        return VllmCommand.parse(shlex.join(argv)).model
+    except (ProfkitError, ValueError):
+        return None
+
+
+def _sampler(pid: int) -> Any:
+    """The server's process tree sampled as `capture` samples it; None without psutil (never fails attach)."""
+    try:
+        from profkit.capture.host import HostSampler
+
+        sampler = HostSampler(interval_s=0.5)
+    except ImportError:
+        return None
+    sampler.watch("server", pid)
+    return sampler.start()
 
 
 def _start_profile(root: str, headers: dict[str, str]) -> None:

@@ -9,11 +9,13 @@ well under 1 % of a core. Format (`profkit.host/1`):
 
     {"schema": "profkit.host/1", "interval_s": 0.1, "cores": 16, "duration_s": 31.2,
      "processes": [{"pid", "ppid", "name", "role", "tree", "cpu": [[t_s, cores_used], ...]}],
-     "gpus": [{"index", "name", "util": [[t_s, 0..1], ...]}]}
+     "gpus": [{"index", "name", "util": [[t_s, 0..1], ...], "pids": [...], "visible": bool}]}
 
 `role` is api_server | engine_core | worker | bench_client | frontend (offline benchmarks) | profiler |
 other; `tree` is the root it was found under (server, client, offline); `cores_used` is CPU seconds
-per second (1.0 = one core busy).
+per second (1.0 = one core busy). A GPU's `pids` are the processes NVML saw holding it (read every 10th sample) and
+`visible` whether the server's CUDA_VISIBLE_DEVICES names it (absent when unset): on a machine shared with other
+runs, the report's GPU utilization is the run's GPUs' only.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import time
 from typing import Any
 
 SCHEMA = "profkit.host/1"
+HOLDERS_EVERY = 10  # samples between two reads of each GPU's processes (NVML lists them: a few ms)
 
 
 def role_of(name: str, tree: str, is_root: bool) -> str:
@@ -63,6 +66,7 @@ class HostSampler:
         self.gpus: list[dict[str, Any]] = []
         self.nvml = self._init_nvml() if nvml else None
         self.t0 = time.monotonic()
+        self._ticks = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="profkit-host-sampler", daemon=True)
 
@@ -75,7 +79,7 @@ class HostSampler:
                 h = pynvml.nvmlDeviceGetHandleByIndex(i)
                 name = pynvml.nvmlDeviceGetName(h)
                 self.gpus.append({"index": i, "name": name.decode() if isinstance(name, bytes) else name,
-                                  "util": [], "_handle": h})
+                                  "util": [], "_handle": h, "_pids": set()})
             return pynvml
         except Exception:  # noqa: BLE001 - no NVML here: CPU sampling still works
             return None
@@ -116,14 +120,19 @@ class HostSampler:
                 if prev and now > prev[0]:
                     self.procs[proc.pid]["cpu"].append([round(now, 3), round((used - prev[1]) / (now - prev[0]), 4)])
         if self.nvml:
+            holders = self._ticks % HOLDERS_EVERY == 0
+            self._ticks += 1
             for g in self.gpus:
                 try:
                     util = self.nvml.nvmlDeviceGetUtilizationRates(g["_handle"]).gpu
                     g["util"].append([round(now, 3), util / 100])
+                    if holders:  # which processes hold the GPU: the run's GPUs on a machine shared with others
+                        g["_pids"].update(p.pid for p in self.nvml.nvmlDeviceGetComputeRunningProcesses(g["_handle"]))
                 except Exception:  # noqa: BLE001, S112 - a sample missed is not a failure
                     continue
 
     def stop(self) -> dict[str, Any]:
+        visible = self._visible()  # before the server is stopped
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=5)
@@ -134,5 +143,27 @@ class HostSampler:
             "schema": SCHEMA, "interval_s": self.interval, "cores": os.cpu_count(),
             "duration_s": round(time.monotonic() - self.t0, 3),
             "processes": [p for p in self.procs.values() if p["cpu"]],
-            "gpus": [{k: v for k, v in g.items() if k != "_handle"} for g in self.gpus],
+            "gpus": [{**{k: v for k, v in g.items() if not k.startswith("_")}, "pids": sorted(g["_pids"]),
+                      **({"visible": g["index"] in visible} if visible is not None else {})} for g in self.gpus],
         }
+
+    def _visible(self) -> set[int] | None:
+        """The GPU indices the server's CUDA_VISIBLE_DEVICES names (numbers, or NVML UUIDs); None when unset."""
+        root = self.roots.get("server") or self.roots.get("offline")
+        try:
+            value = self.psutil.Process(root).environ().get("CUDA_VISIBLE_DEVICES") if root else None
+        except self.psutil.Error:
+            return None
+        if value is None:
+            return None
+        out = set()
+        for word in (w.strip() for w in value.split(",") if w.strip()):
+            if word.isdigit():
+                out.add(int(word))
+            elif self.nvml:
+                for g in self.gpus:
+                    with contextlib.suppress(Exception):
+                        uuid = self.nvml.nvmlDeviceGetUUID(g["_handle"])
+                        if (uuid.decode() if isinstance(uuid, bytes) else uuid) == word:
+                            out.add(g["index"])
+        return out

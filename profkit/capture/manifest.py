@@ -32,13 +32,18 @@ def _version(argv: list[str], timeout: float = 60.0) -> str | None:
     return lines[-1] if out.returncode == 0 and lines else None
 
 
-def environment(plan: Any) -> dict[str, Any]:
+def gpu_identity() -> dict[str, str | None]:
+    """This machine's GPU name and driver (nvidia-smi's last GPU; both None without one)."""
     gpu = _version(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"], timeout=20)
+    return {"gpu": gpu.split(",")[0].strip() if gpu else None,
+            "driver": gpu.split(",")[1].strip() if gpu and "," in gpu else None}
+
+
+def environment(plan: Any) -> dict[str, Any]:
     return {
         "host": platform.node(),
         "python": platform.python_version(),
-        "gpu": gpu.split(",")[0].strip() if gpu else None,
-        "driver": gpu.split(",")[1].strip() if gpu and "," in gpu else None,
+        **gpu_identity(),
         "nsys": _version([plan.nsys_exe, "--version"]) if plan.nsys_exe else None,
         "vllm": _version([plan.vllm_exe, "--version"]),
         "torch": _version(["python3", "-c", "import torch; print(torch.__version__)"]),

@@ -133,9 +133,10 @@ class CaptureFolder:
         after."""
         scrapes = [read_metrics(p) for p in self.metrics_paths]
         series = self._existing(METRICS_SERIES)
-        if series is None or len(scrapes) < 2:
+        if series is None or not scrapes:
             return scrapes
-        return [scrapes[0], *read_series(series), scrapes[-1]]
+        # a window cut short (the server went away, profkit stopped) may have no after-scrape: its series still counts
+        return [scrapes[0], *read_series(series), *scrapes[1:]]
 
     def host(self) -> HostSamples | None:
         return read_host(self.host_path) if self.host_path else None

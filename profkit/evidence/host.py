@@ -35,6 +35,18 @@ class HostSamples(msgspec.Struct, frozen=True):
     gpu_util: list[tuple[float, float]]  # (seconds, 0..1), every GPU's samples together
     skipped_samples: int
     gpu_names: list[str] = []  # every GPU NVML saw on the machine
+    gpus_used: list[int] | None = None  # the GPUs the run's processes held (gpu_util is theirs); None: all GPUs
+
+
+def _used(gpus: list[Any], pids: set[Any]) -> list[int] | None:
+    """The GPUs the sampled processes held: NVML listed one of their pids on the GPU; else the GPUs the server's
+    CUDA_VISIBLE_DEVICES named. None when neither was recorded (every GPU counts, as before profkit recorded it)."""
+    held = [g.get("index") for g in gpus if isinstance(g, dict) and isinstance(g.get("pids"), list)
+            and pids.intersection(g["pids"])]
+    if held:
+        return [i for i in held if isinstance(i, int)]
+    named = [g.get("index") for g in gpus if isinstance(g, dict) and g.get("visible") is True]
+    return [i for i in named if isinstance(i, int)] or None
 
 
 def number_pair(pair: Any) -> bool:
@@ -63,12 +75,15 @@ def parse_host(data: Any, path: str) -> HostSamples:
         skipped += len(raw) - len(valid)
         processes.append(ProcessSamples(p.get("pid"), p["role"], str(p.get("name", ""))[:200], valid))
     gpus = data.get("gpus") if isinstance(data.get("gpus"), list) else []
+    used = _used(gpus, {p.pid for p in processes})
     util = [(pair[0], pair[1]) for g in gpus if isinstance(g, dict) and isinstance(g.get("util"), list)
+            and (used is None or g.get("index") in used)
             for pair in g["util"] if number_pair(pair) and 0 <= pair[1] <= 1]
     cores = data.get("cores")
     names = [str(g.get("name"))[:100] for g in gpus if isinstance(g, dict) and g.get("name") is not None][:64]
     return HostSamples(path, cores if isinstance(cores, int) and not isinstance(cores, bool) and 0 < cores < 1 << 20
-                       else None, data.get("duration_s"), data.get("interval_s"), processes, util, skipped, names)
+                       else None, data.get("duration_s"), data.get("interval_s"), processes, util, skipped, names,
+                       used)
 
 
 def read_host(path: Path) -> HostSamples:
