@@ -110,7 +110,10 @@ def _declare() -> dict[str, Fact]:
         ("vllm.prefix_cache_hit_rate", "share", "prefix cache hits / queries, 0..1"),
         ("vllm.prompt_token_share", "share", "prompt tokens / all tokens processed (log throughput lines, else "
                                              "token counters)"),
-        ("vllm.kv_cache_tokens", "tokens", "KV cache capacity in tokens (log)"),
+        ("vllm.kv_cache_tokens", "tokens", "KV cache capacity in tokens (log, else /metrics' cache_config_info)"),
+        ("vllm.spec_drafts", "count", "drafts speculative decoding proposed over the run (/metrics counter delta)"),
+        ("vllm.spec_acceptance", "share", "draft tokens accepted / draft tokens proposed (/metrics)"),
+        ("vllm.generation_tokens", "tokens", "tokens generated over the run (/metrics counter delta)"),
         ("vllm.gpu_free_memory_bytes", "bytes", "free GPU memory when the engine started (log, runs with "
                                                 "--kv-cache-memory-bytes)"),
         ("vllm.kv_cache_memory_bytes", "bytes", "GPU memory the KV cache got (log: reserved or available KV cache "
@@ -438,7 +441,13 @@ def vllm_facts(vllm: Any) -> dict[str, Any]:
     if prompt is None or not gen:  # no stats lines: the token counters' change over the run
         prompt, gen = metrics.get("vllm:prompt_tokens_total"), metrics.get("vllm:generation_tokens_total")
     facts["vllm.prompt_token_share"] = prompt / (prompt + gen) if prompt is not None and gen and prompt + gen else None
-    facts["vllm.kv_cache_tokens"] = logged("kv_cache_tokens")
+    cache = (vllm.cache or {}) if vllm is not None else {}
+    logged_tokens = logged("kv_cache_tokens")
+    facts["vllm.kv_cache_tokens"] = logged_tokens if logged_tokens is not None else cache.get("kv_cache_size_tokens")
+    spec_run = (vllm.spec_decode or {}) if vllm is not None else {}
+    facts["vllm.spec_drafts"] = spec_run.get("drafts")
+    facts["vllm.spec_acceptance"] = spec_run.get("acceptance_rate")
+    facts["vllm.generation_tokens"] = metrics.get("vllm:generation_tokens_total")
     for key in ("gpu_free_memory_bytes", "kv_cache_memory_bytes", "model_memory_bytes"):
         facts[f"vllm.{key}"] = logged(key)
     for key, entry in (vllm.config if vllm is not None else {}).items():

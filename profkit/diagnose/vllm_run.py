@@ -5,6 +5,8 @@ at all (vLLM flag changes need evidence that it is)."""
 
 from __future__ import annotations
 
+import math
+import re
 from typing import Any
 
 import msgspec
@@ -22,6 +24,8 @@ class VllmSection(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True)
     metrics_delta: dict[str, float] | None = None  # counters over the benchmark (two scrapes)
     series: dict[str, float | int] | None = None  # a live window's scrapes: span, gauges' max and mean
     live: dict[str, Any] | None = None  # a live window's rates, mix and latency percentiles (profkit attach)
+    spec_decode: dict[str, Any] | None = None  # speculative decoding's drafts and acceptance over the run (/metrics)
+    cache: dict[str, Any] | None = None  # the KV cache as vLLM's cache_config_info gauge describes it (/metrics)
     flags: dict[str, Any]  # the settings the run's command gave
     defaults: dict[str, Any]  # vLLM's defaults that depend on the GPU, and the GPU
     config: dict[str, Any]  # every setting rules may name: {value, source}; empty for a run not shown to be vLLM's
@@ -40,10 +44,52 @@ def vllm_section(bench: BenchResult | None, log: VllmLog | None, metrics: list[M
         metrics_delta=counter_delta(metrics[0], metrics[-1]) if len(metrics) > 1 else None,
         series=series_summary(metrics),
         live=live_window(metrics),
+        spec_decode=spec_decode(counter_delta(metrics[0], metrics[-1])) if len(metrics) > 1 else None,
+        # the last scrape that kept the labels (a live series keeps only values between its first and last scrape)
+        cache=cache_info(next((m for m in reversed(metrics) if m.info), metrics[-1])) if metrics else None,
         flags=flags,
         defaults={"max_num_seqs": default_max_num_seqs(gpu), "gpu": gpu},
         config=effective_config(flags, logged, gpu) if is_vllm else {},
     )
+
+
+PER_POSITION = re.compile(r'vllm:spec_decode_num_accepted_tokens_per_pos_total\{position="(\d+)"\}')
+
+
+def spec_decode(delta: dict[str, float]) -> dict[str, Any] | None:
+    """Speculative decoding over the run from vLLM's counters: drafts proposed, draft tokens, tokens accepted, the
+    acceptance rate (accepted / draft tokens), the mean accepted per draft (vLLM's mean acceptance length less
+    one), and per draft position the share of drafts whose token there was accepted. None without the counters."""
+    drafts = delta.get("vllm:spec_decode_num_drafts_total")
+    if drafts is None:
+        return None
+    tokens, accepted = (delta.get(f"vllm:spec_decode_num_{k}_tokens_total") for k in ("draft", "accepted"))
+    positions = sorted((int(m.group(1)), v) for k, v in delta.items() if (m := PER_POSITION.fullmatch(k)))
+    return {"drafts": drafts, "draft_tokens": tokens, "accepted_tokens": accepted,
+            "acceptance_rate": accepted / tokens if accepted is not None and tokens else None,
+            "accepted_per_draft": accepted / drafts if accepted is not None and drafts else None,
+            "acceptance_by_position": [v / drafts for _, v in positions] if drafts and positions else None}
+
+
+# vLLM 0.26's cache_config_info labels the report keeps (the KV cache's size, and how it was sized)
+CACHE_LABELS = {"kv_cache_size_tokens": int, "num_gpu_blocks": int, "block_size": int,
+                "gpu_memory_utilization": float, "kv_cache_memory_bytes": int, "cache_dtype": str,
+                "enable_prefix_caching": str}
+
+
+def cache_info(scrape: MetricsScrape) -> dict[str, Any] | None:
+    labels = scrape.info.get("vllm:cache_config_info")
+    if not labels:
+        return None
+    out: dict[str, Any] = {}
+    for key, kind in CACHE_LABELS.items():
+        try:
+            value = kind(labels[key])
+        except (KeyError, ValueError):
+            continue  # absent, or "None"
+        if kind is str or value >= 0:
+            out[key] = value
+    return out or None
 
 
 # vLLM 0.26's request histograms (seconds): what each live latency is
@@ -66,6 +112,13 @@ def live_window(metrics: list[MetricsScrape]) -> dict[str, Any] | None:
     done = delta.get("vllm:request_success_total")
     out: dict[str, Any] = {"seconds": seconds, "requests": done,
                            "request_rate": done / seconds if done is not None and seconds > 0 else None}
+    # Requests that arrived: those finished, and the change in those running or waiting (a backlog draining
+    # finishes more than arrives).
+    held = [sum(m.values.get(f"vllm:num_requests_{k}", math.nan) for k in ("running", "waiting"))
+            for m in (first, last)]
+    if done is not None and all(math.isfinite(h) for h in held):
+        out["arrivals"] = max(0.0, done + held[1] - held[0])
+        out["arrival_rate"] = out["arrivals"] / seconds if seconds > 0 else None
     prompt, gen = delta.get("vllm:prompt_tokens_total"), delta.get("vllm:generation_tokens_total")
     if done:
         out["prompt_tokens_per_request"] = prompt / done if prompt is not None else None

@@ -20,6 +20,14 @@ class MetricsScrape(msgspec.Struct, frozen=True):
     t: float | None = None
     # histograms' cumulative buckets, summed over label sets: {name: {le: count}} ("+Inf" the total)
     buckets: dict[str, dict[str, float]] = {}
+    # vLLM's `*_info` gauges carry their content in labels (cache_config_info: the KV cache's size in tokens, the
+    # memory share): {name: {label: value}}
+    info: dict[str, dict[str, str]] = {}
+
+
+# Series kept per label value as well as summed: `name{label="v"}` (speculative decoding's acceptance per position).
+PER_LABEL = {"vllm:spec_decode_num_accepted_tokens_per_pos_total": "position"}
+MAX_INFO_LABELS = 64
 
 
 # The series `profkit attach` keeps between its first and last scrape, one JSON object a line:
@@ -71,11 +79,19 @@ def parse_metrics(text: str) -> MetricsScrape:
 
     out: dict[str, float] = {}
     buckets: dict[str, dict[str, float]] = {}
+    info: dict[str, dict[str, str]] = {}
     try:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
                 if sample.name.endswith("_created"):
                     continue
+                if sample.name.startswith("vllm:") and sample.name.endswith("_info"):
+                    info[sample.name] = {str(k)[:64]: str(v)[:256] for k, v in
+                                         list(sample.labels.items())[:MAX_INFO_LABELS]}
+                    continue
+                if (label := PER_LABEL.get(sample.name)) and (key := sample.labels.get(label)) is not None:
+                    name = f'{sample.name}{{{label}="{one_line(key, 16)}"}}'
+                    out[name] = out.get(name, 0.0) + float(sample.value)
                 value = float(sample.value)
                 if not math.isfinite(value):  # NaN/Inf samples say nothing a rule could use
                     continue
@@ -88,7 +104,7 @@ def parse_metrics(text: str) -> MetricsScrape:
                 out[sample.name] = out.get(sample.name, 0.0) + value
     except (ValueError, TypeError, IndexError, KeyError) as exc:
         raise ProfkitError(f"not Prometheus text format: {one_line(exc, 160)}") from None
-    return MetricsScrape(out, buckets=buckets)
+    return MetricsScrape(out, buckets=buckets, info=info)
 
 
 def bucket_delta(before: MetricsScrape, after: MetricsScrape, name: str) -> list[tuple[float, float]]:
