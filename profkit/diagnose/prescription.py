@@ -8,6 +8,7 @@ its predicted effect and range, what it trades (precision), the findings it answ
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,6 +123,21 @@ def _changes(key: tuple[str, Any], cal: Calibrated) -> dict[str, Any]:
     return {dest: value}
 
 
+# The simulated run's duration or time per output token this far (log) from the measured: the model has not
+# reproduced the run, and what it predicts for a change is not worth a range (a live window that opens on a backlog,
+# traffic the simulation does not have).
+FIT_LIMIT = 0.25
+
+
+def unreproduced(cal: Calibrated) -> str | None:
+    """What the fitted model misses by more than FIT_LIMIT, in words; None when it reproduces the run."""
+    for key, words in (("elapsed", "duration"), ("tpot", "time per output token")):
+        err = cal.fit_error.get(key, 0.0)
+        if err > FIT_LIMIT:
+            return f"its simulated {words} is off by x{math.exp(err):.2f}"
+    return None
+
+
 def _gain(p: Prediction) -> float:
     m = p.metrics[OBJECTIVE]
     return m["predicted"] / m["before"] - 1 if m["before"] and m["predicted"] else 0.0
@@ -137,6 +153,8 @@ def prescribe(doc: dict[str, Any], findings: list[Finding], allow_precision: boo
         cal = calibrate(observe(doc))
     except Unobservable as exc:
         return Prescription(limit=None, note=f"no prescription: the model cannot be calibrated on this run ({exc})")
+    if (miss := unreproduced(cal)) is not None:
+        return Prescription(limit=None, note=f"no prescription: the model does not reproduce this run ({miss})")
     threshold = max(noise if noise is not None else DEFAULT_NOISE, 0.02)
     singles: list[tuple[float, dict[str, Any], list[str], Prediction]] = []
     for key, rules in _candidates(findings, cal).items():

@@ -88,7 +88,7 @@ def _num(value: Any) -> float | None:
 def observe(doc: dict[str, Any]) -> Observation:
     """The model's inputs from a report document; `Unobservable` names the first thing missing."""
     vllm = doc.get("vllm") or {}
-    bench = vllm.get("bench") or {}
+    bench = vllm.get("bench") or _live_as_bench(vllm.get("live") or {})
     facts = doc.get("facts") or {}
     config = {k: (v or {}).get("value") for k, v in (vllm.get("config") or {}).items()}
     eff = doc.get("efficiency") or {}
@@ -97,10 +97,12 @@ def observe(doc: dict[str, Any]) -> Observation:
     if not (n and elapsed and rps and inp is not None and out):
         raise Unobservable("no benchmark result with its requests, duration and token counts (--bench, or a "
                            "capture folder's bench.json from vllm bench serve)")
+    model, gpu, prec = eff.get("model") or {}, eff.get("gpu") or {}, eff.get("precision") or {}
     kv_tokens, kv_bytes = facts.get("vllm.kv_cache_tokens"), _num(facts.get("vllm.kv_cache_memory_bytes"))
+    if kv_tokens and not kv_bytes and _num(model.get("kv_bytes_per_token")):
+        kv_bytes = kv_tokens * _num(model.get("kv_bytes_per_token"))  # no log (a live server): tokens x bytes each
     if not kv_tokens or not kv_bytes:
         raise Unobservable("the KV cache's size is unknown (vLLM's log: 'GPU KV cache size', 'KV cache memory')")
-    model, gpu, prec = eff.get("model") or {}, eff.get("gpu") or {}, eff.get("precision") or {}
     params, bits = _num(model.get("matmul_params")), prec.get("weight_bits")
     if not params or not bits:
         raise Unobservable("the model's shape or precision is unknown (the model's config.json: --model-config)")
@@ -143,6 +145,23 @@ def observe(doc: dict[str, Any]) -> Observation:
         tensor_parallel=int(tp), data_parallel=int(_num(config.get("data_parallel_size")) or 1),
         hidden=_attention_width(eff, doc) / layers if (layers := int(_num(model.get("layers")) or 0)) else None,
         allreduce_s=_allreduce_s(doc) if tp > 1 else None)
+
+
+def _live_as_bench(live: dict[str, Any]) -> dict[str, Any]:
+    """A live window (profkit attach) as the benchmark result the model reads: the requests finished over the
+    window, its tokens, and vLLM's own latency histograms. The traffic is taken as open-loop arrivals at the rate
+    requests arrived (those finished plus the change in those running or waiting)."""
+    n, seconds = _num(live.get("requests")), _num(live.get("seconds"))
+    if not n or not seconds:
+        return {}
+    inp, out = _num(live.get("prompt_tokens_per_request")), _num(live.get("output_tokens_per_request"))
+    ms = {f"{key}_{stat}_ms": (live.get(f"{key}_ms") or {}).get(stat) for key in ("ttft", "tpot")
+          for stat in ("mean", "p99")}
+    return {"num_requests": n, "elapsed_s": seconds, "requests_per_second": n / seconds,
+            "input_tokens": inp * n if inp is not None else None, "output_tokens": out * n if out else None,
+            "output_throughput": out * n / seconds if out else None,
+            "request_rate": _num(live.get("arrival_rate")) or n / seconds,
+            **{k: v for k, v in ms.items() if v is not None}}
 
 
 def _allreduce_s(doc: dict[str, Any]) -> float | None:

@@ -49,6 +49,8 @@ REQUEST_LATENCY_MAX_S = 0.2
 # greedy fill preempts 3x what the 14B run measured; 1 % reproduces it, and was vLLM V0's watermark). Fitted per run
 # where its preemptions are known.
 DEFAULT_RESERVE, RESERVES = 0.01, (0.0, 0.005, 0.01, 0.02, 0.04, 0.08)
+# A run whose requests arrived over at least this share of its duration is paced by its arrivals
+ARRIVAL_BOUND_SHARE = 0.9
 # The host processes on the token path (host samples' roles), and what "saturated" and "busy" mean for the run.
 HOST_NAMES = {"api_server": "the API server", "engine_core": "the engine core", "client": "the benchmark client"}
 SATURATED, GPU_BUSY = 0.5, 0.8
@@ -163,11 +165,23 @@ def _fit(obs: Observation) -> Calibrated:
     m = obs.measured
     engine = Engine(obs.memory.kv_tokens, int(obs.config.get("max_num_seqs") or 256),
                     int(obs.config.get("max_num_batched_tokens") or 8192), reserve=DEFAULT_RESERVE)
-    if m.preemptions is not None:  # the cache's slack from the run's own preemptions (each one recomputes)
-        tried = {w: simulate_engines(work, replace(engine, reserve=w), prior, obs.data_parallel).preemptions
+    # Requests arriving at a rate the server keeps up with (a rate-limited client, a live server): the run lasts as
+    # long as the arrivals whatever a step costs, so the duration cannot fit the step's cost; the time per output
+    # token can. The reserve is then fitted with that cost: how full the cache runs depends on how long requests stay.
+    arrival_bound = bool(work.request_rate and m.tpot_mean_s
+                         and obs.requests / work.request_rate >= ARRIVAL_BOUND_SHARE * m.elapsed_s)
+
+    def fit_reserve(cost: StepCost) -> None:
+        nonlocal engine
+        if m.preemptions is None:  # the cache's slack from the run's own preemptions (each one recomputes)
+            return
+        tried = {w: simulate_engines(work, replace(engine, reserve=w), cost, obs.data_parallel).preemptions
                  for w in RESERVES}
         best = min(tried, key=lambda w: (abs(math.log((tried[w] + 1) / (m.preemptions + 1))), abs(w - DEFAULT_RESERVE)))
         engine = replace(engine, reserve=best)
+
+    if not arrival_bound:
+        fit_reserve(prior)
 
     bound = host_bound(obs) if obs.host else "unknown"
     # a frontend process set the pace: the duration hides the engine's speed
@@ -185,17 +199,26 @@ def _fit(obs: Observation) -> Calibrated:
 
     def gap(log_scale: float) -> tuple[float, SimResult]:
         r = simulate_engines(work, engine, scaled(log_scale), obs.data_parallel)
+        if arrival_bound:
+            return math.log(max(r.tpot_mean_s, 1e-9) / m.tpot_mean_s), r
         return math.log(r.elapsed_s / m.elapsed_s), r
 
-    # secant on log(scale): the duration is close to proportional to the step costs
-    x0, (f0, sim) = 0.0, gap(0.0)
-    x1 = -f0
-    for _ in range(8):
-        f1, sim1 = gap(x1)
-        if abs(f1) < 0.002 or f1 == f0:
-            x0, sim = x1, sim1
-            break
-        x0, x1, f0, sim = x1, max(-4.0, min(4.0, x1 - f1 * (x1 - x0) / (f1 - f0))), f1, sim1
+    def secant() -> tuple[float, SimResult]:
+        # on log(scale): the duration (or the time per token) is close to proportional to the step costs
+        x0, (f0, sim) = 0.0, gap(0.0)
+        x1 = -f0
+        for _ in range(8):
+            f1, sim1 = gap(x1)
+            if abs(f1) < 0.002 or f1 == f0:
+                x0, sim = x1, sim1
+                break
+            x0, x1, f0, sim = x1, max(-4.0, min(4.0, x1 - f1 * (x1 - x0) / (f1 - f0))), f1, sim1
+        return x0, sim
+
+    x0, sim = secant()
+    if arrival_bound:
+        fit_reserve(scaled(x0))
+        x0, sim = secant()
     scale = math.exp(x0)
     cost = scaled(x0)
     error = {"elapsed": abs(math.log(sim.elapsed_s / m.elapsed_s))}

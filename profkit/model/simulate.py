@@ -22,6 +22,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+ARRIVAL_SEED = 0
+
 
 class Infeasible(ValueError):
     """The configuration cannot serve the workload (a request needs more KV cache than there is): vLLM refuses to
@@ -94,7 +96,10 @@ def simulate(work: Workload, engine: Engine, cost: StepCost, max_steps: int = 2_
     if prompt + out > engine.kv_tokens // engine.block_size * engine.block_size:
         raise Infeasible(f"a request of {prompt + out:,} tokens needs more than the KV cache's "
                          f"{engine.kv_tokens:,}")
-    arrival = np.zeros(n) if not work.request_rate else np.arange(n) / work.request_rate
+    # `vllm bench serve --request-rate R` sends a Poisson stream (its default burstiness 1): bursts fill the cache
+    # that evenly spaced arrivals would not. A fixed seed: the same workload simulates the same way every time.
+    arrival = np.zeros(n) if not work.request_rate else \
+        np.cumsum(np.random.default_rng(ARRIVAL_SEED).exponential(1.0 / work.request_rate, n)) - 1.0 / work.request_rate
     cap = work.max_concurrency or n
     # the client's free slots, by when each came free: a request held back by --max-concurrency is sent (and its
     # TTFT starts, as vllm bench measures it) when a slot frees, not when it was due

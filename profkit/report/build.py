@@ -105,9 +105,10 @@ def build_report(traces: TraceInput = None, evidence: Evidence | None = None, op
     gpu_name = source.get("gpu") or (environment or {}).get("gpu") or next(iter((host_part or {}).get("gpus") or []),
                                                                           None)
     sections = part.sections if part is not None else None
+    live = vllm.live or {}  # a live window (profkit attach) is the run's time where no benchmark timed one
     efficiency = efficiency_section(gpu_name, evidence.model, vllm.config, vllm.metrics_delta or {},
-                                    bench.elapsed_s if bench else None,
-                                    bench.num_requests if bench else None,
+                                    bench.elapsed_s if bench else live.get("seconds"),
+                                    bench.num_requests if bench else live.get("requests"),
                                     gpu_metrics=gpu_metrics_section(part, evidence.gpu_metrics),
                                     export_bandwidth=_export_bandwidth(source),
                                     steps=sections.steps if sections is not None else None,
