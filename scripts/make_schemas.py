@@ -39,7 +39,7 @@ MAPS = {
 }
 _IDENT = re.compile(r"^[a-z_][a-z0-9_]*$")
 # A flag's value, before or after a change: any JSON value a vLLM flag takes (a number, a word, a JSON config).
-_FLAG_VALUE = re.compile(r"(?:flags|changes)\[\]\.(?:from|to|before|after|value)$")
+_FLAG_VALUE = re.compile(r"(?:(?:flags|changes)\[\]\.(?:from|to|before|after|value)|flags\.\*)$")
 DESCRIPTIONS = {
     "report": "profkit report --format json: one run's trace and evidence analysed, its findings and prescription.",
     "diff": "profkit diff --format json: two runs (or two sets of replicates) compared metric by metric.",
@@ -95,6 +95,9 @@ def documents() -> dict[str, list[dict[str, Any]]]:
                report(toy / "torch_eager_b1.json.gz"),
                report([DATA / "foreign" / f"hta_sampled_rank-{r}.json.gz" for r in (0, 1)]),
                report(None, bench=FIXTURES / "h100_vllm" / "capture_thr_eager" / "bench.json")]
+    with tarfile.open(DATA / "h200_live.tar.xz") as tar:  # live windows (profkit attach), speculative decoding
+        tar.extractall(tmp, filter="data")
+    reports += [report(tmp / "h200_live" / name) for name in ("live_tight2", "live_spec2", "live_tight_cut")]
     diffs = [diff(SAMPLES / "vllm_14b_kv_bound", SAMPLES / "vllm_14b_prescribed"),
              diff(toy / "torch_eager_b1.json.gz", toy / "torch_graphs_b16.json.gz"),
              diff(SAMPLES / "hostgap_b16.sqlite", SAMPLES / "capture_thr_torch")]

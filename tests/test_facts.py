@@ -22,7 +22,8 @@ DATA = Path(__file__).parent / "data"
 # Declared facts that none of the runs below gives a value, and why: each is None in every recorded run because
 # that is its value there, not because nothing computes it.
 NONE_IN_EVERY_RUN = {
-    "config.speculative_config": "no recorded run speculates: its value is vLLM's default, none",
+    "vllm.spec_acceptance": "the one recorded run that speculates (h200_live's n-gram server) drafted no token: "
+                            "an acceptance rate of nothing is none",
 }
 
 
@@ -72,7 +73,7 @@ def rich_reports(tmp_path_factory: pytest.TempPathFactory, h100_tune: Path) -> d
     """Reports that between them hold every kind of evidence: the profiled FP8 serve run (trace with step
     annotations and GPU metrics, benchmark, log, scrapes, host samples, model config), two rank traces of an NCCL
     job, an offline benchmark's capture (its front end's host samples) and a serve run's evidence with
-    --kv-cache-memory-bytes (no trace)."""
+    --kv-cache-memory-bytes (no trace), and a live window of a server that speculates."""
     folder = tmp_path_factory.mktemp("rich")
     with tarfile.open(DATA / "h100_phases" / "fp8.tar.xz") as tar:
         tar.extractall(folder, filter="data")
@@ -85,6 +86,7 @@ def rich_reports(tmp_path_factory: pytest.TempPathFactory, h100_tune: Path) -> d
         attach(AttachOptions(url=server.url, out=live, duration_s=2.0, interval_s=1.0))
     return {
         "live": build_report(live),
+        "spec": build_report(unpack(tmp_path_factory, "h200_live") / "live_spec2"),
         "fp8": build_report(folder / "fp8", options=ReportOptions(window="all")),
         "ranks": build_report(ranks, options=ReportOptions(window="all", jobs=1)),
         "offline": build_report(h100_tune / "def_thr"),
