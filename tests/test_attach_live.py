@@ -296,3 +296,19 @@ def test_a_servers_own_gpus_only(rec: Path, tmp_path: Path) -> None:
     line = one_error_line(profkit("attach", "http://127.0.0.1:1", "--duration", "1s", "--out", tmp_path / "x"),
                           "cannot reach the server")
     assert "Traceback" not in line
+
+
+def test_the_live_window_reads_the_same_in_every_format(rec: Path, tmp_path: Path) -> None:
+    """Text, Markdown and HTML carry the window's lines; a percentile inside the lowest bucket says only "at most"
+    (the spec server queued nothing: every queue time fell in vLLM's first bucket, 0.3 s, and the mean is 0.0)."""
+    folder = rec / "live_spec2"
+    text = profkit("report", folder).stdout
+    md = profkit("report", folder, "--format", "md").stdout
+    assert profkit("report", folder, "--format", "html", "-o", tmp_path / "r.html").returncode == 0
+    html = (tmp_path / "r.html").read_text()
+    head = "live window 60 s: 438 requests finished (7.30 req/s)"
+    queue = "queue        mean 0.0 ms, p50 / p90 / p99 &lt;= 300.0 / &lt;= 300.0 / &lt;= 300.0 ms"
+    assert head in text and head in md and head in html
+    assert queue.replace("&lt;", "<") in text and queue.replace("&lt;", "<") in md and queue in html
+    assert "speculative decoding: 0 drafts, 0 draft tokens, 0 accepted" in text
+    assert "speculative decoding: 0 drafts" in profkit("report", rec / "cap_spec2").stdout

@@ -133,6 +133,9 @@ def live_window(metrics: list[MetricsScrape]) -> dict[str, Any] | None:
         out[f"{key}_ms"] = {"mean": total / count * 1e3 if total is not None else None, "count": count,
                             **{f"p{round(q * 100)}": (v * 1e3 if (v := quantile(buckets, q)) is not None else None)
                                for q in (0.5, 0.9, 0.99)}}
+        # a percentile inside the lowest bucket is interpolated from 0 to its bound: it says only "at most that"
+        if buckets and buckets[0][1] > 0 and math.isfinite(buckets[0][0]):
+            out[f"{key}_ms"]["first_bucket"] = buckets[0][0] * 1e3
     return out
 
 

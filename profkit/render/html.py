@@ -11,6 +11,7 @@ from profkit.render import charts, cmdline
 from profkit.render.efficiency import PRECISION_NOTE, efficiency_view
 from profkit.render.prescription import prescription_view
 from profkit.render.ranks import rank_table
+from profkit.render.text import live_lines
 from profkit.resources import shipped_dir
 
 
@@ -62,5 +63,6 @@ def _page(report: dict[str, Any], svgs: dict[str, Any], pairs: list[dict[str, An
     page = environment().get_template("report.html.j2").render(r=report, charts=svgs, commands=pairs,
                                                                   ranks=rank_table(report), eff=eff,
                                                                   precision_note=PRECISION_NOTE,
-                                                                  pv=prescription_view(report))
+                                                                  pv=prescription_view(report),
+                                                                  live=live_lines(report))
     return escape.document(page)  # trace strings may carry control characters; no HTML needs them

@@ -10,6 +10,7 @@ from profkit import escape, units
 from profkit.render.efficiency import PRECISION_NOTE, efficiency_view
 from profkit.render.prescription import prescription_view
 from profkit.render.ranks import rank_table
+from profkit.render.text import live_lines
 from profkit.resources import shipped_dir
 
 
@@ -64,4 +65,4 @@ def environment() -> jinja2.Environment:
 def render_markdown(report: dict[str, Any], top: int = 10) -> str:
     return escape.document(environment().get_template("report.md.j2").render(
         r=report, top=top, ranks=rank_table(report), eff=efficiency_view(report), precision_note=PRECISION_NOTE,
-        pv=prescription_view(report)))
+        pv=prescription_view(report), live=live_lines(report)))

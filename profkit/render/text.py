@@ -67,7 +67,7 @@ def live_lines(report: dict[str, Any]) -> list[str]:
     """A live window (profkit attach): its load, mix and the server's own latency percentiles."""
     live = (report.get("vllm") or {}).get("live")
     if not live:
-        return []
+        return spec_lines(report)
     head = f"  live window {live['seconds']:,.0f} s: {number(live.get('requests'))} requests finished"
     if live.get("request_rate") is not None:
         head += f" ({live['request_rate']:,.2f} req/s)"
@@ -81,10 +81,27 @@ def live_lines(report: dict[str, Any]) -> list[str]:
                        ("e2e", "end to end")):
         m = live.get(f"{key}_ms")
         if m:
-            ps = " / ".join("-" if m.get(p) is None else f"{m[p]:,.1f}" for p in ("p50", "p90", "p99"))
+            low = m.get("first_bucket")
+            ps = " / ".join("-" if m.get(p) is None else f"<= {low:,.1f}" if low is not None and m[p] <= low
+                            else f"{m[p]:,.1f}" for p in ("p50", "p90", "p99"))
             out.append(f"    {label:12} mean {'-' if m.get('mean') is None else format(m['mean'], ',.1f')} ms, "
                        f"p50 / p90 / p99 {ps} ms (vLLM's histograms)")
-    return out
+    return out + spec_lines(report)
+
+
+def spec_lines(report: dict[str, Any]) -> list[str]:
+    """Speculative decoding over the run (vLLM's counters): drafts, acceptance, and acceptance per draft position."""
+    spec = (report.get("vllm") or {}).get("spec_decode")
+    if not spec:
+        return []
+    line = f"    speculative decoding: {number(spec.get('drafts'))} drafts, {number(spec.get('draft_tokens'))} " \
+           f"draft tokens, {number(spec.get('accepted_tokens'))} accepted"
+    if spec.get("acceptance_rate") is not None:
+        line += f" ({pct(spec['acceptance_rate'])}, {spec['accepted_per_draft']:.2f} a draft)"
+    by_position = spec.get("acceptance_by_position")
+    if by_position:
+        line += "; accepted at position " + ", ".join(f"{i + 1}: {pct(v)}" for i, v in enumerate(by_position))
+    return [line]
 
 
 def host_lines(report: dict[str, Any]) -> list[str]:
