@@ -117,3 +117,18 @@ def test_the_last_arriving_rank_and_steps_from_one_rank(tp4: Path, capture: dict
     assert model["kv_bytes_per_token"] == 48 * kv_heads * head_dim * 2 * 2 // 4
     assert model["weight_bytes"] == model["matmul_params"] * 2 // 4
     assert capture["steps"]["count"] > 0 and capture["steps"]["device"] == 0
+
+
+def test_eager_tp2_started_and_served(tp4: Path) -> None:
+    """TP=2 in eager mode starts with vLLM's defaults (nothing compiled, no fusion); its folder without the lost
+    trace is still a run profkit reads: two GPUs, eager, the benchmark's 200 requests; the tp-or-dp rule and the
+    model weigh the other layout."""
+    folder = tp4 / "tp2_eager"
+    log = (folder / "server.log").read_text()
+    assert "enforce_eager=True" in log and "tensor_parallel_size=2" in log
+    doc = json.loads(profkit("report", folder, "--format", "json").stdout)
+    bench = json.loads((folder / "bench.json").read_text())
+    assert doc["vllm"]["config"]["tensor_parallel_size"]["value"] == 2
+    assert doc["vllm"]["config"]["enforce_eager"]["value"] is True
+    assert doc["facts"]["vllm.requests_per_second"] == bench["request_throughput"] and bench["completed"] == 200
+    assert doc["facts"]["vllm.kv_cache_tokens"] == 1_258_176
