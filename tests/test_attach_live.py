@@ -312,3 +312,23 @@ def test_the_live_window_reads_the_same_in_every_format(rec: Path, tmp_path: Pat
     assert queue.replace("&lt;", "<") in text and queue.replace("&lt;", "<") in md and queue in html
     assert "speculative decoding: 0 drafts, 0 draft tokens, 0 accepted" in text
     assert "speculative decoding: 0 drafts" in profkit("report", rec / "cap_spec2").stdout
+
+
+def test_hostile_gpu_holders_and_cache_labels_are_ignored(rec: Path) -> None:
+    """host.json and /metrics are the user's evidence, of any shape: holders that are no pids, an index that is no
+    GPU, a cache size of inf or text are left out, never a traceback or a non-JSON number."""
+    from profkit.diagnose.vllm_run import cache_info
+    from profkit.evidence.host import parse_host
+    from profkit.evidence.metrics import parse_metrics
+
+    data = json.loads((rec / "live_tight2" / "host.json").read_text())
+    odd = {**data, "gpus": [{**g, "pids": [[1], "x", None, True, {"a": 1}], "index": str(g["index"])}
+                            for g in data["gpus"]]}
+    assert parse_host(odd, "host.json").gpus_used is None
+    text = (rec / "live_tight2" / "metrics-after.txt").read_text()
+    line = next(x for x in text.splitlines() if x.startswith("vllm:cache_config_info"))
+    hostile = line.replace('kv_cache_size_tokens="69296"', 'kv_cache_size_tokens="inf"').replace(
+        'num_gpu_blocks="4331"', 'num_gpu_blocks="many"').replace('block_size="16"', 'block_size="-16"')
+    cache = cache_info(parse_metrics(text.replace(line, hostile)))
+    assert cache is not None and {"kv_cache_size_tokens", "num_gpu_blocks", "block_size"}.isdisjoint(cache)
+    assert cache["gpu_memory_utilization"] == 0.28

@@ -87,7 +87,7 @@ def cache_info(scrape: MetricsScrape) -> dict[str, Any] | None:
             value = kind(labels[key])
         except (KeyError, ValueError):
             continue  # absent, or "None"
-        if kind is str or value >= 0:
+        if kind is str or math.isfinite(value) and value >= 0:
             out[key] = value
     return out or None
 

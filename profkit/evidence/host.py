@@ -42,11 +42,12 @@ def _used(gpus: list[Any], pids: set[Any]) -> list[int] | None:
     """The GPUs the sampled processes held: NVML listed one of their pids on the GPU; else the GPUs the server's
     CUDA_VISIBLE_DEVICES named. None when neither was recorded (every GPU counts, as before profkit recorded it)."""
     held = [g.get("index") for g in gpus if isinstance(g, dict) and isinstance(g.get("pids"), list)
-            and pids.intersection(g["pids"])]
-    if held:
-        return [i for i in held if isinstance(i, int)]
+            and pids.intersection(p for p in g["pids"] if isinstance(p, int) and not isinstance(p, bool))]
+    index = [i for i in held if isinstance(i, int) and not isinstance(i, bool)]
+    if index:
+        return index
     named = [g.get("index") for g in gpus if isinstance(g, dict) and g.get("visible") is True]
-    return [i for i in named if isinstance(i, int)] or None
+    return [i for i in named if isinstance(i, int) and not isinstance(i, bool)] or None
 
 
 def number_pair(pair: Any) -> bool:
