@@ -18,7 +18,7 @@ import pytest
 from profkit.evidence.metrics import MetricsScrape, read_series
 from tests.cli import one_error_line, profkit
 from tests.conftest import unpack
-from tests.test_attach import StandIn, watched
+from tests.test_attach import FakeClock, StandIn, watched
 
 
 @pytest.fixture(scope="module")
@@ -165,15 +165,9 @@ def test_a_server_that_goes_away_mid_window_leaves_the_window_so_far(rec: Path, 
         out = tmp_path / "gone"
         from profkit.capture.attach import AttachError
 
-        class Gone:
-            def __init__(self) -> None:
-                self.now = 0.0
-
-            def clock(self) -> float:
-                return self.now
-
+        class Gone(FakeClock):
             def sleep(self, seconds: float) -> None:
-                self.now += seconds
+                super().sleep(seconds)
                 if self.now >= 4:
                     server.server.server_close()  # the server stops answering mid-window
 

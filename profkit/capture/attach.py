@@ -29,6 +29,7 @@ from typing import Any
 
 import msgspec
 
+from profkit.capture.host import start_sampler
 from profkit.capture.manifest import Manifest, gpu_identity
 from profkit.errors import ProfkitError
 from profkit.escape import one_line
@@ -156,7 +157,7 @@ def attach(opts: AttachOptions, say: Callable[[str], None] = lambda _m: None,
     model = _model(models)
     identity = {"url": root, "vllm": (version or {}).get("version") if isinstance(version, dict) else None,
                 "model": model.get("id"), "max_model_len": model.get("max_model_len"),
-                "authenticated": "Authorization" in headers or any(k.lower() == "authorization" for k in headers)}
+                "authenticated": any(k.lower() == "authorization" for k in headers)}
     environment: dict[str, Any] = {"vllm": identity["vllm"]} if identity["vllm"] else {}
     ran: dict[str, Any] = {}
     if local is not None:
@@ -292,22 +293,19 @@ def local_server(root: str) -> LocalServer | None:
 def _served_model(argv: list[str]) -> str | None:
     from profkit.vllm.command import VllmCommand
 
+    command = VllmCommand.find_in(argv)
     try:
-        return VllmCommand.parse(shlex.join(argv)).model
+        return command.model if command else None
     except (ProfkitError, ValueError):
         return None
 
 
 def _sampler(pid: int) -> Any:
     """The server's process tree sampled as `capture` samples it; None without psutil (never fails attach)."""
-    try:
-        from profkit.capture.host import HostSampler
-
-        sampler = HostSampler(interval_s=0.5)
-    except ImportError:
-        return None
-    sampler.watch("server", pid)
-    return sampler.start()
+    sampler = start_sampler(interval_s=0.5)
+    if sampler is not None:
+        sampler.watch("server", pid)
+    return sampler
 
 
 def _start_profile(root: str, headers: dict[str, str]) -> None:

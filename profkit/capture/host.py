@@ -167,3 +167,11 @@ class HostSampler:
                         if (uuid.decode() if isinstance(uuid, bytes) else uuid) == word:
                             out.add(g["index"])
         return out
+
+
+def start_sampler(interval_s: float = 0.1) -> HostSampler | None:
+    """A sampler started (watch its trees with `.watch`), or None without psutil: sampling never fails a run."""
+    try:
+        return HostSampler(interval_s).start()
+    except ImportError:
+        return None

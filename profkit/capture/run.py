@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from profkit.capture.host import HostSampler
+from profkit.capture.host import HostSampler, start_sampler
 from profkit.capture.manifest import Manifest, environment, start_manifest
 from profkit.capture.plan import NSYS_FLUSH_MS, Plan, Step
 from profkit.errors import ProfkitError
@@ -275,11 +275,10 @@ def _model_config(plan: Plan, folder: CaptureFolder, manifest: Manifest) -> None
 
 def _sampler(manifest: Manifest) -> HostSampler | None:
     """Per-process CPU sampling while the benchmark runs (host.json); never fails a capture."""
-    try:
-        return HostSampler().start()
-    except ImportError:
+    sampler = start_sampler()
+    if sampler is None:
         manifest.note(f"{files.HOST} not written: psutil is not installed")
-        return None
+    return sampler
 
 
 def _write_host(sampler: HostSampler | None, folder: CaptureFolder) -> None:

@@ -38,13 +38,14 @@ def vllm_section(bench: BenchResult | None, log: VllmLog | None, metrics: list[M
         logged.setdefault("max_num_batched_tokens", log.logged_max_num_batched_tokens)
         logged.setdefault("gpu_memory_utilization", log.logged_gpu_memory_utilization)
     gpu = gpu if is_vllm else None  # not vLLM's: its defaults say nothing about the run
+    delta = counter_delta(metrics[0], metrics[-1]) if len(metrics) > 1 else None
     return VllmSection(
         bench=bench, log=log,
         metrics=metrics[-1].values if metrics else None,
-        metrics_delta=counter_delta(metrics[0], metrics[-1]) if len(metrics) > 1 else None,
+        metrics_delta=delta,
         series=series_summary(metrics),
         live=live_window(metrics),
-        spec_decode=spec_decode(counter_delta(metrics[0], metrics[-1])) if len(metrics) > 1 else None,
+        spec_decode=spec_decode(delta) if delta is not None else None,
         # the last scrape that kept the labels (a live series keeps only values between its first and last scrape)
         cache=cache_info(next((m for m in reversed(metrics) if m.info), metrics[-1])) if metrics else None,
         flags=flags,
