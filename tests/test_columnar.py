@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from profkit.analysis import gaps as gaps_module
+from profkit.analysis import scans
 from profkit.report import ReportOptions, build_report
 from profkit.traces import columns, open_trace
 from tests.conftest import FIXTURES, TOY
@@ -18,29 +19,42 @@ NSYS = [*TOY, "thr_graphs", "serve_frontend"]
 TORCH = ["torch_graphs_b16", "torch_swap_b16"]
 
 
-def _report(path, window: str, monkeypatch, adbc: bool) -> tuple[dict, int]:
-    """The report with the Arrow driver for every relation (adbc) or with none; and how often it read."""
-    reads = []
-    real = columns._read_adbc
+def _report(path, window: str, monkeypatch, adbc: bool) -> tuple[dict, int, list[str]]:
+    """The report with the Arrow driver for every relation (adbc) or with none; how often a relation was read
+    through Arrow, and which tables were read by their one checked scan (analysis/scans.py)."""
+    reads, scanned = [], []
+    real, real_scan = columns._read_adbc, scans.scan_table
 
     def spy(*args, **kwargs):
         reads.append(1)
         return real(*args, **kwargs)
 
+    def scan_spy(trace, table, *args, **kwargs):
+        scanned.append(table)
+        return real_scan(trace, table, *args, **kwargs)
+
     monkeypatch.setattr(columns, "_read_adbc", spy)
+    monkeypatch.setattr(scans, "scan_table", scan_spy)
     monkeypatch.setattr(columns, "ADBC_MIN_ROWS", 0 if adbc else 1 << 62)
     report = build_report(path, options=ReportOptions(window=window)).document()
     report.pop("profkit_version")
-    return report, len(reads)
+    return report, len(reads), scanned
 
 
 @pytest.mark.parametrize("name", NSYS + TORCH)
 def test_arrow_and_sqlite_reads_give_the_same_report(sqlite_path, monkeypatch, name: str) -> None:
-    path = FIXTURES / "h100_toy" / f"{name}.json.gz" if name.startswith("torch_") else sqlite_path(name)
+    """Through Arrow an export's kernel and CUDA API tables are each read once, their checks on that read; the
+    report is the one the SQL checks and sqlite3 reads give."""
+    torch = name.startswith("torch_")
+    path = FIXTURES / "h100_toy" / f"{name}.json.gz" if torch else sqlite_path(name)
     for window in ("all", "auto"):
-        with_arrow, reads = _report(path, window, monkeypatch, adbc=True)
-        without, none = _report(path, window, monkeypatch, adbc=False)
-        assert reads >= 3 and none == 0  # kernels (gaps, histogram) and the API histogram went through Arrow
+        with_arrow, reads, scanned = _report(path, window, monkeypatch, adbc=True)
+        without, none, not_scanned = _report(path, window, monkeypatch, adbc=False)
+        assert none == 0 and not not_scanned
+        if torch:  # torch traces are loaded by profkit itself: read through Arrow as relations
+            assert reads >= 3 and not scanned
+        else:
+            assert scanned == ["CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME"]
         assert with_arrow == without
 
 

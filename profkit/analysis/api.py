@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from profkit.analysis.scans import API_SCAN
 from profkit.analysis.stats import columnar_histogram, id_histogram, summarize
 from profkit.analysis.timeline import strip_api_version
 from profkit.analysis.window import Window
@@ -15,7 +16,10 @@ __all__ = ["GRAPH_LAUNCH_APIS", "LAUNCH_APIS", "SYNC_APIS", "api_summary", "sync
 
 def api_summary(trace: Trace, window: Window) -> list[dict[str, Any]]:
     """One row per API function (grouped by its string id, as nsys does), nsys's name spelling; by total."""
-    hist = columnar_histogram(trace, "api", "name_id", "end - start", window.where("api"), window.params)
+    scan = trace.cache.get(API_SCAN)  # the CUDA API table's one read, where it was made (analysis/scans.py)
+    hist = scan.histogram if scan is not None and scan.window == window else None
+    if hist is None:
+        hist = columnar_histogram(trace, "api", "name_id", "end - start", window.where("api"), window.params)
     if hist is None:
         hist = id_histogram(trace, f"SELECT name_id, end - start AS dur FROM api WHERE {window.where('api')}",
                             "name_id", window.params)

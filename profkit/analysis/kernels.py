@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from profkit.analysis.categories import categorize
+from profkit.analysis.scans import KERNEL_SCAN, KernelScan
 from profkit.analysis.stats import columnar_histogram, id_histogram, summarize
 from profkit.analysis.window import Window
 from profkit.kernel_names import distinct_labels
@@ -17,8 +18,11 @@ SHORT_KERNEL_NS = 10_000
 def kernel_summary(trace: Trace, window: Window) -> list[dict[str, Any]]:
     """One row per kernel name: stats, category, graph-replayed count (`graph`), short-kernel count (`short`);
     by total time, longest first."""
-    hist = columnar_histogram(trace, "kernels", "name_id", "end - start", window.where("kernels"), window.params,
-                              extras={"graph": "graph_node IS NOT NULL"})
+    scan = trace.cache.get(KERNEL_SCAN)  # the kernel table's one read, where it was made (analysis/scans.py)
+    hist = scan.summary(window) if scan is not None else None
+    if hist is None:
+        hist = columnar_histogram(trace, "kernels", "name_id", "end - start", window.where("kernels"), window.params,
+                                  extras={"graph": "graph_node IS NOT NULL"})
     if hist is None:
         hist = id_histogram(
             trace,
@@ -32,7 +36,7 @@ def kernel_summary(trace: Trace, window: Window) -> list[dict[str, Any]]:
     if not stats:
         return []
     names = trace.strings(row["name_id"] for row in stats)
-    short_names = _short_names(trace, window)
+    short_names = _short_names(trace, window, scan)
     for row in stats:
         row["short"] = row.pop("below")
         name = names.get(row["name_id"])
@@ -46,7 +50,14 @@ def kernel_summary(trace: Trace, window: Window) -> list[dict[str, Any]]:
     return sorted(stats, key=lambda r: (-r["total"], r["count"], r["name"]))
 
 
-def _short_names(trace: Trace, window: Window) -> dict[int, str]:
+def _short_names(trace: Trace, window: Window, scan: KernelScan | None = None) -> dict[int, str]:
+    pairs = scan.short_pairs(window) if scan is not None else None
+    if pairs is not None:  # from the one read: the same rows as the query below, where each name has one short name
+        shorts = dict(trace.query(f"SELECT id, value FROM strings WHERE id IN ({','.join(str(s) for _, s in pairs)})"))\
+            if pairs else {}
+        found = {(n, shorts[s]) for n, s in pairs if s in shorts}
+        if len({n for n, _ in found}) == len(found):
+            return dict(found)
     # The (demangled -> short) mapping is one-to-one; DISTINCT over the ids is a cheap scan.
     rows = trace.query(
         f"SELECT DISTINCT k.name_id, s.value FROM (SELECT DISTINCT name_id, short_id FROM kernels "

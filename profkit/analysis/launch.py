@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from profkit.analysis.scans import API_SCAN, KERNEL_SCAN
 from profkit.analysis.sections import LaunchLatency
 from profkit.analysis.seq import seq_bounds, seq_range
 from profkit.analysis.timeline import LOOKBACK_NS
@@ -27,18 +28,36 @@ def launch_latency(trace: Trace, window: Window, eager_kernels: int) -> LaunchLa
     and joined in numpy: a sort of the sampled calls by correlation id, a binary search per kernel."""
     if eager_kernels == 0 or not trace.has("api"):
         return LaunchLatency(sampled=0)
-    step = max(1, eager_kernels // LATENCY_SAMPLE)
+    step = sample_step(eager_kernels)
+    kscan, ascan = trace.cache.get(KERNEL_SCAN), trace.cache.get(API_SCAN)
+    if kscan is not None and ascan is not None and ascan.step == step and ascan.window == window \
+            and ascan.launch is not None:  # both sides from the tables' one reads (analysis/scans.py)
+        return _join(kscan.launch_kernels(window, step), ascan.launch, step)
     k = read_columns(trace, "kernels", {"c": "correlation", "p": "pid", "s": "start"},
                      where=f"graph_node IS NULL AND correlation IS NOT NULL AND {window.where('kernels')} "
                            f"AND correlation % {step} = 0", params=window.params,
                      seq_span=seq_bounds(trace, "kernels"))
-    api_rows = seq_range(trace, "api", window.start_ns - LOOKBACK_NS, window.end_ns) if window.bounded else None
+    api_rows = api_sample_rows(trace, window)
     bounds = seq_bounds(trace, "api")
     a = read_columns(trace, "api", {"c": "correlation", "p": "pid", "s": "start", "e": "end"},
                      where=f"correlation % {step} = 0" + (f" AND seq BETWEEN {int(api_rows[0])} AND {int(api_rows[1])}"
                                                           if api_rows else ""),
                      seq_span=(max(bounds[0], api_rows[0]), min(bounds[1], api_rows[1])) if api_rows and bounds
                      else bounds)
+    return _join(k, a, step)
+
+
+def api_sample_rows(trace: Trace, window: Window) -> tuple[int, int] | None:
+    """The seq range of the CUDA API calls launch latency reads for a bounded window (None: every call)."""
+    return seq_range(trace, "api", window.start_ns - LOOKBACK_NS, window.end_ns) if window.bounded else None
+
+
+def sample_step(eager_kernels: int) -> int:
+    """The launch sample's stride over correlation ids."""
+    return max(1, eager_kernels // LATENCY_SAMPLE)
+
+
+def _join(k: dict[str, np.ndarray], a: dict[str, np.ndarray], step: int) -> LaunchLatency:
     # every (kernel, call) pair with the same correlation id: the calls sorted by id, a range per kernel
     order = np.argsort(a["c"], kind="stable")
     ac = a["c"][order]

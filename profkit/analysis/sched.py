@@ -41,14 +41,19 @@ def process_cpu(trace: Trace, win: Window) -> dict[str, Any] | None:
     # by (thread, time): a stable sort by thread alone where the switches come in time order, as nsys writes them
     in_time = bool(np.all(start[1:] >= start[:-1]))
     order = np.argsort(ev["tid"], kind="stable") if in_time else np.lexsort((start, ev["tid"]))
-    tid, start, sin = ev["tid"][order], start[order], ev["sin"][order]
+    tid, start, sin = ev["tid"][order], start[order], ev["sin"][order] != 0
     new = np.concatenate([[True], tid[1:] != tid[:-1]])  # each thread's first event
-    nxt = np.concatenate([np.where(new[1:], b, start[1:]), [b]])  # the same thread's next event, else the end
-    on = np.where(sin != 0, np.maximum(nxt - start, 0), 0) + np.where(new & (sin == 0), start - a, 0)
-    thread = np.cumsum(new) - 1
-    per_thread = np.bincount(thread, weights=on).astype(np.int64)
     firsts = np.flatnonzero(new)
     t_tid, t_pid = tid[firsts], ev["pid"][order[firsts]]
+    del ev, order, tid  # millions of rows: each column let go once used (memory is the report's peak here)
+    nxt = np.concatenate([np.where(new[1:], b, start[1:]), [b]])  # the same thread's next event, else the end
+    nxt -= start
+    on = np.where(sin, np.maximum(nxt, 0), 0)
+    del nxt
+    on += np.where(new & ~sin, start - a, 0)
+    del start, sin
+    thread = np.cumsum(new) - 1
+    per_thread = np.bincount(thread, weights=on).astype(np.int64)
     pids, p_index = np.unique(t_pid, return_inverse=True)
     p_ns = np.bincount(p_index, weights=per_thread).astype(np.int64)
     p_threads = np.bincount(p_index)

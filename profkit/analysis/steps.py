@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from profkit.analysis.gaps import DeviceGaps, gpu_gaps
+from profkit.analysis.scans import KERNEL_SCAN
 from profkit.analysis.seq import seq_bounds
 from profkit.analysis.window import Window
 from profkit.traces import Trace
@@ -239,23 +240,31 @@ def _work(rows: np.ndarray) -> dict[str, int | None] | None:
 _NO_STEPS = np.zeros((0, len(COLUMNS)), dtype=np.int64)
 
 
+def marker_ids(trace: Trace) -> dict[str, int]:
+    """The string ids of the engine-step marker kernels the trace names ({name: id}; those it lacks left out)."""
+    return dict(trace.query("SELECT value, id FROM strings WHERE value IN (?, ?, ?)",
+                            (STEP_KERNEL, PREFILL_KERNEL, END_KERNEL)))
+
+
 def _kernel_steps(trace: Trace, lo: int, hi: int, gaps: DeviceGaps) -> np.ndarray:
     """Steps from vLLM's per-step input kernel on the first GPU: each starts at the longest GPU idle time since
     the previous step's last kernel (binary searches over the gap arrays); prefill-bearing when the
     prefill-input kernel runs just before it. Token counts are not on the trace (UNKNOWN); context requests is 1
     for a prefill-bearing step, else 0."""
     device = gaps.device
-    ids = dict(trace.query("SELECT value, id FROM strings WHERE value IN (?, ?, ?)",
-                           (STEP_KERNEL, PREFILL_KERNEL, END_KERNEL)))
+    ids = marker_ids(trace)
     if STEP_KERNEL not in ids:
         return _NO_STEPS
 
-    # the three marker kernels of the window in one columnar read (no query per kernel name or per step)
+    # the three marker kernels of the window in one columnar read (no query per kernel name or per step), or from
+    # the kernel table's one read where it was made (analysis/scans.py)
     wanted = [ids[n] for n in (STEP_KERNEL, PREFILL_KERNEL, END_KERNEL) if n in ids]
-    bounds = seq_bounds(trace, "kernels")
-    k = read_columns(trace, "kernels", {"n": "name_id", "s": "start", "e": "end"},
-                     where=f"name_id IN ({', '.join(str(int(i)) for i in wanted)}) AND device = {int(device)} "
-                           f"AND start >= {int(lo)} AND start < {int(hi)}", seq_span=bounds)
+    scan = trace.cache.get(KERNEL_SCAN)
+    k = scan.marker_rows(wanted, int(device), int(lo), int(hi)) if scan is not None else None
+    if k is None:
+        k = read_columns(trace, "kernels", {"n": "name_id", "s": "start", "e": "end"},
+                         where=f"name_id IN ({', '.join(str(int(i)) for i in wanted)}) AND device = {int(device)} "
+                               f"AND start >= {int(lo)} AND start < {int(hi)}", seq_span=seq_bounds(trace, "kernels"))
     order = np.argsort(k["s"], kind="stable")
     name, start, end = k["n"][order], k["s"][order], k["e"][order]
     marks = start[name == ids[STEP_KERNEL]]

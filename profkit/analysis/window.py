@@ -81,12 +81,12 @@ def choose_window(trace: Trace, spec: str, phases: list[dict] | None = None) -> 
     """Parse a window (all | auto | nvtx:NAME | START_NS:END_NS; the command line turns START:END with units
     into nanoseconds) into a `Window`."""
     spec = (spec or "auto").strip()
-    first, last = gpu_span(trace)
     if spec == "all":
+        first, last = gpu_span(trace)
         return Window(first, last, "whole", "every event in the trace, as nsys stats counts them",
                       bounded=False)
     if spec == "auto":
-        return _auto_window(first, last, phases or [])
+        return _auto_window(*gpu_span(trace), phases or [])
     if spec.startswith("nvtx:"):
         return _nvtx_window(trace, spec[5:])
     m = re.fullmatch(r"(\d+)\s*:\s*(\d+)", spec)

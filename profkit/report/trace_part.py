@@ -16,16 +16,18 @@ from profkit.analysis.communication import DeviceKernels, per_device
 from profkit.analysis.cpu import cpu_op_summary
 from profkit.analysis.gpu_metrics import trace_gpu_metrics
 from profkit.analysis.kernels import kernel_summary
-from profkit.analysis.launch import launch_latency
+from profkit.analysis.launch import api_sample_rows, launch_latency, sample_step
 from profkit.analysis.nvtx import nvtx_summary
+from profkit.analysis.scans import KERNEL_SCAN, api_scan, kernel_scan
 from profkit.analysis.sched import process_cpu
 from profkit.analysis.sections import GpuSection, Rank, RankPart, Sections, TraceSections, WindowSection
-from profkit.analysis.steps import engine_steps
+from profkit.analysis.steps import engine_steps, marker_ids
 from profkit.analysis.transfers import memop_summary, memory_kinds
 from profkit.analysis.window import Window, choose_window, with_seq_ranges
 from profkit.analysis.workload import trace_mentions_vllm
 from profkit.errors import TraceError
 from profkit.traces import Trace, open_trace
+from profkit.traces.scan import Unverified
 
 Progress = Callable[[str], None]
 STAT_RENAMES = {"total": "total_ns", "avg": "avg_ns", "median": "median_ns", "min": "min_ns",
@@ -39,18 +41,25 @@ def trace_sections(path: str | os.PathLike, window: str, gap_threshold_ns: int, 
     """The trace's sections. `ranks`: give the per-device part even for a single GPU (the trace is one rank of
     several)."""
     try:
-        return _build(path, window, gap_threshold_ns, buckets, step or (lambda _name: None), ranks)
+        try:
+            return _build(path, window, gap_threshold_ns, buckets, step or (lambda _name: None), ranks, defer=True)
+        except Unverified:  # a check left to a table's one read failed: open it with the SQL checks, which say why
+            return _build(path, window, gap_threshold_ns, buckets, step or (lambda _name: None), ranks, defer=False)
     except sqlite3.DatabaseError as exc:
         # A truncated or corrupt export can open fine and fail deep inside a query.
         raise TraceError(f"{path}: damaged or unreadable trace database ({exc})") from None
 
 
 def _build(path: str | os.PathLike, window: str, gap_threshold_ns: int, buckets: int,
-           step: Progress, ranks: bool = False) -> TraceSections:
+           step: Progress, ranks: bool = False, defer: bool = False) -> TraceSections:
     step("open trace")
-    with open_trace(path) as trace:
+    with open_trace(path, defer=defer) as trace:
         step("GPU timeline")
         auto = window.strip() == "auto"
+        # The kernel table's one read, where its checks were left to it: the gaps, and what the window's analyses
+        # take (analysis/scans.py). An explicit window is known before it; `auto` and `all` are whole segments.
+        known = None if window.strip() in ("auto", "all") or not trace.deferred else choose_window(trace, window)
+        kernel_scan(trace, known, [i for i in marker_ids(trace).values() if isinstance(i, int)])
         phases: list[dict[str, Any]] = []
         if auto:  # the automatic window needs the gap table first; other windows are known now
             timeline.build_gap_table(trace)
@@ -60,7 +69,7 @@ def _build(path: str | os.PathLike, window: str, gap_threshold_ns: int, buckets:
         # this one builds the timeline (sqlite3 releases the GIL while a query runs).
         with ThreadPoolExecutor(max_workers=2) as pool:
             gpu_side = pool.submit(_gpu_side, trace, win)
-            host_side = pool.submit(_host_side, trace, win)
+            host_side = pool.submit(_host_side, trace, win, _launch_step(trace, win))
             if not auto:
                 timeline.build_gap_table(trace)
             tl = timeline.gpu_timeline(trace, win, gap_threshold_ns=gap_threshold_ns, n_buckets=buckets)
@@ -68,9 +77,10 @@ def _build(path: str | os.PathLike, window: str, gap_threshold_ns: int, buckets:
             sched = process_cpu(trace, win)
             gpu_metrics = trace_gpu_metrics(trace, win)  # nsys --gpu-metrics-devices: by phase and kernel category
             step("kernels")
-            kernels, memops, kinds, nvtx, launch = gpu_side.result()
+            kernels, memops, kinds, nvtx = gpu_side.result()
             step("CUDA API")
             api, sync, cpu_ops = host_side.result()
+        launch = launch_latency(trace, win, sum(k["count"] - k["graph"] for k in kernels))
         devices = per_device(trace, win, kernels) if ranks or len(tl.devices) > 1 else None
         source = {"path": str(Path(path)), "kind": trace.kind, **trace.meta,
                   "vllm_names": trace_mentions_vllm(trace)}
@@ -120,17 +130,20 @@ def _rank_parts(source: dict[str, Any], devices: dict[int, DeviceKernels], busy:
 
 def _gpu_side(main: Trace, win: Window) -> tuple:
     with main.reopen() as trace:
-        kernels = kernel_summary(trace, win)
-        memops = memop_summary(trace, win)
-        kinds = memory_kinds(trace, win)
-        nvtx = nvtx_summary(trace, win)
-        eager = sum(k["count"] - k["graph"] for k in kernels)
-        launch = launch_latency(trace, win, eager)
-    return kernels, memops, kinds, nvtx, launch
+        return kernel_summary(trace, win), memop_summary(trace, win), memory_kinds(trace, win), nvtx_summary(trace, win)
 
 
-def _host_side(main: Trace, win: Window) -> tuple:
+def _launch_step(trace: Trace, win: Window) -> int | None:
+    """The launch sample's stride where the kernel table's one read knows the window's eager kernels, else None."""
+    scan = trace.cache.get(KERNEL_SCAN)
+    hist = scan.summary(win) if scan is not None else None
+    return None if hist is None else sample_step(sum(c - g for _k, _v, c, g in hist))
+
+
+def _host_side(main: Trace, win: Window, launch_step: int | None) -> tuple:
     with main.reopen() as trace:
+        # the CUDA API table's one read: its summary and the launch sample's calls (analysis/scans.py)
+        api_scan(trace, win, launch_step, api_sample_rows(trace, win) if launch_step else None)
         return (api_analysis.api_summary(trace, win), api_analysis.sync_summary(trace, win),
                 cpu_op_summary(trace, win))
 

@@ -60,21 +60,22 @@ def database_file(conn: sqlite3.Connection) -> str:
 
 def read_columns(trace: Trace, relation: str, columns: Mapping[str, str], where: str = "1",
                  params: Mapping[str, int] | None = None, seq_span: tuple[int, int] | None = None,
-                 jobs: int = JOBS, rows_hint: int = 0) -> dict[str, np.ndarray]:
+                 jobs: int = JOBS, rows_hint: int = 0, arrow: bool = False) -> dict[str, np.ndarray]:
     """{name: int64 array} of `columns` ({name: SQL expression}) over `relation`'s rows matching `where`.
 
     `seq_span`: the relation's first and last seq (start-ordered relations): its size decides the reader, and
-    the driver reads it in `jobs` ranges at once. `rows_hint`: the size of a relation without seq (one read)."""
+    the driver reads it in `jobs` ranges at once. `rows_hint`: the size of a relation without seq (one read).
+    `arrow`: through Arrow whatever the size (where its driver is loaded already)."""
     if seq_span:
         rows_hint = seq_span[1] - seq_span[0] + 1
     # Named parameters are integers (window bounds): written into the text, the query runs on any connection.
     for key, value in (params or {}).items():
         where = where.replace(f":{key}", str(int(value)))
     source = relation_source(trace.conn, relation)
-    if source is not None and rows_hint >= adbc_min_rows() and adbc_available():
+    if source is not None and (arrow or rows_hint >= adbc_min_rows()) and adbc_available():
         try:
             pool = trace.cache.setdefault("adbc", ConnectionPool(trace.database))
-            return _read_adbc(pool, source, columns, where, jobs, seq_span)
+            return _read_adbc(pool, source, columns, where, jobs, seq_span, rows_hint)
         except Exception:  # noqa: BLE001 - any driver error (a value of another type...): read the safe way,
             pass  # and a real fault of the file surfaces from sqlite3 as the usual one-line error
     return _read_sqlite(trace.conn, relation, columns, where)
@@ -147,8 +148,10 @@ def _read_sqlite(conn: sqlite3.Connection, relation: str, columns: Mapping[str, 
 
 
 def _read_adbc(pool: ConnectionPool, source: str, columns: Mapping[str, str], where: str, jobs: int,
-               seq_span: tuple[int, int] | None) -> dict[str, np.ndarray]:
+               seq_span: tuple[int, int] | None, rows_hint: int = 0) -> dict[str, np.ndarray]:
     exprs = ", ".join(columns.values())
+    rows = seq_span[1] - seq_span[0] + 1 if seq_span else rows_hint
+    batch = max(1024, min(1 << 24, rows // (jobs if seq_span and jobs > 1 else 1) + 1))
 
     def part(clause: str) -> list[Any]:
         import adbc_driver_manager
@@ -158,6 +161,9 @@ def _read_adbc(pool: ConnectionPool, source: str, columns: Mapping[str, str], wh
         try:
             with adbc_driver_manager.AdbcStatement(conn) as stmt:
                 stmt.set_sql_query(f"SELECT {exprs} FROM {source} WHERE ({where}) {clause}")
+                # one batch a read where the rows are known (the driver's default is 1,024 rows): the columns are
+                # then viewed in place, not concatenated from thousands of batches into copies
+                stmt.set_options(**{"adbc.sqlite.query.batch_rows": str(batch)})
                 stream, _ = stmt.execute_query()
                 return pa.RecordBatchReader._import_from_c(stream.address).read_all().columns
         finally:

@@ -55,6 +55,7 @@ NVTX_EVENT_TYPES = {
 }
 
 # The pid inside nsys's serialized GlobalId (bits 24..47), as nsys's own reports extract it.
+PID_MASK = 16777215
 PID_OF = "(({col} >> 24) & 16777215)"
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -85,17 +86,19 @@ class NsysTrace(Trace):
             shutil.rmtree(self.snapshot.parent, ignore_errors=True)
 
 
-def open_nsys(path: Path, snapshot: Path | None = None, checked: NsysTrace | None = None) -> NsysTrace:
+def open_nsys(path: Path, snapshot: Path | None = None, checked: NsysTrace | None = None,
+              defer: bool = False) -> NsysTrace:
     """Open an nsys SQLite export read-only and expose the normalized relations.
 
     A non-empty `-wal` file beside the export holds committed transactions that are part of the database;
     immutable reads would skip them. Then a private copy (export + WAL, checkpointed) is read instead, so
     the numbers are what SQLite sees and the user's files stay untouched. The copy goes with the Trace.
     `checked`: a Trace of the same file already opened; its findings (rows left out, repairs) are reused,
-    so another connection costs no scan."""
+    so another connection costs no scan. `defer`: leave the checks of the kernel and CUDA API tables, where they
+    are large enough to be read through Arrow, to their one read (traces/scan.py; `NsysTrace.deferred`)."""
     wal = Path(f"{path}-wal")
     if snapshot is None and checked is None and wal.is_file() and wal.stat().st_size > 0:
-        return _open_with_wal(path, wal)
+        return _open_with_wal(path, wal, defer)
     conn = _connect_read_only(snapshot or path)
     try:
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
@@ -114,11 +117,12 @@ def open_nsys(path: Path, snapshot: Path | None = None, checked: NsysTrace | Non
             present = _create_views(conn, tables, columns, strict)
             for relation in checked.repaired:
                 _repair(conn, relation)
-            return _trace(conn, path, meta, present, snapshot, checked.repaired, strict)
+            return _trace(conn, path, meta, present, snapshot, checked.repaired, strict, checked.deferred)
         if conn.execute(f"SELECT 1 FROM main.{KERNEL} LIMIT 1").fetchone() is None:
             raise TraceError(f"{path}: the trace has no CUDA kernels (was it recorded with `-t cuda`?)")
-        checked_columns = _checks(conn, tables, columns)
-        failing, suspect = _scan_tables(conn, snapshot or path, checked_columns, tables)
+        deferred = _deferrable(conn, tables) if defer else frozenset()
+        checked_columns = {t: c for t, c in _checks(conn, tables, columns).items() if t not in deferred}
+        failing, suspect = _scan_tables(conn, snapshot or path, checked_columns, tables - deferred)
         said, strict = _left_out(conn, path, checked_columns, failing)
         present = _create_views(conn, tables, columns, strict)
         repaired = []
@@ -137,13 +141,30 @@ def open_nsys(path: Path, snapshot: Path | None = None, checked: NsysTrace | Non
     except TraceError:
         conn.close()
         raise
-    return _trace(conn, path, meta, present, snapshot, tuple(repaired), strict)
+    return _trace(conn, path, meta, present, snapshot, tuple(repaired), strict, deferred)
 
 
 def _trace(conn: sqlite3.Connection, path: Path, meta: dict, present: set[str], snapshot: Path | None,
-           repaired: tuple[str, ...], strict: frozenset[str]) -> NsysTrace:
+           repaired: tuple[str, ...], strict: frozenset[str], deferred: frozenset[str] = frozenset()) -> NsysTrace:
     return NsysTrace(conn=conn, path=path, kind="nsys-sqlite", meta=meta, present=frozenset(present),
-                     snapshot=snapshot, repaired=repaired, strict=strict)
+                     snapshot=snapshot, repaired=repaired, strict=strict, deferred=deferred)
+
+
+def _deferrable(conn: sqlite3.Connection, tables: set[str]) -> frozenset[str]:
+    """The kernel and CUDA API tables whose checks can ride on their read (traces/scan.py): those the report reads
+    through Arrow (the driver installed, and rows enough to be worth it)."""
+    from profkit.traces.columns import adbc_available, adbc_min_rows
+
+    if not adbc_available():
+        return frozenset()
+    out = set()
+    for table in (KERNEL, RUNTIME):
+        if table in tables:
+            first = conn.execute(f"SELECT rowid FROM main.{table} ORDER BY rowid LIMIT 1").fetchone()
+            last = conn.execute(f"SELECT rowid FROM main.{table} ORDER BY rowid DESC LIMIT 1").fetchone()
+            if first and last and last[0] - first[0] + 1 >= max(1, adbc_min_rows()):
+                out.add(table)
+    return frozenset(out)
 
 
 # The numeric columns each table's view reads, all integers where nsys writes them, by what else bounds them:
@@ -163,6 +184,21 @@ CHECKED = {
     NVTX: {"start": "start", "end": "end?", "eventType": "id", "globalTid": "id?", "textId": "id?",
            "domainId": "id?"},
 }
+# The columns the one read of a deferred table takes (traces/scan.py), by the name the analyses use: every CHECKED
+# column, so that the read checks what the SQL checks at open would have.
+SCANNED = {
+    KERNEL: {"start": "start", "end": "end", "device": "deviceId", "stream": "streamId", "correlation": "correlationId",
+             "gpid": "globalPid", "name_id": "demangledName", "short_id": "shortName", "graph_node": "graphNodeId"},
+    RUNTIME: {"start": "start", "end": "end", "gtid": "globalTid", "correlation": "correlationId", "name_id": "nameId"},
+}
+
+
+def scanned_columns(conn: sqlite3.Connection, table: str) -> dict[str, tuple[str, str]]:
+    """{name: (column, kind)} of `table`'s SCANNED columns that the export has (kinds as CHECKED)."""
+    have = _columns(conn, table)
+    return {name: (column, CHECKED[table][column]) for name, column in SCANNED[table].items() if column in have}
+
+
 ROWS = {KERNEL: "kernel", MEMCPY: "memory-copy", MEMSET: "memset", RUNTIME: "CUDA API", SYNC: "synchronization",
         NVTX: "NVTX"}
 WHY = {"end": "end before they start (or have no end)", "negative": "start before the session (negative time)",
@@ -416,13 +452,13 @@ def checkpointed_copy(path: Path, wal: Path, folder: Path) -> Path:
     return copy
 
 
-def _open_with_wal(path: Path, wal: Path) -> NsysTrace:
+def _open_with_wal(path: Path, wal: Path, defer: bool = False) -> NsysTrace:
     import tempfile
 
     folder = Path(tempfile.mkdtemp(prefix="profkit-wal-"))
     try:
         copy = checkpointed_copy(path, wal, folder)
-        trace = open_nsys(path, snapshot=copy)
+        trace = open_nsys(path, snapshot=copy, defer=defer)
     except sqlite3.DatabaseError as exc:
         shutil.rmtree(folder, ignore_errors=True)
         raise TraceError(f"{path}: damaged or unreadable SQLite file with its -wal file ({exc})") from None

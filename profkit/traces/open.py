@@ -34,8 +34,9 @@ def looks_like_json_text(head: bytes) -> bool:
     return not any(ord(ch) < 0x20 and ch not in "\t\r\n" for ch in text)
 
 
-def open_trace(path: str | os.PathLike) -> Trace:
-    """Open an nsys SQLite export or a torch.profiler trace as a normalized `Trace`."""
+def open_trace(path: str | os.PathLike, defer: bool = False) -> Trace:
+    """Open an nsys SQLite export or a torch.profiler trace as a normalized `Trace`. `defer`: an export's large
+    kernel and CUDA API tables are checked by their one read (traces/scan.py), not at open."""
     p = Path(path)
     if not p.exists():
         raise TraceError(f"{p}: no such file or directory")
@@ -52,7 +53,7 @@ def open_trace(path: str | os.PathLike) -> Trace:
     if not head:
         raise TraceError(f"{p}: empty file, not a trace")
     if head.startswith(SQLITE_MAGIC):
-        return open_nsys(p)
+        return open_nsys(p, defer=defer)
     if head.startswith(GZIP_MAGIC) or looks_like_json_text(head):
         return open_kineto(p)
     if p.suffix == ".nsys-rep" or head.startswith(b"\x00\x00"):

@@ -135,6 +135,8 @@ class Trace:
     # Results computed once per trace and shared by its analyses (the GPU gaps), across `reopen`.
     cache: dict[str, Any] = field(default_factory=dict)
     primary: bool = True  # False for a `reopen`ed connection: the first one closes what the cache holds
+    # Raw tables (an nsys export's kernel and CUDA API tables) whose checks ride on their one read (traces/scan.py)
+    deferred: frozenset[str] = frozenset()
 
     @property
     def database(self) -> Path:

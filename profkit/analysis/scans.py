@@ -1,0 +1,347 @@
+"""The one read of an nsys export's kernel and CUDA API tables, and what each analysis takes from it (issue 41).
+
+Where the export's large tables were opened with their checks deferred (traces/scan.py), each is read once, a chunk
+at a time, and every analysis that needs its rows takes them from that read:
+- kernels (`KernelScan`, before the window is chosen): the GPU gaps; the kernel summary's histogram and short names
+  per GPU-active segment (the stretches between idle times >= PHASE_GAP_NS on every GPU at once), so that the
+  window `auto` picks (a phase: whole segments) or `all` is a merge of segments; an explicit window is filtered on
+  the read itself; the eager kernels' (correlation, pid, start), spilled to a temporary file for launch latency,
+  whose sample stride is known only once the window is; the engine-step marker kernels;
+- CUDA API calls (`ApiScan`, once the window and the launch sample's stride are known): the API summary's
+  histogram and the launch sample's calls.
+Each product equals what the analysis's own read gives, row for row. Where one cannot be given (a window that is
+no whole segments, an id the packing cannot hold) the analysis reads as before.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from profkit.analysis.gaps import GapSweep, memops_in_start_order
+from profkit.analysis.stats import Rows, _pairs
+from profkit.analysis.window import PHASE_GAP_NS, Window
+from profkit.traces.columns import NULL_INT
+from profkit.traces.nsys import KERNEL, PID_MASK, RUNTIME, scanned_columns
+from profkit.traces.scan import scan_table
+from profkit.traces.schema import Trace
+
+KERNEL_SCAN = "kernel scan"  # the trace cache's keys
+API_SCAN = "api scan"
+# Rows of merged histogram parts a slot holds before merging them again: memory stays the distinct pairs.
+MERGE_ROWS = 1 << 18
+ID_BITS = 31  # name and short-name ids packed in pairs: string ids of real exports are far below
+
+
+@dataclass
+class Slot:
+    """The kernels of one GPU-active segment (or of an explicit window): the histogram of (name id, duration) with
+    the graph-launched count, the (name id, short-name id) pairs, and the last kernel held apart (it alone can start
+    at the segment's end, which a window that ends there leaves out)."""
+
+    start: int
+    end: int = 0
+    parts: list[tuple[np.ndarray, ...]] = field(default_factory=list)
+    rows: int = 0
+    shorts: set[int] = field(default_factory=set)
+    last: tuple[int, int, int, int, int] | None = None  # name id, duration, graph, short id, start
+    ok: bool = True
+
+    def add(self, name: np.ndarray, dur: np.ndarray, graph: np.ndarray, short: np.ndarray, start: np.ndarray) -> None:
+        if not self.ok or not len(name):
+            return
+        if self.last is not None:
+            held = self.last
+            name, dur = np.r_[held[0], name], np.r_[held[1], dur]
+            graph, short, start = np.r_[held[2], graph], np.r_[held[3], short], np.r_[held[4], start]
+        self.last = (int(name[-1]), int(dur[-1]), int(graph[-1]), int(short[-1]), int(start[-1]))
+        self.count(name[:-1], dur[:-1], graph[:-1], short[:-1])
+
+    def count(self, name: np.ndarray, dur: np.ndarray, graph: np.ndarray, short: np.ndarray) -> None:
+        if not len(name):
+            return
+        if name.min() < 0 or dur.min() < 0 or short.min() < 0 or max(name.max(), short.max()) >> ID_BITS:
+            self.ok = False  # the analysis's own read handles what the packing cannot
+            return
+        part = _pairs(name, dur, [graph])
+        if part is None:
+            self.ok = False
+            return
+        self.parts.append((part[0], part[1], part[2], part[3][0]))
+        self.rows += len(part[0])
+        self.shorts.update(np.unique((name << ID_BITS) | short).tolist())
+        if self.rows > MERGE_ROWS and len(self.parts) > 1:
+            merged = _merge(self.parts)
+            if merged is None:
+                self.ok = False
+                return
+            self.parts, self.rows = [merged], len(merged[0])
+
+
+def _merge(parts: list[tuple[np.ndarray, ...]]) -> tuple[np.ndarray, ...] | None:
+    """One histogram part of many, merged MERGE_ROWS rows at a time (memory: that many, not all parts at once)."""
+    done: tuple[np.ndarray, ...] | None = None
+    group: list[tuple[np.ndarray, ...]] = []
+    held = 0
+    for i, part in enumerate(parts):
+        group.append(part)
+        held += len(part[0])
+        if held < MERGE_ROWS and i < len(parts) - 1:
+            continue
+        if done is not None:
+            group.insert(0, done)
+        k, v, c, g = (np.concatenate([p[j] for p in group]) for j in range(4))
+        merged = _pairs(k, v, [g], weights=c)
+        if merged is None:
+            return None
+        done, group, held = (merged[0], merged[1], merged[2], merged[3][0]), [], len(merged[0])
+    return done
+
+
+class KernelScan:
+    """The kernel table's one read (see the module's doc). `window`: an explicit window known before the read (its
+    kernels are counted on the read); None for `all` and `auto` (counted per segment)."""
+
+    def __init__(self, trace: Trace, window: Window | None, markers: list[int]) -> None:
+        self.window = window
+        self.slots: list[Slot] = []  # one per GPU-active segment
+        self.window_slot = Slot(start=window.start_ns, end=window.end_ns) if window is not None else None
+        self.marker_ids = np.array(sorted(markers), dtype=np.int64)
+        marks: list[dict[str, np.ndarray]] = []
+        self.spill = tempfile.TemporaryFile(prefix="profkit-launch-")  # noqa: SIM115 - closed with the trace
+        self.spilled = 0
+        columns = scanned_columns(trace.conn, KERNEL)
+        lo, hi = trace.query(f"SELECT min(rowid), max(rowid) FROM main.{KERNEL}")[0]
+        sweep = GapSweep(memops_in_start_order(trace, arrow=True))
+        self.reach: int | None = None  # the latest end of every operation so far, on any GPU
+        for chunk in scan_table(trace, KERNEL, columns, (lo, hi)):
+            ops = sweep.add(chunk)
+            if ops is not None:
+                self._segments(chunk, ops)
+            self._keep(chunk)
+            if len(self.marker_ids):
+                on = np.isin(chunk["name_id"], self.marker_ids)
+                marks.append({k: chunk[k][on] for k in ("name_id", "start", "end", "device")})
+        rest = sweep.rest()
+        if rest is not None:
+            self._segments(None, rest)
+        self.gaps = sweep.result()
+        if self.slots:
+            self.slots[-1].end = int(self.reach)
+        self.markers = {k: np.concatenate([m[k] for m in marks]) for k in ("name_id", "start", "end", "device")} \
+            if marks else None
+
+    def _segments(self, chunk: dict[str, np.ndarray] | None, ops: dict[str, np.ndarray]) -> None:
+        """Split the segments at idle times >= PHASE_GAP_NS of every GPU (the union of the operations), and give each
+        kernel of `chunk` (the first rows of `ops`) its segment's slot."""
+        order = np.argsort(ops["start"], kind="stable")
+        s, e = ops["start"][order], ops["end"][order]
+        first = self.reach is None
+        carry = int(s[0]) if first else self.reach
+        reach = np.maximum(np.maximum.accumulate(e), carry)
+        before = np.r_[carry, reach[:-1]]
+        cut = s - before >= PHASE_GAP_NS
+        if first:
+            cut[0] = True
+        cuts = np.flatnonzero(cut)
+        segment = np.cumsum(cut) + len(self.slots) - 1  # each operation's slot index, in start order
+        for i in cuts.tolist():
+            if self.slots:
+                self.slots[-1].end = int(before[i])
+            self.slots.append(Slot(start=int(s[i])))
+        self.reach = int(reach[-1])
+        if chunk is None or self.window is not None:
+            return
+        n = len(chunk["start"])
+        of_row = np.empty(len(order), dtype=np.int64)
+        of_row[order] = segment
+        kernel_slot = of_row[:n]  # kernels are in start order: their slots never decrease
+        bounds = np.flatnonzero(np.r_[True, kernel_slot[1:] != kernel_slot[:-1], True])
+        for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
+            self.slots[int(kernel_slot[a])].add(*self._fields(chunk, slice(a, b)))
+
+    def _fields(self, chunk: dict[str, np.ndarray], rows: Any) -> tuple[np.ndarray, ...]:
+        return (chunk["name_id"][rows], chunk["end"][rows] - chunk["start"][rows],
+                (chunk["graph_node"][rows] != NULL_INT).astype(np.int64) if "graph_node" in chunk
+                else np.zeros(len(chunk["start"][rows]), dtype=np.int64),
+                chunk["short_id"][rows], chunk["start"][rows])
+
+    def _keep(self, chunk: dict[str, np.ndarray]) -> None:
+        """What the window and launch latency take later: an explicit window's kernels, the eager kernels."""
+        if self.window is not None and self.window_slot is not None:
+            start = chunk["start"]
+            inside = (start >= self.window.start_ns) & (start < self.window.end_ns)
+            self.window_slot.count(*self._fields(chunk, inside)[:4])  # filtered: no last kernel held apart
+        eager = chunk["correlation"] != NULL_INT if "correlation" in chunk else None
+        if eager is None:
+            return
+        if "graph_node" in chunk:
+            eager &= chunk["graph_node"] == NULL_INT
+        pid = _pid(chunk.get("gpid"))
+        rows = np.stack([chunk["correlation"][eager], pid[eager] if pid is not None else
+                         np.full(int(eager.sum()), NULL_INT, dtype=np.int64), chunk["start"][eager]], axis=1)
+        self.spill.write(np.ascontiguousarray(rows, dtype=np.int64).tobytes())
+        self.spilled += len(rows)
+
+    def summary(self, window: Window) -> Rows | None:
+        """The window's (name id, duration, count, graph count) histogram rows in (name id, duration) order, as
+        `stats.columnar_histogram` gives them; None where this read cannot give them."""
+        chosen = self._chosen(window)
+        if chosen is None:
+            return None
+        slots, drop_last = chosen
+        parts = [p for s in slots for p in s.parts]
+        for i, s in enumerate(slots):
+            if s.last is not None and not (drop_last and i == len(slots) - 1 and s.last[4] >= window.end_ns):
+                n, d, g, _short, _start = s.last
+                parts.append((np.array([n]), np.array([d]), np.array([1]), np.array([g])))
+        if not parts:
+            return []
+        merged = _merge(parts)
+        if merged is None:
+            return None
+        k, v, c, g = merged
+        return list(zip(k.tolist(), v.tolist(), c.tolist(), g.tolist(), strict=True))
+
+    def short_pairs(self, window: Window) -> set[tuple[int, int]] | None:
+        """The window's distinct (name id, short-name id) pairs."""
+        chosen = self._chosen(window)
+        if chosen is None:
+            return None
+        slots, drop_last = chosen
+        packed: set[int] = set()
+        for i, s in enumerate(slots):
+            packed |= s.shorts
+            if s.last is not None and not (drop_last and i == len(slots) - 1 and s.last[4] >= window.end_ns):
+                packed.add((s.last[0] << ID_BITS) | s.last[3])
+        mask = (1 << ID_BITS) - 1
+        return {(p >> ID_BITS, p & mask) for p in packed}
+
+    def _chosen(self, window: Window) -> tuple[list[Slot], bool] | None:
+        """The slots that make up `window` exactly, and whether its end cuts the last one's last kernel."""
+        if self.window_slot is not None:
+            slot = self.window_slot
+            same = window.bounded and (window.start_ns, window.end_ns) == (slot.start, slot.end)
+            return ([slot], False) if same and slot.ok else None
+        if not window.bounded:
+            return (self.slots, False) if all(s.ok for s in self.slots) else None
+        starts = [s.start for s in self.slots]
+        if window.start_ns not in starts:
+            return None
+        i = starts.index(window.start_ns)
+        for j in range(i, len(self.slots)):
+            if self.slots[j].end == window.end_ns:
+                chosen = self.slots[i:j + 1]
+                return (chosen, True) if all(s.ok for s in chosen) else None
+        return None
+
+    def launch_kernels(self, window: Window, step: int) -> dict[str, np.ndarray]:
+        """The eager kernels in `window` whose correlation id is a multiple of `step` (launch latency's sample), in
+        start order: {"c", "p", "s"}."""
+        self.spill.flush()
+        parts, block = [], 1 << 20
+        for first in range(0, self.spilled, block):
+            self.spill.seek(first * 24)
+            rows = np.fromfile(self.spill, dtype=np.int64, count=3 * min(block, self.spilled - first)).reshape(-1, 3)
+            keep = rows[:, 0] % step == 0
+            if window.bounded:
+                keep &= (rows[:, 2] >= window.start_ns) & (rows[:, 2] < window.end_ns)
+            parts.append(rows[keep])
+        rows = np.concatenate(parts) if parts else np.zeros((0, 3), dtype=np.int64)
+        return {"c": rows[:, 0].copy(), "p": rows[:, 1].copy(), "s": rows[:, 2].copy()}
+
+    def marker_rows(self, names: list[int], device: int, lo: int, hi: int) -> dict[str, np.ndarray] | None:
+        """The marker kernels of `names` on `device` starting in [lo, hi), in start order ({"n", "s", "e"}); None
+        where the read did not keep those names."""
+        if not set(names) <= set(self.marker_ids.tolist()):
+            return None
+        m = self.markers or {k: np.zeros(0, dtype=np.int64) for k in ("name_id", "start", "end", "device")}
+        on = np.isin(m["name_id"], names) & (m["device"] == device) & (m["start"] >= lo) & (m["start"] < hi)
+        return {"n": m["name_id"][on], "s": m["start"][on], "e": m["end"][on]}
+
+    def close(self) -> None:
+        self.spill.close()
+
+
+def _pid(gpid: np.ndarray | None) -> np.ndarray | None:
+    """The pid inside nsys's global ids (traces.nsys.PID_OF), NULL kept."""
+    if gpid is None:
+        return None
+    return np.where(gpid == NULL_INT, NULL_INT, (gpid >> 24) & PID_MASK)
+
+
+def kernel_scan(trace: Trace, window: Window | None, markers: list[int]) -> KernelScan | None:
+    """The kernel table's one read, made once per trace (its checks with it); None where its checks were not
+    deferred (the analyses read as before)."""
+    if KERNEL not in trace.deferred:
+        return None
+    if KERNEL_SCAN not in trace.cache:
+        scan = KernelScan(trace, window, markers)
+        trace.cache[KERNEL_SCAN] = scan
+        trace.cache["gaps"] = scan.gaps
+    return trace.cache[KERNEL_SCAN]
+
+
+@dataclass
+class ApiScan:
+    """The CUDA API table's one read for a window: its (name id, duration, count) histogram and the launch sample's
+    calls (correlation id a multiple of `step`, in the seq range `rows`), {"c", "p", "s", "e"}."""
+
+    window: Window
+    step: int | None
+    histogram: Rows | None
+    launch: dict[str, np.ndarray] | None
+
+
+def api_scan(trace: Trace, window: Window, step: int | None, rows: tuple[int, int] | None) -> ApiScan | None:
+    """Read the CUDA API table once for `window` (its checks with it); None where its checks were not deferred."""
+    if RUNTIME not in trace.deferred:
+        return None
+    if API_SCAN in trace.cache:
+        return trace.cache[API_SCAN]
+    columns = scanned_columns(trace.conn, RUNTIME)
+    lo, hi = trace.query(f"SELECT min(rowid), max(rowid) FROM main.{RUNTIME}")[0]
+    parts: list[tuple[np.ndarray, ...]] = []
+    held, ok, sample = 0, True, []
+    for chunk in scan_table(trace, RUNTIME, columns, (lo, hi)):
+        start, name = chunk["start"], chunk["name_id"]
+        inside = (start >= window.start_ns) & (start < window.end_ns) if window.bounded else slice(None)
+        k, v = name[inside], chunk["end"][inside] - start[inside]
+        if ok and len(k):
+            part = None if k.min() < 0 or v.min() < 0 else _pairs(k, v, [])
+            if part is None:
+                ok = False
+            else:
+                parts.append(part[:3])
+                held += len(part[0])
+                if held > MERGE_ROWS and len(parts) > 1:
+                    merged = _pairs(*(np.concatenate([p[i] for p in parts]) for i in range(2)), [],
+                                    weights=np.concatenate([p[2] for p in parts]))
+                    ok = merged is not None
+                    parts, held = ([merged[:3]], len(merged[0])) if merged is not None else ([], 0)
+        if step is not None and "correlation" in chunk:
+            c = chunk["correlation"]
+            pick = (c != NULL_INT) & (c % step == 0)
+            if rows is not None:
+                pick &= (chunk["seq"] >= rows[0]) & (chunk["seq"] <= rows[1])
+            pid = _pid(chunk.get("gtid"))
+            sample.append({"c": c[pick], "p": pid[pick] if pid is not None else
+                           np.full(int(pick.sum()), NULL_INT, dtype=np.int64),
+                           "s": start[pick], "e": chunk["end"][pick]})
+    histogram: Rows | None = None
+    if ok:
+        merged = _pairs(*(np.concatenate([p[i] for p in parts]) for i in range(2)), [],
+                        weights=np.concatenate([p[2] for p in parts])) if parts else None
+        if merged is not None:
+            histogram = list(zip(merged[0].tolist(), merged[1].tolist(), merged[2].tolist(), strict=True))
+        elif not parts:
+            histogram = []
+    launch = {k: np.concatenate([s[k] for s in sample]) for k in ("c", "p", "s", "e")} if sample else None
+    if step is not None and launch is None and "correlation" in columns:
+        launch = {k: np.zeros(0, dtype=np.int64) for k in ("c", "p", "s", "e")}
+    found = ApiScan(window, step, histogram, launch)
+    trace.cache[API_SCAN] = found
+    return found
