@@ -19,7 +19,7 @@ from profkit.errors import ProfkitError
 from profkit.escape import one_line, shell_word, terminal
 from profkit.inputs import refuse_overwrite
 from profkit.render import render
-from profkit.resources import SCHEMA_KINDS, document_schema
+from profkit.resources import SCHEMA_KINDS, document_schema, give_back_freed_memory
 
 
 def parse_window(text: str) -> str:
@@ -541,6 +541,7 @@ class _Steps:
 
 def main() -> None:
     """Console entry point: bad input becomes one clear line on stderr and a non-zero exit."""
+    give_back_freed_memory()
     try:
         cli.main(standalone_mode=False)
     except click.exceptions.Abort:

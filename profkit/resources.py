@@ -3,8 +3,11 @@ context every profkit process pool uses."""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import multiprocessing
+import sys
 from multiprocessing.context import BaseContext
 from pathlib import Path
 from typing import Any
@@ -39,3 +42,19 @@ def process_context() -> BaseContext:
     and the parent may already run threads (the gunzip prefetch)."""
     methods = multiprocessing.get_all_start_methods()
     return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+
+
+# glibc serves large blocks by mmap only above a threshold that grows with each such block freed (up to 32 MB), so a
+# report reading millions of rows in chunks keeps every freed chunk in its heap: measured +75 MB at the peak of a
+# 1M-kernel serve trace's report, and +80 MB for the throughput shape. A fixed threshold maps each large array on its
+# own and gives it back when freed.
+M_MMAP_THRESHOLD = -3  # glibc's malloc.h
+MMAP_THRESHOLD = 64 << 10
+
+
+def give_back_freed_memory() -> None:
+    """Make this process return large freed blocks to the OS at once (glibc; elsewhere nothing is done)."""
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError, AttributeError):  # a libc without mallopt (musl): its own policy stands
+        ctypes.CDLL(None).mallopt(ctypes.c_int(M_MMAP_THRESHOLD), ctypes.c_int(MMAP_THRESHOLD))

@@ -74,12 +74,12 @@ def _build(path: str | os.PathLike, window: str, gap_threshold_ns: int, buckets:
                 timeline.build_gap_table(trace)
             tl = timeline.gpu_timeline(trace, win, gap_threshold_ns=gap_threshold_ns, n_buckets=buckets)
             steps = engine_steps(trace, win)  # the gap table lives on this connection
-            sched = process_cpu(trace, win)
             gpu_metrics = trace_gpu_metrics(trace, win)  # nsys --gpu-metrics-devices: by phase and kernel category
             step("kernels")
             kernels, memops, kinds, nvtx = gpu_side.result()
             step("CUDA API")
             api, sync, cpu_ops = host_side.result()
+        sched = process_cpu(trace, win)  # after the scans: its sort of every context switch is the report's peak
         launch = launch_latency(trace, win, sum(k["count"] - k["graph"] for k in kernels))
         devices = per_device(trace, win, kernels) if ranks or len(tl.devices) > 1 else None
         source = {"path": str(Path(path)), "kind": trace.kind, **trace.meta,
