@@ -1,8 +1,9 @@
 """Where `profkit report` spends its time, stage by stage, on one trace: each analysis run alone, one thread, in
-the order the report runs them (the report itself overlaps the summaries on three connections).
+the order the report runs them (the report itself overlaps the summaries on three connections). The stages are
+the one-read path's (issue 41): a trace whose kernel and CUDA API tables are too small for Arrow reads them as
+before, inside the analyses.
 
     python benchmarks/bench_stages.py TRACE.sqlite [--repeat 2]
-    PYTHONPATH=/path/to/other/tree python benchmarks/bench_stages.py TRACE.sqlite   # another tree, same stages
 
 Imports are timed first (what the report path imports before it reads the trace; pyarrow and the ADBC driver
 on first use by a large table, counted in the stage that first reads one). Each stage's best of `--repeat`
@@ -20,10 +21,11 @@ from profkit.analysis import api as api_analysis  # noqa: E402 - imports are tim
 from profkit.analysis import timeline  # noqa: E402
 from profkit.analysis.cpu import cpu_op_summary  # noqa: E402
 from profkit.analysis.kernels import kernel_summary  # noqa: E402
-from profkit.analysis.launch import launch_latency  # noqa: E402
+from profkit.analysis.launch import api_sample_rows, launch_latency, sample_step  # noqa: E402
 from profkit.analysis.nvtx import nvtx_summary  # noqa: E402
+from profkit.analysis.scans import api_scan, kernel_scan  # noqa: E402
 from profkit.analysis.sched import process_cpu  # noqa: E402
-from profkit.analysis.steps import engine_steps  # noqa: E402
+from profkit.analysis.steps import engine_steps, marker_ids  # noqa: E402
 from profkit.analysis.transfers import memop_summary, memory_kinds  # noqa: E402
 from profkit.analysis.window import choose_window, with_seq_ranges  # noqa: E402
 from profkit.diagnose.rule_files import load_rules  # noqa: E402
@@ -40,26 +42,33 @@ def timed(fn: Callable[[], Any]) -> float:
 
 
 def stages(path: str) -> dict[str, float]:
+    """Each stage's seconds, as the report runs them: the export opened with the large tables' checks left to their
+    one read (`defer`), the kernel table read once (gaps, segments' histograms, launch spill, step markers), the
+    window, the analyses that take their rows from that read, the CUDA API table's one read, then the rest."""
     out: dict[str, float] = {}
     t0 = time.perf_counter()
-    trace = open_trace(path)
-    out["open (views; order and duplicate check)"] = time.perf_counter() - t0
+    trace = open_trace(path, defer=True)
+    out["open (views; checks of the small tables)"] = time.perf_counter() - t0
     with trace:
-        out["GPU gaps (kernels + memory operations read once)"] = timed(lambda: choose_window(trace, "all"))
+        markers = [i for i in marker_ids(trace).values() if isinstance(i, int)]
+        out["kernel table's one read (checks, gaps, histograms, launch spill)"] = timed(
+            lambda: kernel_scan(trace, None, markers))
         win = with_seq_ranges(trace, choose_window(trace, "all"))
         out["timeline (idle, buckets, gap classes, gap list)"] = timed(
             lambda: (timeline.build_gap_table(trace), timeline.gpu_timeline(trace, win, gap_threshold_ns=100_000,
                                                                             n_buckets=50)))
         out["engine steps"] = timed(lambda: engine_steps(trace, win))
-        out["context switches (per-process CPU)"] = timed(lambda: process_cpu(trace, win))
         kernels: list = []
         out["kernel summary"] = timed(lambda: kernels.extend(kernel_summary(trace, win)))
         eager = sum(k["count"] - k["graph"] for k in kernels)
         out["memory operations"] = timed(lambda: (memop_summary(trace, win), memory_kinds(trace, win)))
         out["NVTX"] = timed(lambda: nvtx_summary(trace, win))
-        out["launch latency"] = timed(lambda: launch_latency(trace, win, eager))
+        out["CUDA API table's one read (checks, histogram, launch sample)"] = timed(
+            lambda: api_scan(trace, win, sample_step(eager), api_sample_rows(trace, win)))
         out["CUDA API summary + sync"] = timed(lambda: (api_analysis.api_summary(trace, win),
                                                           api_analysis.sync_summary(trace, win)))
+        out["launch latency"] = timed(lambda: launch_latency(trace, win, eager))
+        out["context switches (per-process CPU)"] = timed(lambda: process_cpu(trace, win))
         out["CPU operators"] = timed(lambda: cpu_op_summary(trace, win))
     out["rules (load)"] = timed(load_rules)
     return out

@@ -157,3 +157,24 @@ def test_chunks_in_flight_and_the_launch_spill(sqlite_path, monkeypatch) -> None
                            "IS NOT NULL AND correlation % 3 = 0 ORDER BY seq")
         assert list(zip(got["c"].tolist(), got["p"].tolist(), got["s"].tolist(), strict=True)) == rows
         assert len(rows) > 100
+
+
+def test_the_index_of_starts_finds_what_the_binary_search_finds(sqlite_path, monkeypatch) -> None:
+    """`seq.first_seq_at` through the one read's index of every SPARSE-th start (one query) gives the row the binary
+    search over row ids gives, at, between, before and after the rows' starts."""
+    from profkit.analysis import seq
+
+    monkeypatch.setattr(columns, "ADBC_MIN_ROWS", 0)
+    monkeypatch.setattr(seq, "SPARSE", 7)
+    monkeypatch.setattr(scans, "SPARSE", 7)
+    with open_trace(sqlite_path("eager_b1"), defer=True) as trace:
+        scans.kernel_scan(trace, None, [])
+        index = trace.cache.pop(seq.SEQ_INDEX.format("kernels"))
+        assert len(index[0]) > 100
+        bounds = seq.seq_bounds(trace, "kernels")
+        starts = [s for (s,) in trace.query("SELECT start FROM kernels ORDER BY seq")]
+        probes = [starts[0] - 5, *starts[::13], *(s + 1 for s in starts[::17]), starts[-1], starts[-1] + 1]
+        plain = [seq.first_seq_at(trace, t, bounds, "kernels") for t in probes]
+        trace.cache[seq.SEQ_INDEX.format("kernels")] = index
+        assert [seq.first_seq_at(trace, t, bounds, "kernels") for t in probes] == plain
+        assert plain[0] == bounds[0] and plain[-1] == bounds[1] + 1

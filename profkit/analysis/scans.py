@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from profkit.analysis.gaps import GapSweep, memops_in_start_order
+from profkit.analysis.seq import SEQ_INDEX, SPARSE
 from profkit.analysis.stats import Rows, _pairs
 from profkit.analysis.window import PHASE_GAP_NS, Window
 from profkit.traces.columns import NULL_INT
@@ -117,7 +118,9 @@ class KernelScan:
         lo, hi = trace.query(f"SELECT min(rowid), max(rowid) FROM main.{KERNEL}")[0]
         sweep = GapSweep(memops_in_start_order(trace, arrow=True))
         self.reach: int | None = None  # the latest end of every operation so far, on any GPU
+        sparse: list[tuple[np.ndarray, np.ndarray]] = []
         for chunk in scan_table(trace, KERNEL, columns, (lo, hi)):
+            sparse.append((chunk["seq"][::SPARSE].copy(), chunk["start"][::SPARSE].copy()))
             ops = sweep.add(chunk)
             if ops is not None:
                 self._segments(chunk, ops)
@@ -129,6 +132,7 @@ class KernelScan:
         if rest is not None:
             self._segments(None, rest)
         self.gaps = sweep.result()
+        self.sparse = _sparse(sparse)
         if self.slots:
             self.slots[-1].end = int(self.reach)
         self.markers = {k: np.concatenate([m[k] for m in marks]) for k in ("name_id", "start", "end", "device")} \
@@ -266,6 +270,13 @@ class KernelScan:
         self.spill.close()
 
 
+def _sparse(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """Every SPARSE-th row's seq and start, for `seq.first_seq_at` (the read checked their order)."""
+    if not parts:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+
 def _pid(gpid: np.ndarray | None) -> np.ndarray | None:
     """The pid inside nsys's global ids (traces.nsys.PID_OF), NULL kept."""
     if gpid is None:
@@ -282,6 +293,7 @@ def kernel_scan(trace: Trace, window: Window | None, markers: list[int]) -> Kern
         scan = KernelScan(trace, window, markers)
         trace.cache[KERNEL_SCAN] = scan
         trace.cache["gaps"] = scan.gaps
+        trace.cache[SEQ_INDEX.format("kernels")] = scan.sparse
     return trace.cache[KERNEL_SCAN]
 
 
@@ -305,9 +317,10 @@ def api_scan(trace: Trace, window: Window, step: int | None, rows: tuple[int, in
     columns = scanned_columns(trace.conn, RUNTIME)
     lo, hi = trace.query(f"SELECT min(rowid), max(rowid) FROM main.{RUNTIME}")[0]
     parts: list[tuple[np.ndarray, ...]] = []
-    held, ok, sample = 0, True, []
+    held, ok, sample, sparse = 0, True, [], []
     for chunk in scan_table(trace, RUNTIME, columns, (lo, hi)):
         start, name = chunk["start"], chunk["name_id"]
+        sparse.append((chunk["seq"][::SPARSE].copy(), start[::SPARSE].copy()))
         inside = (start >= window.start_ns) & (start < window.end_ns) if window.bounded else slice(None)
         k, v = name[inside], chunk["end"][inside] - start[inside]
         if ok and len(k):
@@ -343,5 +356,6 @@ def api_scan(trace: Trace, window: Window, step: int | None, rows: tuple[int, in
     if step is not None and launch is None and "correlation" in columns:
         launch = {k: np.zeros(0, dtype=np.int64) for k in ("c", "p", "s", "e")}
     found = ApiScan(window, step, histogram, launch)
+    trace.cache[SEQ_INDEX.format("api")] = _sparse(sparse)
     trace.cache[API_SCAN] = found
     return found

@@ -72,13 +72,14 @@ def _build(path: str | os.PathLike, window: str, gap_threshold_ns: int, buckets:
             host_side = pool.submit(_host_side, trace, win, _launch_step(trace, win))
             if not auto:
                 timeline.build_gap_table(trace)
-            tl = timeline.gpu_timeline(trace, win, gap_threshold_ns=gap_threshold_ns, n_buckets=buckets)
             steps = engine_steps(trace, win)  # the gap table lives on this connection
             gpu_metrics = trace_gpu_metrics(trace, win)  # nsys --gpu-metrics-devices: by phase and kernel category
             step("kernels")
             kernels, memops, kinds, nvtx = gpu_side.result()
             step("CUDA API")
             api, sync, cpu_ops = host_side.result()
+        # after the CUDA API table's one read: its index of starts finds the host calls around each listed gap
+        tl = timeline.gpu_timeline(trace, win, gap_threshold_ns=gap_threshold_ns, n_buckets=buckets)
         sched = process_cpu(trace, win)  # after the scans: its sort of every context switch is the report's peak
         launch = launch_latency(trace, win, sum(k["count"] - k["graph"] for k in kernels))
         devices = per_device(trace, win, kernels) if ranks or len(tl.devices) > 1 else None

@@ -28,6 +28,9 @@ from profkit.traces.schema import Trace
 
 # Rows per chunk: ~10 MB of int64 columns for the kernel table's ten.
 SCAN_ROWS = 1 << 17
+# Chunks read ahead at once: the checks and the analyses run on one thread, which two or three readers keep busy;
+# more only hold more chunks (8 on a 16-core box: +80 MB).
+SCAN_JOBS = min(JOBS, 3)
 MAX_NS = 1 << 53  # as traces/nsys.py: times past it are no real trace's
 MAX_DEVICE = (1 << 20) - 1
 
@@ -37,7 +40,7 @@ class Unverified(Exception):  # noqa: N818 - a signal to the caller, not an erro
 
 
 def scan_table(trace: Trace, table: str, columns: Mapping[str, str], span: tuple[int, int],
-               chunk_rows: int = SCAN_ROWS, jobs: int = JOBS) -> Iterator[dict[str, np.ndarray]]:
+               chunk_rows: int = SCAN_ROWS, jobs: int = SCAN_JOBS) -> Iterator[dict[str, np.ndarray]]:
     """Chunks of `table` (a raw table of the trace's file) in row-id order: {name: int64 array} of `columns`
     ({name: (column, kind)} as traces.nsys.CHECKED: "start", "end", "device", "id", a trailing "?" where NULL is
     allowed) plus "seq" (the row id), every chunk checked. NULL becomes NULL_INT. `span`: the first and last
