@@ -178,3 +178,32 @@ def test_the_index_of_starts_finds_what_the_binary_search_finds(sqlite_path, mon
         trace.cache[seq.SEQ_INDEX.format("kernels")] = index
         assert [seq.first_seq_at(trace, t, bounds, "kernels") for t in probes] == plain
         assert plain[0] == bounds[0] and plain[-1] == bounds[1] + 1
+
+
+def test_repeated_rows_counted_in_numpy_as_sql_counts_them(tmp_path: Path, sqlite_path, monkeypatch) -> None:
+    """A relation that is not in strict start order is searched for repeated rows: through Arrow and a sort in
+    numpy where it is large (a serve trace's memory operations), the number SQL's GROUP BY gives."""
+    from profkit.traces import nsys
+    from profkit.traces.schema import count_duplicates
+
+    trace = tmp_path / "t.sqlite"
+    shutil.copyfile(sqlite_path("serve_frontend"), trace)
+    conn = sqlite3.connect(trace)
+    for table in ("CUPTI_ACTIVITY_KIND_MEMCPY", KERNEL):  # two rows each repeated, one of them twice
+        for rowid in (3, 3, 50):
+            conn.execute(f"INSERT INTO {table} SELECT * FROM {table} WHERE rowid = ?", (rowid,))
+    conn.commit()
+    conn.close()
+    monkeypatch.setattr(columns, "ADBC_MIN_ROWS", 0)
+    with open_trace(trace) as opened:
+        assert opened.meta["inconsistent"].count("3 duplicated") == 2
+    conn = nsys._connect_read_only(trace)  # the views before any repair: both counts
+    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    nsys._create_views(conn, tables, {t: nsys._columns(conn, t) for t in tables}, frozenset())
+    for relation in ("memops", "kernels", "api"):
+        assert nsys._count_duplicates_columnar(conn, relation, trace) == \
+            count_duplicates(conn, relation, "", table=f"temp.{relation}") == (3 if relation != "api" else 0)
+    conn.close()
+    one, _, _ = _report(trace, "all", monkeypatch, one_read=True)
+    reads, _, _ = _report(trace, "all", monkeypatch, one_read=False)
+    assert one == reads

@@ -148,7 +148,9 @@ def _read_sqlite(conn: sqlite3.Connection, relation: str, columns: Mapping[str, 
 
 
 def _read_adbc(pool: ConnectionPool, source: str, columns: Mapping[str, str], where: str, jobs: int,
-               seq_span: tuple[int, int] | None, rows_hint: int = 0) -> dict[str, np.ndarray]:
+               seq_span: tuple[int, int] | None, rows_hint: int = 0, strict: bool = False) -> dict[str, np.ndarray]:
+    """The columns through the driver; `strict`: TypeError where a column is not all integers or NULL (the driver
+    gives such a column as another type), instead of reading it as integers where it can."""
     exprs = ", ".join(columns.values())
     rows = seq_span[1] - seq_span[0] + 1 if seq_span else rows_hint
     batch = max(1024, min(1 << 24, rows // (jobs if seq_span and jobs > 1 else 1) + 1))
@@ -178,12 +180,12 @@ def _read_adbc(pool: ConnectionPool, source: str, columns: Mapping[str, str], wh
         chunks = [part("")]
     out = {}
     for i, name in enumerate(columns):
-        arrays = [_to_int64(chunk[i]) for chunk in chunks]
+        arrays = [_to_int64(chunk[i], strict) for chunk in chunks]
         out[name] = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
     return out
 
 
-def _to_int64(column: Any) -> np.ndarray:
+def _to_int64(column: Any, strict: bool = False) -> np.ndarray:
     """An Arrow column as an int64 array, viewed in place where it is one (numpy over its buffers: pyarrow's
     own to_numpy imports pandas)."""
     import pyarrow as pa
@@ -191,6 +193,8 @@ def _to_int64(column: Any) -> np.ndarray:
 
     if pa.types.is_null(column.type):
         return np.full(len(column), NULL_INT, dtype=np.int64)
+    if strict and not pa.types.is_null(column.type) and column.type != pa.int64():
+        raise TypeError(f"column of type {column.type}")
     if pa.types.is_boolean(column.type) or pa.types.is_integer(column.type) and column.type != pa.int64():
         column = pc.cast(column, pa.int64())
     if not pa.types.is_integer(column.type):
