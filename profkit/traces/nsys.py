@@ -6,7 +6,9 @@ aggregation runs inside SQLite over the original tables (the GPU metrics' are ma
 Column and table lookups are dynamic because the export schema changes between nsys versions. Every numeric
 column the views read is checked once at open (`_left_out`): a row holding text, a blob or a real there (nsys
 writes integers), or times or a device id out of bounds, is left out and counted in the report's notes; a
-column with no usable value is one error line.
+column with no usable value is one error line. A report opens with `defer`: the large kernel and CUDA API tables
+are then checked by their one read (traces/scan.py) instead, and a fault found there opens the trace again with
+these checks.
 """
 
 from __future__ import annotations
