@@ -327,14 +327,13 @@ def api_scan(trace: Trace, window: Window, step: int | None, rows: tuple[int, in
             part = None if k.min() < 0 or v.min() < 0 else _pairs(k, v, [])
             if part is None:
                 ok = False
-            else:
-                parts.append(part[:3])
+            else:  # as a kernel histogram's part, with no graph launches
+                parts.append((part[0], part[1], part[2], np.zeros(len(part[0]), dtype=np.int64)))
                 held += len(part[0])
                 if held > MERGE_ROWS and len(parts) > 1:
-                    merged = _pairs(*(np.concatenate([p[i] for p in parts]) for i in range(2)), [],
-                                    weights=np.concatenate([p[2] for p in parts]))
+                    merged = _merge(parts)
                     ok = merged is not None
-                    parts, held = ([merged[:3]], len(merged[0])) if merged is not None else ([], 0)
+                    parts, held = ([merged], len(merged[0])) if merged is not None else ([], 0)
         if step is not None and "correlation" in chunk:
             c = chunk["correlation"]
             pick = (c != NULL_INT) & (c % step == 0)
@@ -346,8 +345,7 @@ def api_scan(trace: Trace, window: Window, step: int | None, rows: tuple[int, in
                            "s": start[pick], "e": chunk["end"][pick]})
     histogram: Rows | None = None
     if ok:
-        merged = _pairs(*(np.concatenate([p[i] for p in parts]) for i in range(2)), [],
-                        weights=np.concatenate([p[2] for p in parts])) if parts else None
+        merged = _merge(parts) if parts else None
         if merged is not None:
             histogram = list(zip(merged[0].tolist(), merged[1].tolist(), merged[2].tolist(), strict=True))
         elif not parts:
