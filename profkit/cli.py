@@ -529,13 +529,14 @@ class _Steps:
     def step(self, name: str) -> None:
         if self.bar:
             self.bar.label = name.ljust(18)
-            if self.done:
+            # a report made again (a check of its one read failed: the stages run twice) keeps the bar full
+            if self.done and self.bar.pos < len(self.STAGES):
                 self.bar.update(1)
             self.done += 1
 
     def __exit__(self, *exc: object) -> None:
         if self.bar:
-            self.bar.update(len(self.STAGES) - self.bar.pos)
+            self.bar.update(max(0, len(self.STAGES) - self.bar.pos))
             self.bar.__exit__(*exc)
 
 
