@@ -37,6 +37,29 @@ MERGE_ROWS = 1 << 18
 ID_BITS = 31  # name and short-name ids packed in pairs: string ids of real exports are far below
 
 
+class Histogram:
+    """(id, value) -> count and graph count, added a batch at a time; parts are merged whenever they hold more than
+    MERGE_ROWS rows, so memory stays the distinct pairs. `parts` is None once a batch could not be packed (a negative
+    id or value, too many bits): the analysis's own read counts then."""
+
+    def __init__(self) -> None:
+        self.parts: list[tuple[np.ndarray, ...]] | None = []
+        self.rows = 0
+
+    def add(self, key: np.ndarray, value: np.ndarray, graph: np.ndarray) -> None:
+        if self.parts is None or not len(key):
+            return
+        part = None if key.min() < 0 or value.min() < 0 else _pairs(key, value, [graph])
+        if part is None:
+            self.parts = None
+            return
+        self.parts.append((part[0], part[1], part[2], part[3][0]))
+        self.rows += len(part[0])
+        if self.rows > MERGE_ROWS and len(self.parts) > 1:
+            merged = _merge(self.parts)
+            self.parts, self.rows = ([merged], len(merged[0])) if merged is not None else (None, 0)
+
+
 @dataclass
 class Slot:
     """The kernels of one GPU-active segment (or of an explicit window): the histogram of (name id, duration) with
@@ -45,11 +68,13 @@ class Slot:
 
     start: int
     end: int = 0
-    parts: list[tuple[np.ndarray, ...]] = field(default_factory=list)
-    rows: int = 0
+    histogram: Histogram = field(default_factory=Histogram)
     shorts: set[int] = field(default_factory=set)
     last: tuple[int, int, int, int, int] | None = None  # name id, duration, graph, short id, start
-    ok: bool = True
+
+    @property
+    def ok(self) -> bool:
+        return self.histogram.parts is not None
 
     def add(self, name: np.ndarray, dur: np.ndarray, graph: np.ndarray, short: np.ndarray, start: np.ndarray) -> None:
         if not self.ok or not len(name):
@@ -62,24 +87,14 @@ class Slot:
         self.count(name[:-1], dur[:-1], graph[:-1], short[:-1])
 
     def count(self, name: np.ndarray, dur: np.ndarray, graph: np.ndarray, short: np.ndarray) -> None:
-        if not len(name):
+        if not len(name) or not self.ok:
             return
-        if name.min() < 0 or dur.min() < 0 or short.min() < 0 or max(name.max(), short.max()) >> ID_BITS:
-            self.ok = False  # the analysis's own read handles what the packing cannot
+        if short.min() < 0 or max(name.max(), short.max()) >> ID_BITS:
+            self.histogram.parts = None  # the analysis's own read handles what the packing cannot
             return
-        part = _pairs(name, dur, [graph])
-        if part is None:
-            self.ok = False
-            return
-        self.parts.append((part[0], part[1], part[2], part[3][0]))
-        self.rows += len(part[0])
-        self.shorts.update(np.unique((name << ID_BITS) | short).tolist())
-        if self.rows > MERGE_ROWS and len(self.parts) > 1:
-            merged = _merge(self.parts)
-            if merged is None:
-                self.ok = False
-                return
-            self.parts, self.rows = [merged], len(merged[0])
+        self.histogram.add(name, dur, graph)
+        if self.ok:
+            self.shorts.update(np.unique((name << ID_BITS) | short).tolist())
 
 
 def _merge(parts: list[tuple[np.ndarray, ...]]) -> tuple[np.ndarray, ...] | None:
@@ -107,9 +122,9 @@ class KernelScan:
     kernels are counted on the read); None for `all` and `auto` (counted per segment)."""
 
     def __init__(self, trace: Trace, window: Window | None, markers: list[int]) -> None:
-        self.window = window
         self.slots: list[Slot] = []  # one per GPU-active segment
         self.window_slot = Slot(start=window.start_ns, end=window.end_ns) if window is not None else None
+        self.summaries: dict[Window, Rows | None] = {}  # asked twice: the launch stride, then the kernel summary
         self.marker_ids = np.array(sorted(markers), dtype=np.int64)
         marks: list[dict[str, np.ndarray]] = []
         self.spill = tempfile.TemporaryFile(prefix="profkit-launch-")  # noqa: SIM115 - closed with the trace
@@ -157,7 +172,7 @@ class KernelScan:
                 self.slots[-1].end = int(before[i])
             self.slots.append(Slot(start=int(s[i])))
         self.reach = int(reach[-1])
-        if chunk is None or self.window is not None:
+        if chunk is None or self.window_slot is not None:
             return
         n = len(chunk["start"])
         of_row = np.empty(len(order), dtype=np.int64)
@@ -175,9 +190,9 @@ class KernelScan:
 
     def _keep(self, chunk: dict[str, np.ndarray]) -> None:
         """What the window and launch latency take later: an explicit window's kernels, the eager kernels."""
-        if self.window is not None and self.window_slot is not None:
+        if self.window_slot is not None:
             start = chunk["start"]
-            inside = (start >= self.window.start_ns) & (start < self.window.end_ns)
+            inside = (start >= self.window_slot.start) & (start < self.window_slot.end)
             self.window_slot.count(*self._fields(chunk, inside)[:4])  # filtered: no last kernel held apart
         eager = chunk["correlation"] != NULL_INT if "correlation" in chunk else None
         if eager is None:
@@ -193,15 +208,16 @@ class KernelScan:
     def summary(self, window: Window) -> Rows | None:
         """The window's (name id, duration, count, graph count) histogram rows in (name id, duration) order, as
         `stats.columnar_histogram` gives them; None where this read cannot give them."""
+        if window not in self.summaries:
+            self.summaries[window] = self._summary(window)
+        return self.summaries[window]
+
+    def _summary(self, window: Window) -> Rows | None:
         chosen = self._chosen(window)
         if chosen is None:
             return None
-        slots, drop_last = chosen
-        parts = [p for s in slots for p in s.parts]
-        for i, s in enumerate(slots):
-            if s.last is not None and not (drop_last and i == len(slots) - 1 and s.last[4] >= window.end_ns):
-                n, d, g, _short, _start = s.last
-                parts.append((np.array([n]), np.array([d]), np.array([1]), np.array([g])))
+        parts = [p for s in chosen[0] for p in s.histogram.parts or ()]
+        parts += [(np.array([n]), np.array([d]), np.array([1]), np.array([g])) for n, d, g, _, _ in chosen[1]]
         if not parts:
             return []
         merged = _merge(parts)
@@ -215,32 +231,33 @@ class KernelScan:
         chosen = self._chosen(window)
         if chosen is None:
             return None
-        slots, drop_last = chosen
-        packed: set[int] = set()
-        for i, s in enumerate(slots):
-            packed |= s.shorts
-            if s.last is not None and not (drop_last and i == len(slots) - 1 and s.last[4] >= window.end_ns):
-                packed.add((s.last[0] << ID_BITS) | s.last[3])
+        held = ((n << ID_BITS) | short for n, _, _, short, _ in chosen[1])
+        packed = set().union(*(s.shorts for s in chosen[0]), held)
         mask = (1 << ID_BITS) - 1
         return {(p >> ID_BITS, p & mask) for p in packed}
 
-    def _chosen(self, window: Window) -> tuple[list[Slot], bool] | None:
-        """The slots that make up `window` exactly, and whether its end cuts the last one's last kernel."""
+    def _chosen(self, window: Window) -> tuple[list[Slot], list[tuple[int, ...]]] | None:
+        """The slots that make up `window` exactly, and the last kernels they held apart that the window keeps (all
+        but one starting at its end)."""
         if self.window_slot is not None:
             slot = self.window_slot
             same = window.bounded and (window.start_ns, window.end_ns) == (slot.start, slot.end)
-            return ([slot], False) if same and slot.ok else None
+            return ([slot], []) if same and slot.ok else None
         if not window.bounded:
-            return (self.slots, False) if all(s.ok for s in self.slots) else None
-        starts = [s.start for s in self.slots]
-        if window.start_ns not in starts:
+            chosen = self.slots
+        else:
+            starts = [s.start for s in self.slots]
+            if window.start_ns not in starts:
+                return None
+            i = starts.index(window.start_ns)
+            ends = [j for j in range(i, len(self.slots)) if self.slots[j].end == window.end_ns]
+            if not ends:
+                return None
+            chosen = self.slots[i:ends[0] + 1]
+        if not all(s.ok for s in chosen):
             return None
-        i = starts.index(window.start_ns)
-        for j in range(i, len(self.slots)):
-            if self.slots[j].end == window.end_ns:
-                chosen = self.slots[i:j + 1]
-                return (chosen, True) if all(s.ok for s in chosen) else None
-        return None
+        kept = [s.last for s in chosen if s.last is not None and not (window.bounded and s.last[4] >= window.end_ns)]
+        return chosen, kept
 
     def launch_kernels(self, window: Window, step: int) -> dict[str, np.ndarray]:
         """The eager kernels in `window` whose correlation id is a multiple of `step` (launch latency's sample), in
@@ -316,24 +333,14 @@ def api_scan(trace: Trace, window: Window, step: int | None, rows: tuple[int, in
         return trace.cache[API_SCAN]
     columns = scanned_columns(trace.conn, RUNTIME)
     lo, hi = trace.query(f"SELECT min(rowid), max(rowid) FROM main.{RUNTIME}")[0]
-    parts: list[tuple[np.ndarray, ...]] = []
-    held, ok, sample, sparse = 0, True, [], []
+    counted = Histogram()
+    sample, sparse = [], []
     for chunk in scan_table(trace, RUNTIME, columns, (lo, hi)):
         start, name = chunk["start"], chunk["name_id"]
         sparse.append((chunk["seq"][::SPARSE].copy(), start[::SPARSE].copy()))
         inside = (start >= window.start_ns) & (start < window.end_ns) if window.bounded else slice(None)
-        k, v = name[inside], chunk["end"][inside] - start[inside]
-        if ok and len(k):
-            part = None if k.min() < 0 or v.min() < 0 else _pairs(k, v, [])
-            if part is None:
-                ok = False
-            else:  # as a kernel histogram's part, with no graph launches
-                parts.append((part[0], part[1], part[2], np.zeros(len(part[0]), dtype=np.int64)))
-                held += len(part[0])
-                if held > MERGE_ROWS and len(parts) > 1:
-                    merged = _merge(parts)
-                    ok = merged is not None
-                    parts, held = ([merged], len(merged[0])) if merged is not None else ([], 0)
+        k = name[inside]
+        counted.add(k, chunk["end"][inside] - start[inside], np.zeros(len(k), dtype=np.int64))  # no graph launches
         if step is not None and "correlation" in chunk:
             c = chunk["correlation"]
             pick = (c != NULL_INT) & (c % step == 0)
@@ -344,11 +351,11 @@ def api_scan(trace: Trace, window: Window, step: int | None, rows: tuple[int, in
                            np.full(int(pick.sum()), NULL_INT, dtype=np.int64),
                            "s": start[pick], "e": chunk["end"][pick]})
     histogram: Rows | None = None
-    if ok:
-        merged = _merge(parts) if parts else None
+    if counted.parts is not None:
+        merged = _merge(counted.parts) if counted.parts else None
         if merged is not None:
             histogram = list(zip(merged[0].tolist(), merged[1].tolist(), merged[2].tolist(), strict=True))
-        elif not parts:
+        elif not counted.parts:
             histogram = []
     launch = {k: np.concatenate([s[k] for s in sample]) for k in ("c", "p", "s", "e")} if sample else None
     if step is not None and launch is None and "correlation" in columns:

@@ -156,20 +156,7 @@ def _read_adbc(pool: ConnectionPool, source: str, columns: Mapping[str, str], wh
     batch = max(1024, min(1 << 24, rows // (jobs if seq_span and jobs > 1 else 1) + 1))
 
     def part(clause: str) -> list[Any]:
-        import adbc_driver_manager
-        import pyarrow as pa
-
-        conn = pool.get()
-        try:
-            with adbc_driver_manager.AdbcStatement(conn) as stmt:
-                stmt.set_sql_query(f"SELECT {exprs} FROM {source} WHERE ({where}) {clause}")
-                # one batch a read where the rows are known (the driver's default is 1,024 rows): the columns are
-                # then viewed in place, not concatenated from thousands of batches into copies
-                stmt.set_options(**{"adbc.sqlite.query.batch_rows": str(batch)})
-                stream, _ = stmt.execute_query()
-                return pa.RecordBatchReader._import_from_c(stream.address).read_all().columns
-        finally:
-            pool.put(conn)
+        return arrow_query(pool, f"SELECT {exprs} FROM {source} WHERE ({where}) {clause}", batch).columns
 
     if seq_span is not None and jobs > 1:  # seq (row id) ranges, read on threads: the driver releases the GIL
         lo, hi = seq_span
@@ -180,29 +167,56 @@ def _read_adbc(pool: ConnectionPool, source: str, columns: Mapping[str, str], wh
         chunks = [part("")]
     out = {}
     for i, name in enumerate(columns):
-        arrays = [_to_int64(chunk[i], strict) for chunk in chunks]
+        arrays = [to_int64(chunk[i], strict) for chunk in chunks]
         out[name] = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
     return out
 
 
-def _to_int64(column: Any, strict: bool = False) -> np.ndarray:
-    """An Arrow column as an int64 array, viewed in place where it is one (numpy over its buffers: pyarrow's
-    own to_numpy imports pandas)."""
+def arrow_query(pool: ConnectionPool, sql: str, batch_rows: int) -> Any:
+    """`sql`'s rows as an Arrow table, through a connection of `pool`, in batches of `batch_rows`: one batch a read
+    where the rows are known (the driver's default is 1,024 rows), so that the columns are viewed in place, not
+    concatenated from thousands of batches into copies."""
+    import adbc_driver_manager
     import pyarrow as pa
-    import pyarrow.compute as pc
+
+    conn = pool.get()
+    try:
+        with adbc_driver_manager.AdbcStatement(conn) as stmt:
+            stmt.set_sql_query(sql)
+            stmt.set_options(**{"adbc.sqlite.query.batch_rows": str(batch_rows)})
+            stream, _ = stmt.execute_query()
+            return pa.RecordBatchReader._import_from_c(stream.address).read_all()
+    finally:
+        pool.put(conn)
+
+
+def to_int64(column: Any, strict: bool = False) -> np.ndarray:
+    """An Arrow column as an int64 array (NULL as NULL_INT), viewed in place where it is one with no NULL (numpy
+    over its buffers: pyarrow's own to_numpy imports pandas). `strict`: TypeError unless the column is int64 (or
+    all NULL), as the driver gives a column only when every value is an integer or NULL; otherwise booleans and
+    narrower integers are widened."""
+    import pyarrow as pa
 
     if pa.types.is_null(column.type):
         return np.full(len(column), NULL_INT, dtype=np.int64)
-    if strict and not pa.types.is_null(column.type) and column.type != pa.int64():
+    if strict and column.type != pa.int64():
         raise TypeError(f"column of type {column.type}")
     if pa.types.is_boolean(column.type) or pa.types.is_integer(column.type) and column.type != pa.int64():
+        import pyarrow.compute as pc  # only here: its kernels cost ~10 MB and 0.1 s to import
+
         column = pc.cast(column, pa.int64())
     if not pa.types.is_integer(column.type):
         raise TypeError(f"column of type {column.type}")
-    if column.null_count:
-        column = pc.fill_null(column, NULL_INT)
-    parts = [np.frombuffer(c.buffers()[1], dtype=np.int64, count=len(c), offset=c.offset * 8)
-             for c in column.chunks if len(c)]
+    parts = []
+    for c in column.chunks:
+        if not len(c):
+            continue
+        validity, data = c.buffers()[:2]
+        values = np.frombuffer(data, dtype=np.int64, count=len(c), offset=c.offset * 8)
+        if c.null_count:  # NULL_INT where the validity bitmap says NULL (its bits little-endian, from c.offset)
+            valid = np.unpackbits(np.frombuffer(validity, dtype=np.uint8), bitorder="little")
+            values = np.where(valid[c.offset:c.offset + len(c)].astype(bool), values, NULL_INT)
+        parts.append(values)
     if not parts:
         return np.zeros(0, dtype=np.int64)
     return parts[0] if len(parts) == 1 else np.concatenate(parts)

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from profkit.traces.columns import JOBS, NULL_INT, ConnectionPool
+from profkit.traces.columns import JOBS, ConnectionPool, arrow_query, to_int64
 from profkit.traces.schema import Trace
 
 # Rows per chunk: ~10 MB of int64 columns for the kernel table's ten.
@@ -52,21 +52,11 @@ def scan_table(trace: Trace, table: str, columns: Mapping[str, str], span: tuple
     ranges = [(a, min(hi + 1, a + chunk_rows)) for a in range(lo, hi + 1, chunk_rows)]
 
     def read(bounds: tuple[int, int]) -> dict[str, np.ndarray]:
-        import adbc_driver_manager
-        import pyarrow as pa
-
         a, b = bounds
-        conn = pool.get()
         try:
-            with adbc_driver_manager.AdbcStatement(conn) as stmt:
-                stmt.set_sql_query(f"SELECT {sql} FROM main.{table} WHERE rowid >= {a} AND rowid < {b}")
-                stmt.set_options(**{"adbc.sqlite.query.batch_rows": str(chunk_rows)})
-                stream, _ = stmt.execute_query()
-                got = pa.RecordBatchReader._import_from_c(stream.address).read_all()
+            got = arrow_query(pool, f"SELECT {sql} FROM main.{table} WHERE rowid >= {a} AND rowid < {b}", chunk_rows)
         except Exception as exc:  # noqa: BLE001 - the driver's type mismatch: a value that is no integer
             raise Unverified(f"{table}: {exc}") from None
-        finally:
-            pool.put(conn)
         if got.num_rows != b - a:  # a hole in the row ids (a deleted row): the SQL checks decide
             raise Unverified(f"{table}: rows {a}..{b - 1} hold {got.num_rows} rows")
         out = {"seq": _int64(got.column(0), table, "rowid", nullable=False)}
@@ -100,29 +90,12 @@ def scan_table(trace: Trace, table: str, columns: Mapping[str, str], span: tuple
 def _int64(column: Any, table: str, name: str, nullable: bool) -> np.ndarray:
     """An Arrow column as int64 with NULL_INT for NULL; Unverified where it is no integer column, or holds a NULL
     where nsys always writes a value."""
-    import pyarrow as pa  # not pyarrow.compute: its kernels cost ~10 MB and 0.1 s to import
-
-    if pa.types.is_null(column.type):
-        if not nullable and len(column):
-            raise Unverified(f"{table}.{name}: NULL")
-        return np.full(len(column), NULL_INT, dtype=np.int64)
-    if column.type != pa.int64():
-        raise Unverified(f"{table}.{name}: values of type {column.type}")
     if column.null_count and not nullable:
         raise Unverified(f"{table}.{name}: NULL")
-    parts = []
-    for c in column.chunks:
-        if not len(c):
-            continue
-        validity, data = c.buffers()[:2]
-        values = np.frombuffer(data, dtype=np.int64, count=len(c), offset=c.offset * 8)
-        if c.null_count:  # NULL_INT where the validity bitmap says NULL (its bits little-endian, from c.offset)
-            valid = np.unpackbits(np.frombuffer(validity, dtype=np.uint8), bitorder="little")
-            values = np.where(valid[c.offset:c.offset + len(c)].astype(bool), values, NULL_INT)
-        parts.append(values)
-    if not parts:
-        return np.zeros(0, dtype=np.int64)
-    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+    try:
+        return to_int64(column, strict=True)
+    except TypeError:
+        raise Unverified(f"{table}.{name}: values of type {column.type}") from None
 
 
 def _check(chunk: dict[str, np.ndarray], columns: Mapping[str, str], table: str) -> None:
