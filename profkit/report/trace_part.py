@@ -58,8 +58,9 @@ def _build(path: str | os.PathLike, window: str, gap_threshold_ns: int, buckets:
         auto = window.strip() == "auto"
         # The kernel table's one read, where its checks were left to it: the gaps, and what the window's analyses
         # take (analysis/scans.py). An explicit window is known before it; `auto` and `all` are whole segments.
-        known = None if window.strip() in ("auto", "all") or not trace.deferred else choose_window(trace, window)
-        kernel_scan(trace, known, [i for i in marker_ids(trace).values() if isinstance(i, int)])
+        if trace.deferred:
+            known = None if window.strip() in ("auto", "all") else choose_window(trace, window)
+            kernel_scan(trace, known, [i for i in marker_ids(trace).values() if isinstance(i, int)])
         phases: list[dict[str, Any]] = []
         if auto:  # the automatic window needs the gap table first; other windows are known now
             timeline.build_gap_table(trace)

@@ -148,9 +148,7 @@ def _read_sqlite(conn: sqlite3.Connection, relation: str, columns: Mapping[str, 
 
 
 def _read_adbc(pool: ConnectionPool, source: str, columns: Mapping[str, str], where: str, jobs: int,
-               seq_span: tuple[int, int] | None, rows_hint: int = 0, strict: bool = False) -> dict[str, np.ndarray]:
-    """The columns through the driver; `strict`: TypeError where a column is not all integers or NULL (the driver
-    gives such a column as another type), instead of reading it as integers where it can."""
+               seq_span: tuple[int, int] | None, rows_hint: int = 0) -> dict[str, np.ndarray]:
     exprs = ", ".join(columns.values())
     rows = seq_span[1] - seq_span[0] + 1 if seq_span else rows_hint
     batch = max(1024, min(1 << 24, rows // (jobs if seq_span and jobs > 1 else 1) + 1))
@@ -167,7 +165,7 @@ def _read_adbc(pool: ConnectionPool, source: str, columns: Mapping[str, str], wh
         chunks = [part("")]
     out = {}
     for i, name in enumerate(columns):
-        arrays = [to_int64(chunk[i], strict) for chunk in chunks]
+        arrays = [to_int64(chunk[i]) for chunk in chunks]
         out[name] = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
     return out
 

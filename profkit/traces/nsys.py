@@ -28,7 +28,15 @@ import numpy as np
 
 from profkit.errors import TraceError
 from profkit.numbers import parse_int
-from profkit.traces.columns import database_file
+from profkit.traces.columns import (
+    ConnectionPool,
+    adbc_available,
+    adbc_min_rows,
+    arrow_query,
+    database_file,
+    relation_source,
+    to_int64,
+)
 from profkit.traces.nsys_gpu_metrics import create_gpu_metric_views
 from profkit.traces.schema import DUPLICATE_KEYS, Trace, count_duplicates, empty_view_sql
 
@@ -157,8 +165,6 @@ def _trace(conn: sqlite3.Connection, path: Path, meta: dict, present: set[str], 
 def _deferrable(conn: sqlite3.Connection, tables: set[str]) -> frozenset[str]:
     """The kernel and CUDA API tables whose checks can ride on their read (traces/scan.py): those the report reads
     through Arrow (the driver installed, and rows enough to be worth it)."""
-    from profkit.traces.columns import adbc_available, adbc_min_rows
-
     if not adbc_available():
         return frozenset()
     out = set()
@@ -436,20 +442,18 @@ def _count_duplicates_columnar(conn: sqlite3.Connection, relation: str, db: Path
     trace's memory operations are rarely in strict start order: the SQL GROUP BY took 0.6 s of every open of
     one with 340k); None where SQL should count (few rows, no driver, or a key that is no integer, which SQL
     groups apart from an equal number)."""
-    from profkit.traces.columns import ConnectionPool, _read_adbc, adbc_available, adbc_min_rows, relation_source
-
     rows = conn.execute(f"SELECT count(*) FROM temp.{relation}").fetchone()[0]
     source = relation_source(conn, relation)
     if rows < max(1, adbc_min_rows()) // 4 or source is None or not adbc_available():
         return None
     pool = ConnectionPool(db)
     try:
-        keys = _read_adbc(pool, source, {k: k for k in DUPLICATE_KEYS[relation]}, "1", 1, None, rows, strict=True)
+        got = arrow_query(pool, f"SELECT {', '.join(DUPLICATE_KEYS[relation])} FROM {source}", rows + 1)
+        columns = [to_int64(column, strict=True) for column in got.columns]
     except Exception:  # noqa: BLE001 - a value of another type, or any driver fault: SQL counts
         return None
     finally:
         pool.close()
-    columns = list(keys.values())
     order = np.lexsort(columns[::-1])
     same = np.ones(max(0, len(order) - 1), dtype=bool)
     for column in columns:  # a row equal to the one before it in every key repeats it
