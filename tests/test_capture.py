@@ -35,6 +35,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_for(path: Path, proc: subprocess.Popen, limit_s: float = 600) -> None:
+    """Until the stand-in writes `path` (the state a test waits for): polls the file, never a fixed sleep; a
+    process that ends first fails the test with its output."""
+    deadline = time.monotonic() + limit_s
+    while not path.exists():
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            pytest.fail(f"exited with {proc.returncode} before {path.name} appeared: {err[-2000:]}")
+        assert time.monotonic() < deadline, f"{path.name} did not appear in {limit_s:g} s"
+        time.sleep(0.05)
+
+
 def capture(env: dict[str, str], *args: str, timeout: float = 120) -> Result:
     """`profkit capture` in a child process: the fake vllm and nsys are on its PATH."""
     return profkit("capture", *args, env=env, timeout=timeout)
@@ -250,16 +262,18 @@ def test_step_timeout(env, tmp_path: Path) -> None:
 
 
 def test_ctrl_c_stops_the_server_and_keeps_a_finalized_trace(env, tmp_path: Path) -> None:
-    out = tmp_path / "c"
+    """The signal reaches profkit while the benchmark surely runs (the stand-in says so, then blocks), and profkit
+    was started with SIGINT ignored, as a shell script's background job is: before f668df1's successor, Python
+    left it ignored, the capture ran on and exited 0 as if complete."""
+    out, blocking = tmp_path / "c", tmp_path / "blocking"
     proc = subprocess.Popen([sys.executable, "-m", "profkit.cli", "capture", "serve", "--out", str(out), "--model",
-                             "/m", "--port", str(free_port())], env={**env, "FAKE_VLLM_BENCH_S": "60"},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 60
-    while not (out / "bench.log").exists() and time.time() < deadline:
-        time.sleep(0.2)
-    time.sleep(0.5)
+                             "/m", "--port", str(free_port())],
+                            env={**env, "FAKE_VLLM_BLOCK_IN": ".", "FAKE_VLLM_BLOCKING": str(blocking)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    wait_for(blocking, proc)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=240)
     assert proc.returncode != 0 and "interrupted" in err and "Traceback" not in err
     m = manifest(out)
     assert m["status"] == "interrupted" and m["server"]["exit_code"] == 0

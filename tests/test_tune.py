@@ -11,13 +11,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.cli import Result, one_error_line, profkit
 from tests.conftest import FIXTURES
+from tests.test_capture import wait_for
 
 FAKES = Path(__file__).parent / "fakes"
 WORKLOAD = "--dataset-name random --random-input-len 1024 --random-output-len 256 --num-prompts 800 --request-rate inf"
@@ -153,17 +153,16 @@ def test_worse_and_crashed_candidates_are_reverted(env, tmp_path: Path) -> None:
 
 
 def test_ctrl_c_keeps_the_folder_and_the_best_so_far(env, tmp_path: Path) -> None:
-    out = tmp_path / "t"
-    env = {**env, "FAKE_VLLM_BENCH_S": "2"}
+    """Ctrl-C (to the whole process group, as a terminal sends it) while a candidate's benchmark surely runs: the
+    stand-in says when it has started, then blocks until the signal ends it."""
+    out, blocking = tmp_path / "t", tmp_path / "blocking"
+    env = {**env, "FAKE_VLLM_BLOCK_IN": r"/03-[^/]*/r1$", "FAKE_VLLM_BLOCKING": str(blocking)}
     proc = subprocess.Popen([sys.executable, "-m", "profkit.cli", "tune", "--out", str(out), "--profile", "never",
                              "--port", str(free_port()), *serve("--kv-cache-memory-bytes 300000000")],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    deadline = time.time() + 120
-    while time.time() < deadline and not list((out / "runs").glob("03-*/r1/manifest.json")):
-        time.sleep(0.2)
-    time.sleep(0.5)
+    wait_for(blocking, proc)
     os.killpg(proc.pid, signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=240)
     assert proc.returncode == 130, err
     doc = json.loads((out / "tune.json").read_text())
     assert doc["stopped"].startswith("interrupted")

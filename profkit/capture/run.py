@@ -402,15 +402,22 @@ def _group_gone(pgid: int, timeout: float) -> bool:
 
 
 def main_interrupt_safe(fn: Callable[[], T]) -> T:
-    """Run `fn` with SIGTERM treated like Ctrl-C, so a killed capture still stops vLLM and keeps files."""
-    previous = signal.getsignal(signal.SIGTERM)
+    """Run `fn` with SIGINT and SIGTERM raising KeyboardInterrupt, so a stopped capture stops vLLM and keeps files.
 
-    def on_term(_sig: int, _frame: object) -> None:
+    SIGINT is set too, not left to Python: a process started with SIGINT ignored (a background job of a shell
+    script, which ignores it for its `&` children) gets no KeyboardInterrupt from Python, so a `kill -INT` was lost
+    and the run went on to exit 0 as if complete. A handled signal is also reset to its default in the programs
+    started here (vLLM, nsys), where an ignored one would be inherited and their own stop on SIGINT lost."""
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def on_signal(_sig: int, _frame: object) -> None:
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, on_term)
+    for sig in previous:
+        signal.signal(sig, on_signal)
     try:
         return fn()
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
         sys.stdout.flush()
