@@ -226,11 +226,12 @@ def local_vllm(rec: Path, tmp_path: Path) -> Iterator[tuple[subprocess.Popen, in
                              "--port", str(port), "--texts", str(folder / "metrics-before.txt"),
                              str(folder / "metrics-after.txt")], env={**os.environ, "CUDA_VISIBLE_DEVICES": "0"})
     try:
-        for _ in range(100):
+        while proc.poll() is None:  # until the stand-in listens (however slowly this machine starts it)
             with socket.socket() as s:
                 if s.connect_ex(("127.0.0.1", port)) == 0:
                     break
             time.sleep(0.05)
+        assert proc.poll() is None, "the stand-in server exited before it listened"
         yield proc, port, model
     finally:
         proc.kill()

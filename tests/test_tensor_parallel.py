@@ -16,6 +16,7 @@ import pytest
 from profkit.api import predict, report
 from tests.cli import one_error_line, profkit
 from tests.conftest import unpack
+from tests.test_capture import free_port
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +117,7 @@ def test_capture_names_the_cause_of_a_server_that_died_at_start(tp2: Path, tmp_p
     fake.write_text(f"#!/bin/sh\ncat '{tp2 / 'tp2_default' / 'server.log'}'\nexit 1\n")
     fake.chmod(0o755)
     r = profkit("capture", "--tool", "none", "--vllm", str(fake), "--out", str(tmp_path / "cap"), "serve",
-                "--model", "/m", "--port", "18931", "--health-timeout", "30", "--server-args", "-tp 2")
+                "--model", "/m", "--port", free_port(), "--server-args", "-tp 2")
     line = one_error_line(r, "vllm serve exited with code 1 before it was healthy: RuntimeError: CUDA error: "
                              "CUBLAS_STATUS_EXECUTION_FAILED", progress=True)
     assert "try --compilation-config" in line and "fuse_allreduce_rms" in line

@@ -24,6 +24,7 @@ import contextlib
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 SCHEMA = "profkit.host/1"
@@ -54,10 +55,15 @@ def role_of(name: str, tree: str, is_root: bool) -> str:
 class HostSampler:
     """Samples the process trees under `roots` ({"server": pid, "client": pid}) until `stop()`."""
 
-    def __init__(self, interval_s: float = 0.1, nvml: bool = True) -> None:
-        import psutil  # the GPU box has it (vLLM depends on it); `profkit report` never imports this module
+    def __init__(self, interval_s: float = 0.1, nvml: bool = True, processes: Any = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """`processes`: psutil, or a stand-in with its `Process` and `Error` (tests read CPU times they chose, on
+        `clock`, a fake one: no test depends on how much CPU its machine gives a process)."""
+        if processes is None:
+            import psutil as processes  # the GPU box has it (vLLM depends on it); `profkit report` never imports it
 
-        self.psutil = psutil
+        self.psutil = processes
+        self.clock = clock
         self.interval = interval_s
         self.roots: dict[str, int] = {}
         self.procs: dict[int, dict[str, Any]] = {}
@@ -65,7 +71,7 @@ class HostSampler:
         self.last: dict[int, tuple[float, float]] = {}
         self.gpus: list[dict[str, Any]] = []
         self.nvml = self._init_nvml() if nvml else None
-        self.t0 = time.monotonic()
+        self.t0 = clock()
         self._ticks = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="profkit-host-sampler", daemon=True)
@@ -97,7 +103,7 @@ class HostSampler:
 
     def sample(self) -> None:
         ps = self.psutil
-        now = time.monotonic() - self.t0
+        now = self.clock() - self.t0
         for tree, root in list(self.roots.items()):
             try:
                 top = self.handles.get(root) or ps.Process(root)
@@ -141,7 +147,7 @@ class HostSampler:
                 self.nvml.nvmlShutdown()
         return {
             "schema": SCHEMA, "interval_s": self.interval, "cores": os.cpu_count(),
-            "duration_s": round(time.monotonic() - self.t0, 3),
+            "duration_s": round(self.clock() - self.t0, 3),
             "processes": [p for p in self.procs.values() if p["cpu"]],
             "gpus": [{**{k: v for k, v in g.items() if not k.startswith("_")}, "pids": sorted(g["_pids"]),
                       **({"visible": g["index"] in visible} if visible is not None else {})} for g in self.gpus],
