@@ -18,7 +18,7 @@ from profkit import __version__, units
 from profkit.errors import ProfkitError
 from profkit.escape import one_line, shell_word, terminal
 from profkit.inputs import refuse_overwrite
-from profkit.render import render
+from profkit.render import output_format, render
 from profkit.resources import SCHEMA_KINDS, document_schema, give_back_freed_memory
 
 
@@ -36,18 +36,28 @@ def parse_window(text: str) -> str:
     return f"{start}:{end}"
 
 
-def parse_duration(text: str) -> int:
-    """'100us', '1.5ms', '2s' -> integer nanoseconds (units.parse_duration), as a Click error."""
+def parse_duration(text: str, option: str) -> int:
+    """'100us', '1.5ms', '2s', '2min' -> integer nanoseconds (units.parse_duration), as a Click error naming
+    `option`."""
     try:
         return units.parse_duration(text)
     except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
+        raise click.BadParameter(str(exc), param_hint=option) from None
 
 
 @click.group()
 @click.version_option(__version__, prog_name="profkit")
 def cli() -> None:
     """Profile vLLM inference and turn traces into concrete flag changes."""
+
+
+def output_options(fn: Callable) -> Callable:
+    """--format and -o (report, predict, diff): the format is the one given, else -o's extension's, else text."""
+    fn = click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+                      help="write here, not stdout (.html, .md, .json: that format; anything else: text)")(fn)
+    return click.option("--format", "fmt", type=click.Choice(["text", "json", "md", "html"]), default=None,
+                        help="text for the terminal, md for a ticket, html (self-contained), json  [default: text, "
+                             "or -o's extension's]")(fn)
 
 
 def evidence_options(fn: Callable) -> Callable:
@@ -73,9 +83,7 @@ def evidence_options(fn: Callable) -> Callable:
 @click.argument("traces", type=click.Path(path_type=Path), nargs=-1)
 @click.option("--window", default="auto", show_default=True,
               help="all | auto (the benchmark phase) | nvtx:NAME | START:END with units, e.g. 1.5s:4s")
-@click.option("--format", "fmt", type=click.Choice(["text", "json", "md", "html"]), default="text",
-              show_default=True, help="text for the terminal, md for a ticket, html (self-contained), json")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="write here, not stdout")
+@output_options
 @click.option("--gap-threshold", default="100us", show_default=True,
               help="list GPU gaps at least this long (e.g. 100us, 1ms, 500ms)")
 @click.option("--top", type=click.IntRange(min=1, max=1_000_000), default=10, show_default=True,
@@ -91,7 +99,7 @@ def evidence_options(fn: Callable) -> Callable:
               help="traces analysed at once, one process each (several traces; default: the cores)")
 @click.option("--dask", "dask_address", metavar="ADDRESS",
               help="analyse each trace as a task on this Dask scheduler (pip install 'profkit[dask]')")
-def report(traces: tuple[Path, ...], window: str, fmt: str, output: Path | None, gap_threshold: str, top: int,
+def report(traces: tuple[Path, ...], window: str, fmt: str | None, output: Path | None, gap_threshold: str, top: int,
            progress: bool | None, bench: Path | None, vllm_log: Path | None, metrics: tuple[Path, ...],
            vllm_args: str | None, host_json: Path | None, model_config: Path | None, rules_dirs: tuple[Path, ...],
            save_db: Path | None,
@@ -114,11 +122,12 @@ def report(traces: tuple[Path, ...], window: str, fmt: str, output: Path | None,
     from profkit.evidence.record import Evidence
     from profkit.report import ReportOptions, build_report
 
+    fmt = output_format(fmt, output and str(output))  # before any work: a format that disagrees is one line
     show = sys.stderr.isatty() if progress is None else progress
     trace = list(traces) if len(traces) > 1 else (traces[0] if traces else None)
-    options = ReportOptions(window=parse_window(window), gap_threshold_ns=parse_duration(gap_threshold),
-                            rules_dirs=rules_dirs,
-                            jobs=jobs, dask=dask_address)
+    options = ReportOptions(window=parse_window(window),
+                            gap_threshold_ns=parse_duration(gap_threshold, "--gap-threshold"),
+                            rules_dirs=rules_dirs, jobs=jobs, dask=dask_address)
     evidence = Evidence.read(bench=bench, log=vllm_log, metrics=metrics, vllm_args=vllm_args,
                              model_config=model_config, host=host_json)
     with _Steps(show) as steps:
@@ -140,18 +149,16 @@ def report(traces: tuple[Path, ...], window: str, fmt: str, output: Path | None,
 @cli.command("predict", context_settings={"ignore_unknown_options": True})
 @click.argument("run", required=False)
 @click.argument("changes", nargs=-1, type=click.UNPROCESSED)
-@click.option("--format", "fmt", type=click.Choice(["text", "json", "md", "html"]), default="text",
-              show_default=True, help="text for the terminal, md for a ticket, html (self-contained), json")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="write here, not stdout")
+@output_options
 @evidence_options
 @click.option("--noise", default=None, help="the run-to-run spread to assume, e.g. 3% (default: 3%)")
 @click.option("--search", "do_search", is_flag=True, help="no CHANGES: the best values the model finds")
 @click.option("--slo", "slos", multiple=True, help="with --search: a bound a configuration must meet, e.g. "
-              "'ttft_mean_ms<=5000'")
+              "'mean_ttft_ms<=5000'")
 @click.option("--allow-precision-changes", is_flag=True, help="with --search: FP8 weights and KV cache may be tried")
 @click.option("--top", type=click.IntRange(min=1, max=100), default=5, show_default=True,
               help="with --search: configurations shown")
-def predict_cmd(run: str | None, changes: tuple[str, ...], fmt: str, output: Path | None, bench: Path | None,
+def predict_cmd(run: str | None, changes: tuple[str, ...], fmt: str | None, output: Path | None, bench: Path | None,
                 vllm_log: Path | None, metrics: tuple[Path, ...], vllm_args: str | None, host_json: Path | None,
                 model_config: Path | None, noise: str | None, do_search: bool, slos: tuple[str, ...],
                 allow_precision_changes: bool, top: int) -> None:
@@ -164,6 +171,7 @@ def predict_cmd(run: str | None, changes: tuple[str, ...], fmt: str, output: Pat
     from profkit.evidence.record import Evidence
     from profkit.report.predict import predict_run
 
+    fmt = output_format(fmt, output and str(output))
     if run is not None and run.startswith("-"):  # `--bench B -- --flag V`: no RUN, the evidence alone
         run, changes = None, (run, *changes)
     evidence = Evidence.read(bench=bench, log=vllm_log, metrics=metrics, vllm_args=vllm_args,
@@ -186,16 +194,14 @@ def predict_cmd(run: str | None, changes: tuple[str, ...], fmt: str, output: Pat
 @cli.command("diff")
 @click.argument("before")
 @click.argument("after")
-@click.option("--format", "fmt", type=click.Choice(["text", "json", "md", "html"]), default="text",
-              show_default=True, help="text for the terminal, md for a ticket, html (self-contained), json")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="write here, not stdout")
+@output_options
 @click.option("--noise", default="5%", show_default=True,
               help="threshold assumed where a side has a single run (replicates measure it)")
 @click.option("--fail-on", "fail_on", multiple=True,
               help='exit 3 when a condition holds, e.g. "request_throughput<-5%" "p99_ttft_ms>+10%"')
 @click.option("--top", type=click.IntRange(min=1, max=1_000_000), default=10, show_default=True,
               help="rows per table in text and Markdown")
-def diff_cmd(before: str, after: str, fmt: str, output: Path | None, noise: str, fail_on: tuple[str, ...],
+def diff_cmd(before: str, after: str, fmt: str | None, output: Path | None, noise: str, fail_on: tuple[str, ...],
              top: int) -> None:
     """Compare two runs: BEFORE and AFTER are each a trace, a capture folder (with or without a trace),
     a folder of capture folders (replicates), a saved report JSON, or history runs (runs.db:ID,
@@ -203,6 +209,7 @@ def diff_cmd(before: str, after: str, fmt: str, output: Path | None, noise: str,
     from profkit.compare.diff import diff
     from profkit.compare.gate import check, parse_condition
 
+    fmt = output_format(fmt, output and str(output))
     conditions = [parse_condition(c) for c in fail_on]  # bad conditions fail before any work
     threshold = _parse_share(noise, "--noise")
     if output:
@@ -235,7 +242,7 @@ def history_cmd(db: Path, fmt: str, label: str | None, last: int | None) -> None
 
 @cli.command("attach")
 @click.argument("url")
-@click.option("--duration", default="60s", show_default=True, help="how long to watch, with a unit (90s, 300s)")
+@click.option("--duration", default="60s", show_default=True, help="how long to watch, with a unit (90s, 5min, 1h)")
 @click.option("--interval", default="5s", show_default=True,
               help="time between two /metrics scrapes (1s at least: a scrape renders every series on the server)")
 @click.option("--every", default=None, help="print a line per interval of this length, e.g. 30s")
@@ -264,7 +271,7 @@ def attach_cmd(url: str, duration: str, interval: str, every: str | None, profil
         if not sep or not name.strip():
             raise click.BadParameter("expected 'NAME: VALUE' (the value is not shown)", param_hint="--header")
         parsed[name.strip()] = value.strip()
-    seconds = {k: parse_duration(v) / 1e9 if v else None for k, v in
+    seconds = {k: parse_duration(v, f"--{k}") / 1e9 if v else None for k, v in
                (("duration", duration), ("interval", interval), ("every", every), ("profile", profile))}
     folder = out or Path(time.strftime("attach-%Y%m%d-%H%M%S"))
     opts = AttachOptions(url=url, out=folder, duration_s=seconds["duration"], interval_s=seconds["interval"],
@@ -441,12 +448,14 @@ def tune(budget: int, objective: str, slos: tuple[str, ...], profile: str, repli
     import time
 
     from profkit.capture.plan import commands_from_cli
+    from profkit.compare.metrics import canonical
     from profkit.tune.loop import TuneOptions, Tuner, dry_run_lines, parse_slo
 
     folder = out or Path(time.strftime("tune-%Y%m%d-%H%M%S"))
     user = commands_from_cli(list(command), model, server_args, bench_args, port, verb="tune")
     opts = TuneOptions(out=folder, user=user,
-                       budget=budget, objective=objective, slos=[parse_slo(s) for s in slos], profile=profile,
+                       budget=budget, objective=canonical(objective), slos=[parse_slo(s) for s in slos],
+                       profile=profile,
                        replicates=replicates, candidate_runs=candidate_runs, patience=patience, nsys=nsys_exe,
                        timeout_s=timeout,
                        health_timeout_s=health_timeout, rules_dirs=list(rules_dirs), allow_precision=allow_precision,

@@ -57,21 +57,53 @@ def flag_value(value: object) -> str:
     return str(value)
 
 
-def change_from(change: dict) -> str:
-    """A change's current value and where it came from (`300000000 (vLLM log)`, `true (given)`)."""
-    source = change.get("from_source")
-    text = flag_value(change.get("from"))
+def sourced_value(value: object, source: str | None) -> str:
+    """A flag's value and where it came from unless the run gave it (`auto (vLLM 0.26 default)`, `300000000 (vLLM
+    log)`, `not set (vLLM 0.26 default)`): the one wording of a setting in reports, predictions and diffs."""
+    text = flag_value(value)
     return f"{text} ({source})" if source and source != "given" else text
 
 
+def change_from(change: dict) -> str:
+    """A change's current value and where it came from (`300000000 (vLLM log)`, `true` when given)."""
+    return sourced_value(change.get("from"), change.get("from_source"))
+
+
 def change_to(change: dict) -> str:
-    return "(remove the flag)" if change.get("to") is None else flag_value(change.get("to"))
+    """A change's new value; None: the flag is taken out (vLLM's default applies)."""
+    return "not set (vLLM's default)" if change.get("to") is None else flag_value(change.get("to"))
 
 
 def is_share(name: str) -> bool:
     """A metric or fact that is a share of something (0..1), by its name: `...share`, `...utilization`,
     `...usage_max`."""
     return name.endswith(("share", "utilization", "usage_max"))
+
+
+def better_when(name: str) -> str | None:
+    """Which way a benchmark metric is better, by vLLM's naming: throughputs `higher`, latencies (`..._ms`) `lower`;
+    None for any other name."""
+    if name.endswith("throughput"):
+        return "higher"
+    if name.endswith("_ms"):
+        return "lower"
+    return None
+
+
+# The word for a change's direction, the same in diffs and predictions (a regression shouts).
+VERDICT_WORDS = {"better": "better", "worse": "WORSE", "within noise": "within noise", "same": "same",
+                 "changed": "changed"}
+
+
+def direction_word(name: str, before: float | None, after: float | None) -> str:
+    """`better` or `WORSE` for a move from `before` to `after` of the metric `name` (by its sense); `same` where it
+    did not move, '' where the metric has no better side or a value is missing."""
+    sense = better_when(name)
+    if sense is None or before is None or after is None:
+        return ""
+    if after == before:
+        return VERDICT_WORDS["same"]
+    return VERDICT_WORDS["better" if (after > before) == (sense == "higher") else "worse"]
 
 
 def metric_value(name: str, value: float | None) -> str:
@@ -94,18 +126,19 @@ def gap_class(key: str) -> str:
     return GAP_CLASS_LABELS.get(key, key.replace("_", " "))
 
 
-DURATION_UNITS = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
-_DURATION = re.compile(r"\s*([0-9]{0,15}\.?[0-9]{1,15})\s*(ns|us|ms|s)?\s*")
+DURATION_UNITS = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000, "min": 60_000_000_000,
+                  "h": 3_600_000_000_000}
+_DURATION = re.compile(r"\s*([0-9]{0,15}\.?[0-9]{1,15})\s*(ns|us|ms|s|min|h)?\s*")
 
 
 def parse_duration(text: str) -> int:
-    """'100us', '1.5ms', '2s', '500000ns' -> integer nanoseconds. A bare number is refused (ValueError, the message
-    says why): 5 could mean 5 ns or 5 s."""
+    """'100us', '1.5ms', '2s', '2min', '1h', '500000ns' -> integer nanoseconds. A bare number is refused (ValueError,
+    the message gives the spellings that work): 5 could mean 5 ns or 5 s."""
     m = _DURATION.fullmatch(text)
     if not m:
-        raise ValueError(f"{text!r}: expected a duration such as 100us, 2ms or 1s")
+        raise ValueError(f"{text!r}: expected a duration such as 100us, 2ms, 1s or 2min")
     if not m.group(2):
-        raise ValueError(f"{text!r}: give a unit (ns, us, ms or s), e.g. {m.group(1)}ns or {m.group(1)}ms")
+        raise ValueError(f"{text!r}: give a unit (ns, us, ms, s, min or h), e.g. {m.group(1)}s or {m.group(1)}ms")
     value = int(float(m.group(1)) * DURATION_UNITS[m.group(2)])
     if value >= 1 << 62:
         raise ValueError(f"{text!r}: longer than any trace (at most about 146 years)")

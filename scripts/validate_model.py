@@ -124,8 +124,8 @@ def _bench(folder: Path) -> dict[str, float]:
     from profkit.evidence.bench import read_bench
 
     b = read_bench(folder / "bench.json")
-    return {"request_throughput": b.requests_per_second, "ttft_mean_ms": b.ttft_mean_ms,
-            "tpot_mean_ms": b.tpot_mean_ms}
+    return {"request_throughput": b.requests_per_second, "mean_ttft_ms": b.ttft_mean_ms,
+            "mean_tpot_ms": b.tpot_mean_ms}
 
 
 def validate(work: Path) -> list[dict]:

@@ -126,7 +126,7 @@ def test_the_model_runs_on_a_live_window_and_says_when_it_does_not_reproduce_it(
     # the capture of the same load, whole: reproduced, and more KV cache predicted to end the queueing
     cap = reports["cap_tight2"]["prescription"]
     assert cap["changes"][0]["flag"] == "--gpu-memory-utilization" and cap["changes"][0]["to"] > 0.28
-    ttft = cap["predicted"]["ttft_mean_ms"]
+    ttft = cap["predicted"]["mean_ttft_ms"]
     assert ttft["predicted"] < 0.5 * ttft["before"]
 
 

@@ -196,7 +196,7 @@ def test_predict_in_every_format(runs: dict[str, Path], tmp_path: Path) -> None:
     args = ("predict", runs["bf16"], "--format")
     doc = json.loads(profkit(*args, "json", "--", "--kv-cache-dtype", "fp8", "--stream-interval", "4").stdout)
     assert doc["schema"] == "profkit.prediction/1"
-    assert set(doc["metrics"]) == {"request_throughput", "output_throughput", "ttft_mean_ms", "tpot_mean_ms"}
+    assert set(doc["metrics"]) == {"request_throughput", "output_throughput", "mean_ttft_ms", "mean_tpot_ms"}
     for m in doc["metrics"].values():
         assert m["low"] <= m["predicted"] <= m["high"] and m["before"] > 0
     assert doc["unmodelled"] == ["stream_interval"]

@@ -184,9 +184,20 @@ def compare_metrics(before: Side, after: Side, noise: float) -> tuple[list[dict[
 
 
 def compare_flags(before: dict[str, Any], after: dict[str, Any]) -> list[dict[str, Any]]:
+    """The flags whose values differ. A side that did not set a flag has the value its report knows for it (vLLM's
+    default for the run's version and GPU) and says so in `before_source` / `after_source`, as a finding's change
+    says it (`auto (vLLM 0.26 default) -> fp8`)."""
     fb, fa = m.effective_flags(before), m.effective_flags(after)
-    return [{"flag": k, "before": fb.get(k), "after": fa.get(k)}
-            for k in sorted(set(fb) | set(fa)) if fb.get(k) != fa.get(k)]
+    rows = []
+    for k in sorted(set(fb) | set(fa)):
+        if fb.get(k) == fa.get(k):
+            continue
+        row: dict[str, Any] = {"flag": k, "before": fb.get(k), "after": fa.get(k)}
+        for side, report, flags in (("before", before, fb), ("after", after, fa)):
+            if k not in flags and (known := m.config_value(report, k)) is not None:
+                row[side], row[f"{side}_source"] = known
+        rows.append(row)
+    return rows
 
 
 def compare_findings(before: Side, after: Side) -> dict[str, Any]:

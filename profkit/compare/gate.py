@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from profkit.compare.metrics import canonical
 from profkit.errors import ProfkitError
 
 _COND = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_.]{0,80})\s*(<=|>=|<|>)\s*([+-]?)(\d{1,15}(?:\.\d{1,15})?)\s*(%?)\s*")
@@ -45,7 +46,7 @@ def parse_condition(text: str) -> Condition:
     name, op, sign, number, percent = m.groups()
     value = float(sign + number)
     kind = "relative" if percent else "absolute" if sign else "value"
-    return Condition(text.strip(), name, op, value, kind)
+    return Condition(text.strip(), canonical(name), op, value, kind)
 
 
 def check(doc: dict[str, Any], conditions: list[Condition]) -> list[str]:

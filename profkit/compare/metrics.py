@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from profkit.units import is_share  # noqa: F401 - the naming convention's home is units
+from profkit.vllm.command import dest_of
 from profkit.vllm.options import flag_for
 
 # name -> (where in the report's `vllm.bench` section, which direction is better)
@@ -25,6 +26,17 @@ OUTCOME: dict[str, tuple[str, str]] = {
     "mean_itl_ms": ("itl_mean_ms", "lower"),
     "p99_itl_ms": ("itl_p99_ms", "lower"),
 }
+
+# Other spellings a user may type (the report's own field names, the model's before 0.2): accepted, never written.
+ALIASES: dict[str, str] = {"requests_per_second": "request_throughput", "tokens_per_second": "total_token_throughput",
+                           **{f"{what}_{stat}_ms": f"{stat}_{what}_ms" for what in ("ttft", "tpot", "itl")
+                              for stat in ("mean", "median", "p99")}}
+
+
+def canonical(name: str) -> str:
+    """A metric's one spelling (vLLM's bench JSON name): `ttft_mean_ms` -> `mean_ttft_ms`."""
+    return ALIASES.get(name, name)
+
 
 # Headline facts: rates and shares, so windows of different length compare (raw totals would not).
 HEADLINE_FACTS: dict[str, str | None] = {
@@ -85,6 +97,15 @@ def effective_flags(report: dict[str, Any]) -> dict[str, Any]:
     merged = {k: v for k, v in logged.items() if k not in ("model_tag", "tokenizer")}
     merged.update(vllm.get("flags") or {})
     return {flag_for(k): v for k, v in merged.items()}
+
+
+def config_value(report: dict[str, Any], flag: str) -> tuple[Any, str] | None:
+    """What the report knows of a flag the run did not set: (value, where from), vLLM's default for its version
+    (`vllm.config`); None where it knows nothing."""
+    entry = ((report.get("vllm") or {}).get("config") or {}).get(dest_of(flag))
+    if not isinstance(entry, dict) or not entry.get("source") or entry.get("source") == "given":
+        return None
+    return entry.get("value"), str(entry["source"])
 
 
 # A share that moves less than this (absolute) is never called better or worse, whatever its relative change:

@@ -35,6 +35,7 @@ class CommandCheck(msgspec.Struct, frozen=True):
     ok: bool
     by: str
     problems: list[str]
+    name: str = ""  # which command was checked: `vllm serve`, `vllm bench serve`
 
 
 class CommandSection(msgspec.Struct, frozen=True):
@@ -141,7 +142,7 @@ def suggest(original: UserCommand | None, changes: list[ProposedChange | dict[st
 
 def _check(cmd: VllmCommand) -> CommandCheck:
     result = cmd.check()
-    return CommandCheck(cmd.shell(), result.ok, result.by, result.problems)
+    return CommandCheck(cmd.shell(), result.ok, result.by, result.problems, " ".join(["vllm", *cmd.subcommand]))
 
 
 def user_command(given: UserCommand | None, non_default_args: dict[str, Any] | None,

@@ -22,8 +22,8 @@ from profkit.model.observe import Observation, Unobservable
 from profkit.model.simulate import Engine, Infeasible, SimResult, StepCost, Workload, simulate_engines
 
 SCHEMA = "profkit.prediction/1"
-METRICS = (("request_throughput", "req/s"), ("output_throughput", "tok/s"), ("ttft_mean_ms", "ms"),
-           ("tpot_mean_ms", "ms"))
+METRICS = (("request_throughput", "req/s"), ("output_throughput", "tok/s"), ("mean_ttft_ms", "ms"),
+           ("mean_tpot_ms", "ms"))
 # The run-to-run spread of a benchmark against one server with distinct seeds, when the run has no replicates:
 # GPU-bound runs measured 0.4 % (14B, 3 replicates), short serve runs up to 7 % (tests/data READMEs).
 DEFAULT_NOISE = 0.03
@@ -335,7 +335,7 @@ def predict(cal: Calibrated, changes: dict[str, Any], noise: float | None = None
         spread += EXTRAPOLATED_CEILING  # a ceiling read off an unsaturated process, and an uncalibrated GPU
     metrics: dict[str, dict[str, float | None]] = {}
     measured = obs.measured
-    latency = {"ttft_mean_ms": cal.request_latency_s * 1e3}  # the same for every request, before and after
+    latency = {"mean_ttft_ms": cal.request_latency_s * 1e3}  # the same for every request, before and after
     base_values = _metrics(before, caps_before)
     for name, _ in METRICS:
         values = [_metrics(r, caps)[name] + latency.get(name, 0.0) for r in runs]
@@ -344,7 +344,7 @@ def predict(cal: Calibrated, changes: dict[str, Any], noise: float | None = None
         # scale each simulated value by the measured/simulated ratio of the baseline: the fit's bias cancels
         ratio = meas / base if meas and base else 1.0
         scaled = [v * ratio for v in values]
-        err = spread + (cal.fit_error.get("ttft", 0.0) if name == "ttft_mean_ms" else 0.0)
+        err = spread + (cal.fit_error.get("ttft", 0.0) if name == "mean_ttft_ms" else 0.0)
         metrics[name] = {"before": meas, "predicted": (_metrics(mid, caps)[name] + latency.get(name, 0.0)) * ratio,
                          "low": min(scaled) * math.exp(-err), "high": max(scaled) * math.exp(err)}
     limit_after = limit_of(mid, new_engine, work, caps)
@@ -355,7 +355,9 @@ def predict(cal: Calibrated, changes: dict[str, Any], noise: float | None = None
     if not math.isnan(mid.decode_step_s) and not math.isnan(before.decode_step_s):
         reasoning.append(f"a decode step {before.decode_step_s * 1e3:.1f} → {mid.decode_step_s * 1e3:.1f} ms")
     if before.preemptions or mid.preemptions:
-        reasoning.append(f"preemptions {before.preemptions} → {mid.preemptions} (simulated)")
+        counted = obs.measured.preemptions
+        reasoning.append(f"preemptions in the simulated run {before.preemptions} → {mid.preemptions}"
+                         + (f" (vLLM counted {counted:,.0f} in the run)" if counted is not None else ""))
     rt = metrics["request_throughput"]
     if rt["before"] and rt["predicted"]:
         reasoning.append(f"request throughput x{rt['predicted'] / rt['before']:.2f}")
@@ -439,13 +441,13 @@ def _metrics(r: SimResult, caps: dict[str, float]) -> dict[str, float]:
     cap = min(caps.values(), default=math.inf)
     scale = cap / r.output_throughput if r.output_throughput > cap else 1.0
     return {"request_throughput": r.request_throughput * scale, "output_throughput": r.output_throughput * scale,
-            "ttft_mean_ms": r.ttft_mean_s * 1e3 / scale, "tpot_mean_ms": r.tpot_mean_s * 1e3 / scale}
+            "mean_ttft_ms": r.ttft_mean_s * 1e3 / scale, "mean_tpot_ms": r.tpot_mean_s * 1e3 / scale}
 
 
 def _measured(m: Any, name: str) -> float | None:
     return {"request_throughput": m.request_throughput, "output_throughput": m.output_throughput,
-            "ttft_mean_ms": m.ttft_mean_s * 1e3 if m.ttft_mean_s else None,
-            "tpot_mean_ms": m.tpot_mean_s * 1e3 if m.tpot_mean_s else None}[name]
+            "mean_ttft_ms": m.ttft_mean_s * 1e3 if m.ttft_mean_s else None,
+            "mean_tpot_ms": m.tpot_mean_s * 1e3 if m.tpot_mean_s else None}[name]
 
 
 def limit_of(r: SimResult, engine: Engine, work: Workload, caps: dict[str, float]) -> str:

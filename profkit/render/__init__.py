@@ -42,6 +42,23 @@ def formats(kind: str) -> list[str]:
     return [f for k, f in RENDERERS if k == kind]
 
 
+# A file's extension says its format; any other extension (or none) is read as text.
+FORMAT_OF_SUFFIX = {".html": "html", ".htm": "html", ".md": "md", ".markdown": "md", ".json": "json", ".txt": "text"}
+
+
+def output_format(fmt: str | None, path: str | None) -> str:
+    """The format to write: `fmt` as given, else the one `path`'s extension says (text without a path or a known
+    extension). An explicit format that disagrees with a known extension is refused (ProfkitError)."""
+    suffix = ("." + path.rsplit(".", 1)[1].lower()) if path and "." in path.rsplit("/", 1)[-1] else ""
+    implied = FORMAT_OF_SUFFIX.get(suffix)
+    if fmt is None:
+        return implied or "text"
+    if implied is not None and implied != fmt:
+        raise ProfkitError(f"--format {fmt} disagrees with {path}'s extension ({suffix} is {implied}): "
+                           f"drop --format, or name the file for {fmt}")
+    return fmt
+
+
 def render(doc: Any, fmt: str, top: int = 10) -> str:
     """The document as text, json, md or html (those its kind has); `top`: rows per table where it applies.
     A document may be a dict, a msgspec Struct, or a report (what its `document()` gives)."""

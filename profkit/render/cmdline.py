@@ -28,3 +28,8 @@ def command_pairs(report: dict[str, Any]) -> list[dict[str, Any]]:
         old, new = token_diff(before, after)
         out.append({"before": old, "after": new, "changed": before != after})
     return out
+
+
+def check_name(check: dict[str, Any]) -> str:
+    """The checked command's name (`vllm serve`); a report saved before checks named it: its first two words."""
+    return check.get("name") or " ".join(check["command"].split()[:2])

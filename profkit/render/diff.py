@@ -7,9 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 from profkit.escape import document, terminal
-from profkit.units import clip_middle, flag_value, gap_class, is_share, metric_value, ns, pct
+from profkit.units import VERDICT_WORDS, clip_middle, gap_class, is_share, metric_value, ns, pct, sourced_value
 
-ARROW = {"better": "better", "worse": "WORSE", "within noise": "within noise", "same": "same", "changed": "changed"}
+ARROW = VERDICT_WORDS
 QUIET_MARKS = {"within noise": "≈", "same": "="}
 
 
@@ -28,12 +28,9 @@ VERDICT_METRICS = ("request_throughput", "output_throughput", "mean_ttft_ms", "p
                    "vllm.preemptions", "gpu.utilization")
 
 
-def _flag(v: Any, absent: str) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if v is None:
-        return absent
-    return str(v)
+def flag_side(row: dict[str, Any], side: str) -> str:
+    """A differing flag's value on one side of a diff, worded as a report's change is (`auto (vLLM 0.26 default)`)."""
+    return sourced_value(row.get(side), row.get(f"{side}_source"))
 
 
 def verdict_sentence(doc: dict[str, Any]) -> str:
@@ -49,7 +46,7 @@ def verdict_sentence(doc: dict[str, Any]) -> str:
             pct = r["change_pct"]
             change = change_text(r) if is_share(name) else \
                 f"{pct:+.0f} %" if pct is not None else f"{r['before']:g} -> {r['after']:g}"
-            moved.append(f"{name} {change} ({r['verdict']})")
+            moved.append(f"{name} {change} ({ARROW[r['verdict']]})")
         elif r["verdict"] == "within noise":
             quiet.append(name)
     findings, flags, noise, comp = doc["findings"], doc["flags"], doc["noise"], doc["comparability"]
@@ -63,8 +60,8 @@ def verdict_sentence(doc: dict[str, Any]) -> str:
     if findings["new"]:
         parts.append("new: " + ", ".join(findings["new"]))
     if flags:
-        parts.append("flags: " + ", ".join(f"{f['flag']} {_flag(f['before'], 'not set')} -> "
-                                           f"{_flag(f['after'], '(removed)')}" for f in flags))
+        parts.append("flags: " + ", ".join(f"{f['flag']} {flag_side(f, 'before')} -> {flag_side(f, 'after')}"
+                                           for f in flags))
     n = noise["replicates"]
     parts.append(f"noise: {noise['measured_pct']:.1f} % on {noise['measured_metric']} measured over {n[0]}+{n[1]} "
                  "runs" if noise["measured_pct"] is not None else f"noise: {noise['assumed_pct']:g} % assumed "
@@ -109,8 +106,8 @@ def render_diff_text(doc: dict[str, Any], top: int = 10) -> str:
     if doc["flags"]:
         out.append("Flags that differ")
         for f in doc["flags"]:
-            out.append(f"  {terminal(f['flag'])}: {terminal(flag_value(f['before']))} -> "
-                       f"{terminal(flag_value(f['after']))}")
+            out.append(f"  {terminal(f['flag'])}: {terminal(flag_side(f, 'before'))} -> "
+                       f"{terminal(flag_side(f, 'after'))}")
         out.append("")
     fd = doc["findings"]
     out.append("Findings")
@@ -147,7 +144,8 @@ def render_diff_markdown(doc: dict[str, Any], top: int = 10) -> str:
     from profkit.render import markdown
 
     env = markdown.environment()
-    env.filters.update(metric=metric_value, change=change_text, flag=flag_value, gap_class=gap_class)
+    env.filters.update(metric=metric_value, change=change_text, flag_side=flag_side, gap_class=gap_class,
+                       word=lambda v: ARROW.get(v, v))
     return document(env.get_template("diff.md.j2").render(d=doc, verdict=verdict_sentence(doc), top=top))
 
 
@@ -165,5 +163,6 @@ def render_diff_html(doc: dict[str, Any]) -> str:
                 "kernel time")
     svgs = {k: jinja2.filters.Markup(v) for k, v in svgs.items()}  # matplotlib escaped the labels
     env = html.environment()
-    env.filters.update(metric=metric_value, change=change_text, flag=flag_value, gap_class=gap_class, arrow=arrow)
+    env.filters.update(metric=metric_value, change=change_text, flag_side=flag_side, gap_class=gap_class,
+                       arrow=arrow, word=lambda v: ARROW.get(v, v))
     return document(env.get_template("diff.html.j2").render(d=doc, verdict=verdict_sentence(doc), charts=svgs))

@@ -11,7 +11,7 @@ from profkit.render import charts, cmdline
 from profkit.render.efficiency import PRECISION_NOTE, efficiency_view
 from profkit.render.prescription import prescription_view
 from profkit.render.ranks import rank_table
-from profkit.render.text import live_lines
+from profkit.render.text import NVTX_WINDOW, STEPS_WINDOW, live_lines, preemptions_window
 from profkit.resources import shipped_dir
 
 
@@ -33,7 +33,8 @@ def environment() -> jinja2.Environment:
     )
     env.filters.update(ns=units.ns, pct=units.pct, size=units.size, clip=units.clip, value=_value,
                        clip_middle=units.clip_middle,
-                       change_from=units.change_from, change_to=units.change_to, gap_class=units.gap_class,
+                       change_from=units.change_from, change_to=units.change_to, check_name=cmdline.check_name,
+                       gap_class=units.gap_class,
                        number=units.number)
     return env
 
@@ -64,5 +65,7 @@ def _page(report: dict[str, Any], svgs: dict[str, Any], pairs: list[dict[str, An
                                                                   ranks=rank_table(report), eff=eff,
                                                                   precision_note=PRECISION_NOTE,
                                                                   pv=prescription_view(report),
-                                                                  live=live_lines(report))
+                                                                  live=live_lines(report),
+                                                                  preempt_where=preemptions_window(report),
+                                                                  nvtx_window=NVTX_WINDOW, steps_window=STEPS_WINDOW)
     return escape.document(page)  # trace strings may carry control characters; no HTML needs them

@@ -7,10 +7,11 @@ from typing import Any
 import jinja2
 
 from profkit import escape, units
+from profkit.render import cmdline
 from profkit.render.efficiency import PRECISION_NOTE, efficiency_view
 from profkit.render.prescription import prescription_view
 from profkit.render.ranks import rank_table
-from profkit.render.text import live_lines
+from profkit.render.text import NVTX_WINDOW, STEPS_WINDOW, live_lines, preemptions_window
 from profkit.resources import shipped_dir
 
 
@@ -58,6 +59,7 @@ def environment() -> jinja2.Environment:
     env.filters.update(ns=units.ns, pct=units.pct, size=units.size, clip=units.clip, safe_code=CodeBlock,
                        clip_middle=units.clip_middle,
                        code_line=code_line, change_from=units.change_from, change_to=units.change_to,
+                       check_name=cmdline.check_name,
                        gap_class=units.gap_class, number=units.number, zip=lambda a, b: list(zip(a, b, strict=True)))
     return env
 
@@ -65,4 +67,5 @@ def environment() -> jinja2.Environment:
 def render_markdown(report: dict[str, Any], top: int = 10) -> str:
     return escape.document(environment().get_template("report.md.j2").render(
         r=report, top=top, ranks=rank_table(report), eff=efficiency_view(report), precision_note=PRECISION_NOTE,
-        pv=prescription_view(report), live=live_lines(report)))
+        pv=prescription_view(report), live=live_lines(report),
+        preempt_where=preemptions_window(report), nvtx_window=NVTX_WINDOW, steps_window=STEPS_WINDOW))

@@ -33,13 +33,13 @@ def search_rows(doc: dict[str, Any]) -> list[dict[str, str]]:
     rows = []
     for i, p in enumerate(doc.get("search") or [], 1):
         m = p.get("metrics") or {}
-        rt, ttft, tpot = (m.get(k) or {} for k in ("request_throughput", "ttft_mean_ms", "tpot_mean_ms"))
+        rt, ttft, tpot = (m.get(k) or {} for k in ("request_throughput", "mean_ttft_ms", "mean_tpot_ms"))
         rows.append({"rank": str(i), "changes": p.get("changes_text") or "",
                      "requests/s": f"{fmt_metric('request_throughput', rt.get('predicted'))} "
                                    f"({fmt_metric('request_throughput', rt.get('low'))}-"
                                    f"{fmt_metric('request_throughput', rt.get('high'))})",
-                     "mean TTFT (ms)": fmt_metric("ttft_mean_ms", ttft.get("predicted")),
-                     "mean TPOT (ms)": fmt_metric("tpot_mean_ms", tpot.get("predicted")),
+                     "mean TTFT (ms)": fmt_metric("mean_ttft_ms", ttft.get("predicted")),
+                     "mean TPOT (ms)": fmt_metric("mean_tpot_ms", tpot.get("predicted")),
                      "limit after": (p.get("limit") or {}).get("after") or "",
                      "trades": "; ".join(p.get("trades") or [])})
     return rows

@@ -7,9 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 from profkit.escape import terminal
+from profkit.units import change_from, change_to, direction_word
 
 NAMES = {"request_throughput": ("requests/s", "{:,.2f}"), "output_throughput": ("output tokens/s", "{:,.0f}"),
-         "ttft_mean_ms": ("mean TTFT (ms)", "{:,.0f}"), "tpot_mean_ms": ("mean TPOT (ms)", "{:,.1f}")}
+         "mean_ttft_ms": ("mean TTFT (ms)", "{:,.0f}"), "mean_tpot_ms": ("mean TPOT (ms)", "{:,.1f}")}
 
 
 def fmt_metric(name: str, value: float | None) -> str:
@@ -22,7 +23,8 @@ def metric_rows(predicted: dict[str, Any]) -> list[dict[str, str]]:
         if name not in NAMES:
             continue
         before, mid = m.get("before"), m.get("predicted")
-        change = f"{(mid / before - 1) * 100:+.0f}%" if before and mid is not None else "-"
+        change = (f"{(mid / before - 1) * 100:+.0f}% {direction_word(name, before, mid)}".rstrip()
+                  if before and mid is not None else "-")
         rows.append({"metric": NAMES[name][0], "before": fmt_metric(name, before),
                      "predicted": fmt_metric(name, mid), "change": change,
                      "range": f"{fmt_metric(name, m.get('low'))} - {fmt_metric(name, m.get('high'))}"})
@@ -44,8 +46,7 @@ def prescription_view(report: dict[str, Any]) -> dict[str, Any] | None:
     if not p:
         return None
     predicted = p.get("predicted") or {}
-    changes = [{"flag": c["flag"], "from": "(default)" if c.get("from") is None else str(c["from"]),
-                "to": "(removed)" if c.get("to") is None else str(c["to"]), "trades": c.get("trades")}
+    changes = [{"flag": c["flag"], "from": change_from(c), "to": change_to(c), "trades": c.get("trades")}
                for c in p.get("changes") or []]
     return {"limit": p.get("limit"), "limit_after": predicted.get("limit_after"), "changes": changes,
             "rows": metric_rows({k: v for k, v in predicted.items() if isinstance(v, dict)}),

@@ -6,10 +6,17 @@ from __future__ import annotations
 from typing import Any
 
 from profkit.escape import document, terminal
+from profkit.render.cmdline import check_name
 from profkit.render.efficiency import PRECISION_NOTE, efficiency_view
 from profkit.render.prescription import prescription_lines
 from profkit.render.ranks import rank_table
 from profkit.units import change_from, change_to, clip, clip_middle, gap_class, ns, number, pct, size
+
+# Which events each table counts, said where they are shown: the NVTX table counts a range where it starts (as nsys's
+# nvtx_sum does, each style apart: a step's GPU range and its CPU range), the step view a step whose range overlaps
+# the window (vLLM names a step on the host just before its first kernel, which may fall inside).
+NVTX_WINDOW = "counted where each range starts; GPU: the range as the GPU ran it, CPU: as the host did"
+STEPS_WINDOW = "each step that overlaps the window"
 
 
 def _table(rows: list[dict[str, Any]], columns: dict[str, Any], limit: int) -> str:
@@ -42,7 +49,7 @@ def command_lines(report: dict[str, Any]) -> list[str]:
         out += [f"  before: {terminal(before)}", f"  after:  {terminal(after)}"]
     for check in cmd.get("checks", []):
         verdict = "ok" if check["ok"] else "WOULD NOT START: " + "; ".join(check["problems"])
-        out.append(f"  checked with {terminal(check['by'])}: {terminal(verdict)}")
+        out.append(f"  checked {terminal(check_name(check))} with {terminal(check['by'])}: {terminal(verdict)}")
     return out + [""]
 
 
@@ -59,8 +66,20 @@ def outcome_lines(report: dict[str, Any]) -> list[str]:
                             ("vllm.kv_cache_usage_max", "peak KV usage", None)):
         value = f.get(key)
         if value is not None:
-            parts.append(f"{label} {pct(value) if fmt is None else fmt.format(value)}")
+            where = f" ({preemptions_window(report)})" if key == "vllm.preemptions" else ""
+            parts.append(f"{label} {pct(value) if fmt is None else fmt.format(value)}{where}")
     return ["  vLLM: " + ", ".join(parts)] if parts else []
+
+
+def preemptions_window(report: dict[str, Any]) -> str:
+    """Which window the preemption count covers: vLLM's counter between the scrapes around the benchmark, since the
+    server started (one scrape), or the log's stats lines."""
+    vllm = report.get("vllm") or {}
+    if "vllm:num_preemptions_total" in (vllm.get("metrics_delta") or {}):
+        return "vLLM's counter over the " + ("live window" if vllm.get("live") else "benchmark")
+    if "vllm:num_preemptions_total" in (vllm.get("metrics") or {}):
+        return "vLLM's counter since the server started"
+    return "vLLM's log"
 
 
 def live_lines(report: dict[str, Any]) -> list[str]:
@@ -165,7 +184,7 @@ def step_lines(report: dict[str, Any]) -> list[str]:
     st = report.get("steps")
     if not st:
         return []
-    out = [f"Engine steps: {st['count']:,} ({terminal(st['source'])})",
+    out = [f"Engine steps: {st['count']:,} ({terminal(st['source'])}; {STEPS_WINDOW})",
            f"  GPU busy {pct(st['gpu_share'])} of step time; the GPU waited for the host at step starts "
            f"{pct(st['wait_share'])} of it (median wait {ns(st['wait_p50_ns'])})"]
     for label in ("decode", "prefill"):
@@ -275,10 +294,10 @@ def render_text(report: dict[str, Any], top: int = 10, name_width: int = 70) -> 
             "avg": lambda r: ns(r["avg_ns"]), "max": lambda r: ns(r["max_ns"]),
         }, top),
         "",
-        "NVTX ranges",
+        f"NVTX ranges ({NVTX_WINDOW})",
         _table(report["nvtx"], {
-            "range": lambda r: clip(r["range"], name_width), "count": lambda r: r["count"],
-            "time": lambda r: ns(r["total_ns"]), "avg": lambda r: ns(r["avg_ns"]),
+            "range": lambda r: clip(r["range"], name_width), "style": lambda r: r.get("style") or "-",
+            "count": lambda r: r["count"], "time": lambda r: ns(r["total_ns"]), "avg": lambda r: ns(r["avg_ns"]),
         }, top),
     ]
     return document("\n".join(out) + "\n")

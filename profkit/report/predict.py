@@ -43,9 +43,8 @@ def _calibrated(run: str | os.PathLike | None, evidence: Evidence | None) -> Any
 
 
 def _named(metrics: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Predicted values under the model's names and the names diff and tune give them (mean_ttft_ms, ...)."""
-    values = {k: m["predicted"] for k, m in metrics.items()}
-    return {**values, "mean_ttft_ms": values.get("ttft_mean_ms"), "mean_tpot_ms": values.get("tpot_mean_ms")}
+    """Predicted values by metric (vLLM's bench names, as diff and tune give them: mean_ttft_ms, ...)."""
+    return {k: m["predicted"] for k, m in metrics.items()}
 
 
 def search_run(run: str | os.PathLike | None, evidence: Evidence | None = None, allow_precision: bool = False,
