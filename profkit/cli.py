@@ -74,6 +74,9 @@ def evidence_options(fn: Callable) -> Callable:
                      help="per-process CPU samples (written by profkit capture)"),
         click.option("--model-config", type=click.Path(dir_okay=False, path_type=Path),
                      help="the model's config.json (its shape: FLOPs and bytes per token, for MFU and MBU)"),
+        click.option("--gpu", "gpu", metavar="NAME",
+                     help="the GPU the run used, where its evidence names none (or another): matched against "
+                          "profkit's peak table, e.g. 'H100 SXM', 'H200 NVL', 'L40S'"),
     ]):
         fn = option(fn)
     return fn
@@ -101,7 +104,8 @@ def evidence_options(fn: Callable) -> Callable:
               help="analyse each trace as a task on this Dask scheduler (pip install 'profkit[dask]')")
 def report(traces: tuple[Path, ...], window: str, fmt: str | None, output: Path | None, gap_threshold: str, top: int,
            progress: bool | None, bench: Path | None, vllm_log: Path | None, metrics: tuple[Path, ...],
-           vllm_args: str | None, host_json: Path | None, model_config: Path | None, rules_dirs: tuple[Path, ...],
+           vllm_args: str | None, host_json: Path | None, model_config: Path | None, gpu: str | None,
+           rules_dirs: tuple[Path, ...],
            save_db: Path | None,
            label: str | None, jobs: int | None, dask_address: str | None) -> None:
     """Analyse TRACE and print the report.
@@ -129,7 +133,7 @@ def report(traces: tuple[Path, ...], window: str, fmt: str | None, output: Path 
                             gap_threshold_ns=parse_duration(gap_threshold, "--gap-threshold"),
                             rules_dirs=rules_dirs, jobs=jobs, dask=dask_address)
     evidence = Evidence.read(bench=bench, log=vllm_log, metrics=metrics, vllm_args=vllm_args,
-                             model_config=model_config, host=host_json)
+                             model_config=model_config, host=host_json, gpu=gpu)
     with _Steps(show) as steps:
         doc = build_report(trace, evidence, options, progress=steps.step)
     from profkit.evidence.folder import PROTECTED
@@ -160,7 +164,7 @@ def report(traces: tuple[Path, ...], window: str, fmt: str | None, output: Path 
               help="with --search: configurations shown")
 def predict_cmd(run: str | None, changes: tuple[str, ...], fmt: str | None, output: Path | None, bench: Path | None,
                 vllm_log: Path | None, metrics: tuple[Path, ...], vllm_args: str | None, host_json: Path | None,
-                model_config: Path | None, noise: str | None, do_search: bool, slos: tuple[str, ...],
+                model_config: Path | None, gpu: str | None, noise: str | None, do_search: bool, slos: tuple[str, ...],
                 allow_precision_changes: bool, top: int) -> None:
     """Predict what CHANGES (vLLM flags, after --) do to RUN (a capture folder, a trace, or the evidence alone):
     request and output throughput, mean TTFT and TPOT, each with a range, the limit before and after, and why.
@@ -175,7 +179,7 @@ def predict_cmd(run: str | None, changes: tuple[str, ...], fmt: str | None, outp
     if run is not None and run.startswith("-"):  # `--bench B -- --flag V`: no RUN, the evidence alone
         run, changes = None, (run, *changes)
     evidence = Evidence.read(bench=bench, log=vllm_log, metrics=metrics, vllm_args=vllm_args,
-                             model_config=model_config, host=host_json)
+                             model_config=model_config, host=host_json, gpu=gpu)
     spread = _parse_share(noise, "--noise") if noise else None
     if do_search:
         from profkit.report.predict import search_run

@@ -24,6 +24,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from profkit.errors import ProfkitError
 from profkit.evidence.model_config import DTYPE_BYTES, ModelShape
 from profkit.numbers import json_number
 
@@ -51,6 +52,22 @@ def _gpu_row(name: str | None) -> dict[str, Any] | None:
     key = name.lower().strip().removeprefix("nvidia ").strip()
     return next((row for row in _table()
                  if any((key == m) if row.get("exact") else (m in key) for m in row["match"])), None)
+
+
+def known_gpu(text: str) -> str:
+    """The peak table's name for a GPU a user names (`--gpu`): a reported name (`NVIDIA H100 80GB HBM3`), or words
+    of one row's name (`H200 NVL`, `l40s`); ProfkitError listing the rows on a miss or where several match."""
+    row = _gpu_row(text)
+    if row is not None:
+        return str(row["name"])
+    words = text.lower().removeprefix("nvidia ").split()
+    found = [r["name"] for r in _table() if words and all(w in r["name"].lower() for w in words)]
+    if len(found) == 1:
+        return str(found[0])
+    known = "; ".join(r["name"].removeprefix("NVIDIA ") for r in _table())
+    if found:
+        raise ProfkitError(f"--gpu {text!r} names several GPUs ({'; '.join(found)}): say which")
+    raise ProfkitError(f"--gpu {text!r} is not in profkit's peak table (it knows: {known})")
 
 
 def gpu_peak(name: str | None) -> dict[str, Any] | None:
@@ -108,10 +125,12 @@ def efficiency_section(gpu_name: str | None, model: ModelShape | None, config: d
     not carry it)."""
     peak = gpu_peak(gpu_name)
     withheld: list[str] = []
-    if (json_number(export_bandwidth) or 0) > 0 and not MIN_BANDWIDTH < export_bandwidth < MAX_BANDWIDTH:
+    export_bandwidth = json_number(export_bandwidth)
+    # bounded on both sides before any use: a 0 would be divided by, a negative shown as the GPU's peak
+    if export_bandwidth is not None and not MIN_BANDWIDTH < export_bandwidth < MAX_BANDWIDTH:
         withheld.append(f"the export's GPU row gives a memory bandwidth of {export_bandwidth / 1e9:,.1f} GB/s, outside "
                         "any GPU's (100 GB/s to 100 TB/s): not used")
-    elif json_number(export_bandwidth) is not None:
+    elif export_bandwidth is not None:
         if peak is None:
             peak = {"name": gpu_name, "bf16_tflops": None, "fp8_tflops": None,
                     "bandwidth_tbs": export_bandwidth / 1e12, "source": "the trace's TARGET_INFO_GPU.memoryBandwidth"}
@@ -201,7 +220,7 @@ def _rates(flops: float, moved: float, seconds: float, compute_peak: float | Non
     tflops, tbs = flops / seconds / 1e12, moved / seconds / 1e12
     return {"flops": flops, "bytes": moved, "tflops": tflops, "tbs": tbs,
             "mfu": tflops / compute_peak if compute_peak else None,
-            "mbu": tbs / peak["bandwidth_tbs"] if peak else None,
+            "mbu": tbs / peak["bandwidth_tbs"] if peak and peak.get("bandwidth_tbs") else None,
             "intensity": flops / moved if moved else None}
 
 

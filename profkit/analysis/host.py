@@ -51,7 +51,10 @@ def host_section(samples: HostSamples, bench_seconds: float | None = None) -> di
         for p in procs:
             if p["role"] == "api_server" and p not in named:
                 p["role"] = "other"
-    gpu = [v for t, v in samples.gpu_util if window is None or window[0] <= t <= window[1]]
+    # the benchmark's window is placed by its client's samples: without them, the CPU figures are every sample's and
+    # NVML's GPU utilization is not used (it would count the client's preparation, half of a serve run's samples)
+    unplaced = window is None and isinstance(bench_seconds, (int, float)) and bench_seconds > 0
+    gpu = [] if unplaced else [v for t, v in samples.gpu_util if window is None or window[0] <= t <= window[1]]
     roles: dict[str, Any] = {}
     for role in ROLES:
         mine = [p for p in procs if p["role"] == role]
@@ -63,7 +66,10 @@ def host_section(samples: HostSamples, bench_seconds: float | None = None) -> di
     return {"file": samples.path, "cores": samples.cores, "duration_s": samples.duration_s,
             "interval_s": samples.interval_s, "window_s": list(window) if window else None, "processes": procs,
             "roles": roles, "gpu_util_mean": sum(gpu) / len(gpu) if gpu else None,
-            "skipped_samples": samples.skipped_samples, "gpus": samples.gpu_names}
+            "skipped_samples": samples.skipped_samples, "gpus": samples.gpu_names,
+            **({"left_out": dict(samples.left_out)} if samples.left_out else {}),
+            **({"window_note": "no benchmark client was sampled to place the benchmark's window: CPU over every "
+                               "sample, NVML's GPU utilization not used"} if unplaced else {})}
 
 
 def bench_window(processes: list[ProcessSamples], bench_seconds: float | None,

@@ -121,6 +121,9 @@ def _declare() -> dict[str, Fact]:
         ("vllm.model_memory_bytes", "bytes", "GPU memory the model weights took (log)"),
         ("workload.tokens_per_request", "tokens", "prompt and output tokens of a request, on average (benchmark "
                                                   "result, else its command's random lengths)"),
+        ("workload.prompt_tokens", "tokens", "prompt tokens of a request, on average (benchmark result, else its "
+                                             "command's random lengths where they add up to the result's tokens)"),
+        ("workload.output_tokens", "tokens", "output tokens of a request, on average (as workload.prompt_tokens)"),
         ("workload.max_tokens_per_request", "tokens", "the most tokens a request of the benchmark needs (random "
                                                       "dataset: (input + output) x (1 + range ratio))"),
         ("vllm.kv_capacity_requests", "count", "requests the KV cache holds at once at the workload's tokens per "

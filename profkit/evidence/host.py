@@ -36,6 +36,7 @@ class HostSamples(msgspec.Struct, frozen=True):
     skipped_samples: int
     gpu_names: list[str] = []  # every GPU NVML saw on the machine
     gpus_used: list[int] | None = None  # the GPUs the run's processes held (gpu_util is theirs); None: all GPUs
+    left_out: dict[str, int] = {}  # what was not used, by why: "processes whose pid is no process id": 4
 
 
 def _used(gpus: list[Any], pids: set[Any]) -> list[int] | None:
@@ -67,13 +68,24 @@ def parse_host(data: Any, path: str) -> HostSamples:
         raise ProfkitError(f"{path}: not a {SCHEMA} document")
     listed = data.get("processes") if isinstance(data.get("processes"), list) else []
     processes, skipped = [], 0
+    left_out: dict[str, int] = {}
+
+    def leave(why: str, n: int = 1) -> None:
+        if n:
+            left_out[why] = left_out.get(why, 0) + n
+
     for p in listed:
-        if not isinstance(p, dict) or not isinstance(p.get("role"), str) or not _pid(p.get("pid")):
+        why = ("processes that are not objects" if not isinstance(p, dict) else
+               "processes without a role" if not isinstance(p.get("role"), str) else
+               "processes whose pid is no process id" if not _pid(p.get("pid")) else None)
+        if why:
             skipped += 1
+            leave(why)
             continue
         raw = p.get("cpu") if isinstance(p.get("cpu"), list) else []
         valid = [(pair[0], pair[1]) for pair in raw if number_pair(pair) and pair[1] >= 0]
         skipped += len(raw) - len(valid)
+        leave("CPU samples that are not [seconds, cores used] of finite numbers, cores >= 0", len(raw) - len(valid))
         processes.append(ProcessSamples(p.get("pid"), p["role"], str(p.get("name", ""))[:200], valid))
     gpus = data.get("gpus") if isinstance(data.get("gpus"), list) else []
     used = _used(gpus, {p.pid for p in processes})
@@ -84,7 +96,7 @@ def parse_host(data: Any, path: str) -> HostSamples:
     names = [str(g.get("name"))[:100] for g in gpus if isinstance(g, dict) and g.get("name") is not None][:64]
     return HostSamples(path, cores if isinstance(cores, int) and not isinstance(cores, bool) and 0 < cores < 1 << 20
                        else None, data.get("duration_s"), data.get("interval_s"), processes, util, skipped, names,
-                       used)
+                       used, left_out)
 
 
 def read_host(path: Path) -> HostSamples:

@@ -41,12 +41,15 @@ class Evidence(msgspec.Struct, frozen=True, kw_only=True):
     model: ModelShape | None = None  # the served model's config.json: its shape
     host: HostSamples | None = None  # per-process CPU and NVML samples over the benchmark
     gpu_metrics: Path | None = None  # a capture folder's GPU metrics export (read by the analysis, not here)
+    gpu: str | None = None  # the GPU the user says the run used (`--gpu`): beats the trace's and the manifest's name
 
     @classmethod
     def read(cls, *, bench: Path | None = None, log: Path | None = None, metrics: Sequence[Path] = (),
-             vllm_args: str | None = None, model_config: Path | None = None, host: Path | None = None) -> Evidence:
+             vllm_args: str | None = None, model_config: Path | None = None, host: Path | None = None,
+             gpu: str | None = None) -> Evidence:
         """The evidence in the files given (`profkit report --bench --vllm-log --metrics --vllm-args
-        --model-config --host`): each read and checked, a bad one failing with one line that names it."""
+        --model-config --host --gpu`): each read and checked, a bad one failing with one line that names it (a GPU
+        name is checked against the peak table by the report)."""
         bench_result = read_bench(bench) if bench else None
         log_record = read_log(log) if log else None
         scrapes = [read_metrics(p) for p in metrics]
@@ -54,7 +57,7 @@ class Evidence(msgspec.Struct, frozen=True, kw_only=True):
             command = UserCommand([VllmCommand.parse(vllm_args)], "--vllm-args") if vllm_args else None
         return cls(bench=bench_result, log=log_record, metrics=scrapes, vllm_args=vllm_args or None, command=command,
                    model=read_model_config(model_config) if model_config else None,
-                   host=read_host(host) if host else None)
+                   host=read_host(host) if host else None, gpu=gpu.strip() if gpu and gpu.strip() else None)
 
     def over(self, folder: CaptureFolder) -> Evidence:
         """This evidence over the capture folder's: an explicit option beats the folder. Each piece this record
@@ -63,7 +66,7 @@ class Evidence(msgspec.Struct, frozen=True, kw_only=True):
         from_folder: dict[str, Callable[[], Any]] = {
             "manifest": folder.manifest, "bench": folder.bench, "log": folder.log, "metrics": folder.metrics,
             "vllm_args": folder.vllm_args, "command": folder.user_command, "model": folder.model_config,
-            "host": folder.host, "gpu_metrics": lambda: folder.gpu_metrics_path,
+            "host": folder.host, "gpu_metrics": lambda: folder.gpu_metrics_path, "gpu": lambda: None,
         }
         return Evidence(**{name: getattr(self, name) or from_folder[name]() for name in self.__struct_fields__})
 

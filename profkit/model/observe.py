@@ -78,6 +78,7 @@ class Observation:
     hidden: float | None = None  # the model's hidden size (the activations each all-reduce carries per token)
     allreduce_s: float | None = None  # the trace's mean all-reduce kernel time on the first GPU (tensor parallel)
     notes: list[str] = field(default_factory=list)
+    offline: bool = False  # `vllm bench throughput`: every request handed to the engine at once, no client
 
 
 def _num(value: Any) -> float | None:
@@ -94,9 +95,16 @@ def observe(doc: dict[str, Any]) -> Observation:
     eff = doc.get("efficiency") or {}
     n, elapsed = _num(bench.get("num_requests")), _num(bench.get("elapsed_s"))
     rps, inp, out = (_num(bench.get(k)) for k in ("requests_per_second", "input_tokens", "output_tokens"))
-    if not (n and elapsed and rps and inp is not None and out):
-        raise Unobservable("no benchmark result with its requests, duration and token counts (--bench, or a "
-                           "capture folder's bench.json from vllm bench serve)")
+    if n and (inp is None or not out):  # `vllm bench throughput`: the totals from its command's lengths (facts)
+        prompt, output = _num(facts.get("workload.prompt_tokens")), _num(facts.get("workload.output_tokens"))
+        inp, out = (prompt * n, output * n) if prompt is not None and output else (inp, out)
+    if not (n and elapsed and rps):
+        raise Unobservable("no benchmark result with its requests and duration (--bench: the JSON of vllm bench "
+                           "serve --save-result or vllm bench throughput --output-json)")
+    if inp is None or not out:
+        raise Unobservable("the benchmark's prompt and output tokens are unknown (vllm bench serve's JSON has them; "
+                           "for vllm bench throughput, the command's --random-input-len and --random-output-len "
+                           "must add up to its total_num_tokens)")
     model, gpu, prec = eff.get("model") or {}, eff.get("gpu") or {}, eff.get("precision") or {}
     kv_tokens, kv_bytes = facts.get("vllm.kv_cache_tokens"), _num(facts.get("vllm.kv_cache_memory_bytes"))
     if kv_tokens and not kv_bytes and _num(model.get("kv_bytes_per_token")):
@@ -108,8 +116,9 @@ def observe(doc: dict[str, Any]) -> Observation:
         raise Unobservable("the model's shape or precision is unknown (the model's config.json: --model-config)")
     bandwidth, bf16 = _num(gpu.get("bandwidth_tbs")), _num(gpu.get("bf16_tflops"))
     if not bandwidth or not bf16:
-        raise Unobservable(f"the GPU's peaks are unknown ({gpu.get('name') or 'no GPU name'} is not in profkit's "
-                           "peak table)")
+        raise Unobservable(f"the GPU's peaks are unknown: {gpu['name']} is not in profkit's peak table (give --gpu "
+                           "with the GPU it is most like)" if gpu.get("name") else
+                           "the GPU's peaks are unknown: the run's evidence names no GPU (give --gpu NAME)")
     tp = config.get("tensor_parallel_size") or 1
     fp8 = _num(gpu.get("fp8_tflops"))
     compute = fp8 if bits <= 8 and fp8 else bf16
@@ -144,7 +153,9 @@ def observe(doc: dict[str, Any]) -> Observation:
         default_max_num_seqs=facts.get("vllm.default_max_num_seqs"),
         tensor_parallel=int(tp), data_parallel=int(_num(config.get("data_parallel_size")) or 1),
         hidden=_attention_width(eff, doc) / layers if (layers := int(_num(model.get("layers")) or 0)) else None,
-        allreduce_s=_allreduce_s(doc) if tp > 1 else None)
+        allreduce_s=_allreduce_s(doc) if tp > 1 else None,
+        offline=not vllm.get("live") and bench.get("ttft_mean_ms") is None
+        and bench.get("tokens_per_second") is not None)
 
 
 def _live_as_bench(live: dict[str, Any]) -> dict[str, Any]:

@@ -160,7 +160,8 @@ def _fit(obs: Observation) -> Calibrated:
     """One factor on every step cost, fitted so that the simulated benchmark takes the measured time. (A second
     factor splitting memory-bound from arithmetic work is not identifiable from the benchmark's figures: both move
     the duration and TPOT alike; the split comes from the hardware's peaks and the run's own phase efficiencies.)"""
-    work = Workload(obs.requests, obs.prompt_tokens, obs.output_tokens, obs.request_rate, obs.max_concurrency)
+    work = Workload(obs.requests, obs.prompt_tokens, obs.output_tokens, obs.request_rate, obs.max_concurrency,
+                    offline=obs.offline)
     prior = _prior_cost(obs, bool(obs.config.get("enforce_eager")))
     m = obs.measured
     engine = Engine(obs.memory.kv_tokens, int(obs.config.get("max_num_seqs") or 256),
@@ -460,5 +461,7 @@ def limit_of(r: SimResult, engine: Engine, work: Workload, caps: dict[str, float
     if r.batch_max >= engine.max_num_seqs and engine.max_num_seqs < in_flight:
         return "--max-num-seqs (it caps the batch)"
     if r.batch_max >= in_flight:
+        if work.offline:
+            return "the benchmark's requests (all of them run at once: the GPU's speed decides)"
         return "the client's requests in flight (every request is running: the GPU's speed decides)"
     return "the GPU's step time"

@@ -16,6 +16,7 @@ Pure and deterministic: the same inputs give the same run. One step costs a few 
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
 from dataclasses import dataclass, replace
@@ -37,6 +38,7 @@ class Workload:
     output_tokens: int  # per request
     request_rate: float | None = None  # requests/s; None: all at once
     max_concurrency: int | None = None  # the client's cap on requests in flight
+    offline: bool = False  # `vllm bench throughput`: every request handed to the engine at once, no client
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,14 @@ class SimResult:
 
 
 def simulate(work: Workload, engine: Engine, cost: StepCost, max_steps: int = 2_000_000) -> SimResult:
+    """The run of `work` on `engine` at `cost`, step by step.
+
+    A step costs O(1) Python work plus its events (an arrival, an admission, a prompt's chunk, a finish, a
+    preemption): every decoding request decodes in every step (vLLM needs --max-num-batched-tokens >=
+    --max-num-seqs), so a decoding request's KV tokens and output are its values when it began decoding plus the
+    steps since, the decoding batch's KV reads one running sum, the requests needing a new KV block this step a
+    count by step number modulo the block size, and the next to finish the top of a heap. The arithmetic and its
+    order are the first implementation's (tests/oracles/simulate_v1.py): the same inputs give the same bits."""
     n, prompt, out = work.requests, work.prompt_tokens, work.output_tokens
     if n <= 0 or prompt < 0 or out <= 0 or engine.kv_tokens <= 0 or engine.max_num_seqs <= 0 \
             or engine.max_num_batched_tokens <= 0:
@@ -96,31 +106,88 @@ def simulate(work: Workload, engine: Engine, cost: StepCost, max_steps: int = 2_
     if prompt + out > engine.kv_tokens // engine.block_size * engine.block_size:
         raise Infeasible(f"a request of {prompt + out:,} tokens needs more than the KV cache's "
                          f"{engine.kv_tokens:,}")
+    if engine.max_num_batched_tokens < engine.max_num_seqs:  # vLLM's SchedulerConfig refuses it at start-up
+        raise Infeasible(f"--max-num-batched-tokens {engine.max_num_batched_tokens:,} is below --max-num-seqs "
+                         f"{engine.max_num_seqs:,}, which vLLM refuses")
     # `vllm bench serve --request-rate R` sends a Poisson stream (its default burstiness 1): bursts fill the cache
     # that evenly spaced arrivals would not. A fixed seed: the same workload simulates the same way every time.
-    arrival = np.zeros(n) if not work.request_rate else \
+    arrival_np = np.zeros(n) if not work.request_rate else \
         np.cumsum(np.random.default_rng(ARRIVAL_SEED).exponential(1.0 / work.request_rate, n)) - 1.0 / work.request_rate
+    arrival = arrival_np.tolist()
     cap = work.max_concurrency or n
     # the client's free slots, by when each came free: a request held back by --max-concurrency is sent (and its
     # TTFT starts, as vllm bench measures it) when a slot frees, not when it was due
     slots = deque([0.0] * min(cap, n))
-    sent = np.zeros(n)
-    need = np.full(n, prompt, dtype=np.int64)  # tokens to compute before the request decodes
-    done = np.zeros(n, dtype=np.int64)  # of those, computed
-    generated = np.zeros(n, dtype=np.int64)
-    kv = np.zeros(n, dtype=np.int64)  # KV tokens held
-    first = np.full(n, np.nan)
-    finish = np.full(n, np.nan)
+    sent = [0.0] * n
+    need = [prompt] * n  # tokens to compute before the request decodes
+    done = [0] * n  # of those, computed
+    generated = [0] * n
+    kv = [0] * n  # KV tokens held (a decoding request's: when it began decoding, see `entry`)
+    first = [math.nan] * n
+    finish = [math.nan] * n
     bs = engine.block_size
     capacity = engine.kv_tokens // bs * bs
-    running: list[int] = []  # admission order
-    waiting: list[int] = []
+    # running requests in admission order (finished ones left in place, skipped: `alive`); those mid-prompt apart
+    running: list[int] = []
+    alive = [False] * n
+    n_running = 0
+    prefilling: list[int] = []
+    waiting: deque[int] = deque()
+    # decoding requests: the step counter when each began (kv and generated grew by one a step since)
+    decoding = [False] * n
+    entry = [0] * n
+    by_residue = [0] * bs  # decoding requests by (entry - kv) mod bs: those needing a block at step s have s mod bs
+    n_decoding = 0
+    kv_offset = 0  # sum over decoding requests of kv - entry: their KV tokens at step s are kv_offset + n_decoding * s
+    finishing: list[tuple[int, int, int]] = []  # (step counter at which it finishes, request, epoch)
+    epoch = [0] * n
+    held_total = 0  # whole blocks held, in tokens
     next_arrival = 0
     clock = 0.0
     preemptions = steps = computed = 0
     batch_sum = batch_steps = batch_max = 0
-    decode_time = decode_steps = full_steps = 0
+    decode_time = 0.0
+    decode_steps = full_steps = 0
     in_flight = 0
+
+    def kv_of(r: int) -> int:
+        return kv[r] + steps - entry[r] if decoding[r] else kv[r]
+
+    def stop_decoding(r: int) -> None:
+        nonlocal n_decoding, kv_offset
+        kv[r] = kv[r] + steps - entry[r]
+        generated[r] = generated[r] + steps - entry[r]
+        decoding[r] = False
+        by_residue[(entry[r] - entry_kv[r]) % bs] -= 1
+        n_decoding -= 1
+        kv_offset -= entry_kv[r] - entry[r]
+        epoch[r] += 1
+
+    entry_kv = [0] * n  # kv when it began decoding
+
+    def evict(r: int) -> int:
+        """Take a running request back to waiting (vLLM V1 recomputes it); returns the KV tokens it held."""
+        nonlocal held_total, n_running, preemptions
+        if decoding[r]:
+            stop_decoding(r)
+        elif r in prefilling:
+            prefilling.remove(r)
+        held = -(-kv[r] // bs) * bs
+        held_total -= held
+        kv[r] = 0
+        need[r] = prompt + generated[r]  # recomputed: its prompt and what it had generated
+        done[r] = 0
+        alive[r] = False
+        n_running -= 1
+        waiting.appendleft(r)
+        preemptions += 1
+        return held
+
+    def last_running() -> int:
+        while not alive[running[-1]]:
+            running.pop()
+        return running.pop()
+
     while steps < max_steps:
         # arrivals: those due, within the client's concurrency
         while next_arrival < n and in_flight < cap and arrival[next_arrival] <= clock:
@@ -128,52 +195,45 @@ def simulate(work: Workload, engine: Engine, cost: StepCost, max_steps: int = 2_
             waiting.append(next_arrival)
             next_arrival += 1
             in_flight += 1
-        if not running and not waiting:
+        if not n_running and not waiting:
             if next_arrival >= n:
                 break
             clock = max(clock, arrival[next_arrival]) if in_flight < cap else clock
             continue
         budget = engine.max_num_batched_tokens
-        held = -(-kv // bs) * bs  # whole blocks
-        free = capacity - int(held.sum())
+        free = capacity - held_total
         # decode: one token each for running requests past their prompt (a new block for those whose blocks are
         # full); preempt from the back for room
-        decoding = [r for r in running if done[r] >= need[r]]
         preempted = False
-        while decoding and free < bs * sum(1 for r in decoding if kv[r] % bs == 0):
-            victim = running.pop()
-            free += int(held[victim])
-            held[victim] = 0
-            kv[victim] = 0
-            need[victim] = prompt + generated[victim]  # recomputed: its prompt and what it had generated
-            done[victim] = 0
-            waiting.insert(0, victim)
-            preemptions += 1
+        while n_decoding and free < bs * by_residue[steps % bs]:
+            free += evict(last_running())
             preempted = True
-            decoding = [r for r in running if done[r] >= need[r]]
-        decoding = decoding[:budget]
-        budget -= len(decoding)
-        free -= bs * sum(1 for r in decoding if kv[r] % bs == 0)
-        dec = np.asarray(decoding, dtype=np.int64)
-        kv_read = float(kv[dec].sum()) if len(dec) else 0.0
-        tokens = len(decoding)
-        pairs = kv_read + len(decoding)
+        grow = by_residue[steps % bs]
+        batch = n_decoding
+        budget -= batch
+        free -= bs * grow
+        kv_read = float(kv_offset + batch * steps)
+        tokens = batch
+        pairs = kv_read + batch
         chunks: list[tuple[int, int]] = []
         # prompts: running requests mid-prompt first, then admissions (first come, first served)
-        for r in running:
+        for r in prefilling:
             if budget <= 0 or free <= 0:
                 break
-            if done[r] < need[r]:
-                c = int(min(need[r] - done[r], budget, free + held[r] - kv[r]))
-                chunks.append((r, c))
-                budget -= c
-                free -= -(-(kv[r] + c) // bs) * bs - held[r]
+            held = -(-kv[r] // bs) * bs
+            c = int(min(need[r] - done[r], budget, free + held - kv[r]))
+            chunks.append((r, c))
+            budget -= c
+            free -= -(-(kv[r] + c) // bs) * bs - held
         # as vLLM V1's scheduler: no admission in a step that preempted (the victim would come straight back)
         # the reserve keeps room for the running requests' next blocks; with none running it holds nothing back
-        reserve = int(engine.reserve * capacity) if running else 0
-        while not preempted and waiting and budget > 0 and free > reserve and len(running) < engine.max_num_seqs:
-            r = waiting.pop(0)
+        reserve = int(engine.reserve * capacity) if n_running else 0
+        while not preempted and waiting and budget > 0 and free > reserve and n_running < engine.max_num_seqs:
+            r = waiting.popleft()
             running.append(r)
+            alive[r] = True
+            n_running += 1
+            prefilling.append(r)
             c = int(min(need[r] - done[r], budget, free - reserve))
             if c > 0:
                 chunks.append((r, c))
@@ -185,49 +245,58 @@ def simulate(work: Workload, engine: Engine, cost: StepCost, max_steps: int = 2_
             pairs += c * done[r] + c * (c + 1) / 2
             tokens += c
         if tokens == 0:  # nothing fits: the newest request gives its blocks back (vLLM preempts it), or none can
-            if len(running) < 2:
+            if n_running < 2:
                 raise Infeasible("the KV cache cannot hold one request's next token")
-            victim = running.pop()
-            kv[victim] = 0
-            need[victim] = prompt + generated[victim]
-            done[victim] = 0
-            waiting.insert(0, victim)
-            preemptions += 1
+            evict(last_running())
             continue
-        dt = cost.step_s(tokens, kv_read, pairs, len(decoding) + len(chunks))
+        dt = cost.step_s(tokens, kv_read, pairs, batch + len(chunks))
         clock += dt
+        held_total += bs * grow
         steps += 1
-        if len(dec):
-            kv[dec] += 1
-            generated[dec] += 1
-            batch_sum += len(dec)
+        if batch:
+            batch_sum += batch
             batch_steps += 1
-            batch_max = max(batch_max, len(dec))
-        if not chunks and len(dec):
-            decode_time += dt
-            decode_steps += 1
+            batch_max = max(batch_max, batch)
+            if not chunks:
+                decode_time += dt
+                decode_steps += 1
         for r, c in chunks:
+            before = -(-kv[r] // bs) * bs
             kv[r] += c
             done[r] += c
+            held_total += -(-kv[r] // bs) * bs - before
             if done[r] >= need[r]:  # the prompt is complete: its next token comes with this step
                 generated[r] += 1
-                if np.isnan(first[r]):
+                if math.isnan(first[r]):
                     first[r] = clock
-        finished = [r for r in running if generated[r] >= out]
-        for r in finished:
+                prefilling.remove(r)
+                decoding[r] = True
+                entry[r], entry_kv[r] = steps, kv[r]
+                by_residue[(steps - kv[r]) % bs] += 1
+                n_decoding += 1
+                kv_offset += kv[r] - steps
+                heapq.heappush(finishing, (steps + out - generated[r], r, epoch[r]))
+        while finishing and finishing[0][0] <= steps:
+            _, r, e = heapq.heappop(finishing)
+            if e != epoch[r] or not decoding[r]:
+                continue
+            stop_decoding(r)
             finish[r] = clock
+            held_total -= -(-kv[r] // bs) * bs
             kv[r] = 0
-            running.remove(r)
+            alive[r] = False
+            n_running -= 1
             in_flight -= 1
             slots.append(clock)
         if free <= 0.01 * capacity:
             full_steps += 1
-    if np.isnan(finish).any():
+    finish_np, first_np, sent_np = np.array(finish), np.array(first), np.array(sent)
+    if np.isnan(finish_np).any():
         raise ValueError(f"the simulation did not finish within {max_steps:,} steps")
-    start = float(arrival.min())
-    elapsed = float(finish.max()) - start
-    ttft = first - sent
-    tpot = (finish - first) / max(out - 1, 1)
+    start = float(arrival_np.min())
+    elapsed = float(finish_np.max()) - start
+    ttft = first_np - sent_np
+    tpot = (finish_np - first_np) / max(out - 1, 1)
     return SimResult(
         elapsed_s=elapsed, request_throughput=n / elapsed, output_throughput=n * out / elapsed,
         ttft_mean_s=float(ttft.mean()), tpot_mean_s=float(tpot.mean()), ttft_p99_s=float(np.percentile(ttft, 99)),
@@ -243,9 +312,9 @@ def simulate_engines(work: Workload, engine: Engine, cost: StepCost, engines: in
     slots; throughputs add up, latencies are one engine's."""
     if engines <= 1:
         return simulate(work, engine, cost)
-    share = Workload(max(1, round(work.requests / engines)), work.prompt_tokens, work.output_tokens,
-                     work.request_rate / engines if work.request_rate else None,
-                     max(1, math.ceil(work.max_concurrency / engines)) if work.max_concurrency else None)
+    share = replace(work, requests=max(1, round(work.requests / engines)),
+                    request_rate=work.request_rate / engines if work.request_rate else None,
+                    max_concurrency=max(1, math.ceil(work.max_concurrency / engines)) if work.max_concurrency else None)
     r = simulate(share, engine, cost)
     return replace(r, request_throughput=r.request_throughput * engines,
                    output_throughput=r.output_throughput * engines,

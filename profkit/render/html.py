@@ -11,7 +11,7 @@ from profkit.render import charts, cmdline
 from profkit.render.efficiency import PRECISION_NOTE, efficiency_view
 from profkit.render.prescription import prescription_view
 from profkit.render.ranks import rank_table
-from profkit.render.text import NVTX_WINDOW, STEPS_WINDOW, live_lines, preemptions_window
+from profkit.render.text import NVTX_WINDOW, STEPS_WINDOW, host_notes, live_lines, preemptions_window
 from profkit.resources import shipped_dir
 
 
@@ -67,5 +67,6 @@ def _page(report: dict[str, Any], svgs: dict[str, Any], pairs: list[dict[str, An
                                                                   pv=prescription_view(report),
                                                                   live=live_lines(report),
                                                                   preempt_where=preemptions_window(report),
-                                                                  nvtx_window=NVTX_WINDOW, steps_window=STEPS_WINDOW)
+                                                                  nvtx_window=NVTX_WINDOW, steps_window=STEPS_WINDOW,
+                                                                  host_notes=host_notes(report.get("host") or {}))
     return escape.document(page)  # trace strings may carry control characters; no HTML needs them

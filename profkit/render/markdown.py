@@ -11,7 +11,7 @@ from profkit.render import cmdline
 from profkit.render.efficiency import PRECISION_NOTE, efficiency_view
 from profkit.render.prescription import prescription_view
 from profkit.render.ranks import rank_table
-from profkit.render.text import NVTX_WINDOW, STEPS_WINDOW, live_lines, preemptions_window
+from profkit.render.text import NVTX_WINDOW, STEPS_WINDOW, host_notes, live_lines, preemptions_window
 from profkit.resources import shipped_dir
 
 
@@ -68,4 +68,5 @@ def render_markdown(report: dict[str, Any], top: int = 10) -> str:
     return escape.document(environment().get_template("report.md.j2").render(
         r=report, top=top, ranks=rank_table(report), eff=efficiency_view(report), precision_note=PRECISION_NOTE,
         pv=prescription_view(report), live=live_lines(report),
-        preempt_where=preemptions_window(report), nvtx_window=NVTX_WINDOW, steps_window=STEPS_WINDOW))
+        preempt_where=preemptions_window(report), nvtx_window=NVTX_WINDOW, steps_window=STEPS_WINDOW,
+        host_notes=host_notes(report.get("host") or {})))

@@ -24,7 +24,7 @@ def prediction_view(doc: dict[str, Any]) -> dict[str, Any]:
         "unmodelled": list(doc.get("unmodelled") or []),
         "fit": (f"calibrated on the run ({fit.get('calibrated_on')}): simulated vs measured {fitted}" if fitted
                 else fit.get("calibrated_on")),
-        "source": (doc.get("source") or {}).get("path"),
+        "source": (doc.get("source") or {}).get("path") or "the evidence given (no run folder or trace)",
     }
 
 

@@ -126,7 +126,7 @@ def spec_lines(report: dict[str, Any]) -> list[str]:
 def host_lines(report: dict[str, Any]) -> list[str]:
     """Per-process CPU while the benchmark ran (host.json): which side was busy."""
     host = report.get("host")
-    if not host or not host.get("processes"):
+    if not host or not (host.get("processes") or host_notes(host) or host.get("gpu_util_mean") is not None):
         return []
     out = [f"Host CPU while the benchmark ran (cores used; {host.get('cores') or '?'} cores; a Python process "
            "tops out at 1.0)"]
@@ -137,7 +137,14 @@ def host_lines(report: dict[str, Any]) -> list[str]:
                              "process": lambda r: clip(terminal(r["name"]), 60)}, 8))
     if host.get("gpu_util_mean") is not None:
         out.append(f"  GPU utilization (NVML): {pct(host['gpu_util_mean'])}")
+    out += [f"  {terminal(line)}" for line in host_notes(host)]
     return out + [""]
+
+
+def host_notes(host: dict[str, Any]) -> list[str]:
+    """What the host section left out of host.json and why, and a window it could not place (every format)."""
+    out = [f"left out: {n:,} {why}" for why, n in (host.get("left_out") or {}).items()]
+    return out + ([host["window_note"]] if host.get("window_note") else [])
 
 
 def efficiency_lines(report: dict[str, Any]) -> list[str]:

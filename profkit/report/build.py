@@ -20,7 +20,7 @@ import msgspec
 
 from profkit import __version__
 from profkit.analysis.communication import rank_imbalance
-from profkit.analysis.efficiency import efficiency_section
+from profkit.analysis.efficiency import efficiency_section, known_gpu
 from profkit.analysis.host import host_section
 from profkit.analysis.sections import Sections, TraceSections
 from profkit.diagnose.engine import evaluate
@@ -67,6 +67,7 @@ def build_report(traces: TraceInput = None, evidence: Evidence | None = None, op
     if not paths and evidence.is_empty():
         where = f"{folder.path}: folder holds no trace and no vLLM evidence" if folder else "nothing to report"
         raise ProfkitError(f"{where} (give a trace, a capture folder, or --bench/--vllm-log/--metrics/--vllm-args)")
+    given_gpu = known_gpu(evidence.gpu) if evidence.gpu else None  # a name the peak table lacks: one line, now
     flags = evidence.flags()
     bench = evidence.bench
     host_part = (host_section(evidence.host, bench.elapsed_s if bench else None) if evidence.host is not None
@@ -96,14 +97,14 @@ def build_report(traces: TraceInput = None, evidence: Evidence | None = None, op
     shown = vllm_run_evidence(bench, log, evidence.metrics, flags, command is not None,
                               bool(source.get("vllm_names")))
     # Some of vLLM's defaults depend on the GPU (the trace's, else the capture manifest's).
-    vllm = vllm_section(bench, log, evidence.metrics, flags, source.get("gpu") or (environment or {}).get("gpu"),
-                        is_vllm=bool(shown))
+    vllm = vllm_section(bench, log, evidence.metrics, flags,
+                        given_gpu or source.get("gpu") or (environment or {}).get("gpu"), is_vllm=bool(shown))
     ranks = [p.entry for p in rank_parts] if rank_parts else None
     imbalance = rank_imbalance(rank_parts) if rank_parts else None
     bench_cmd = (command.role("client") or command.role("offline")) if command else None
     workload = _workload(bench_cmd, bench)
-    gpu_name = source.get("gpu") or (environment or {}).get("gpu") or next(iter((host_part or {}).get("gpus") or []),
-                                                                          None)
+    gpu_name = given_gpu or source.get("gpu") or (environment or {}).get("gpu") or \
+        next(iter((host_part or {}).get("gpus") or []), None)
     sections = part.sections if part is not None else None
     live = vllm.live or {}  # a live window (profkit attach) is the run's time where no benchmark timed one
     efficiency = efficiency_section(gpu_name, evidence.model, vllm.config, vllm.metrics_delta or {},
@@ -152,14 +153,23 @@ def build_report(traces: TraceInput = None, evidence: Evidence | None = None, op
 def _workload(bench_cmd: VllmCommand | None, bench: BenchResult | None) -> dict[str, Any]:
     """What the benchmark's command and result say of its workload (`workload.*` facts)."""
     lengths = bench_cmd.prompt_lengths() if bench_cmd else None
-    per_request = None
-    if (mean := _request_tokens(bench)) is not None:
-        per_request = mean[0] + mean[1]
-    elif lengths:
-        per_request = float(lengths[0] + lengths[1])
+    mean = _request_tokens(bench) or _offline_tokens(lengths, bench)
+    per_request = mean[0] + mean[1] if mean else float(lengths[0] + lengths[1]) if lengths else None
     return {"shared_prefixes": bench_cmd.shared_prefixes() if bench_cmd else None,
             "tokens_per_request": per_request,
+            "prompt_tokens": mean[0] if mean else None, "output_tokens": mean[1] if mean else None,
             "max_tokens_per_request": int((lengths[0] + lengths[1]) * (1 + lengths[2])) if lengths else None}
+
+
+def _offline_tokens(lengths: tuple[int, int, float] | None, bench: BenchResult | None) -> tuple[float, float] | None:
+    """`vllm bench throughput` writes only the total of prompt and output tokens: the command's random lengths split
+    it where every request had them (no range ratio) and they add up to that total within 1 %."""
+    if not lengths or lengths[2] or bench is None or not bench.num_requests or not bench.tokens_per_second \
+            or not bench.elapsed_s:
+        return None
+    total = bench.tokens_per_second * bench.elapsed_s
+    expected = bench.num_requests * (lengths[0] + lengths[1])
+    return (float(lengths[0]), float(lengths[1])) if abs(total / expected - 1) <= 0.01 else None
 
 
 def _request_tokens(bench: BenchResult | None) -> tuple[float, float] | None:

@@ -1,0 +1,63 @@
+"""The scheduler simulation keeps per-step aggregates (a running KV sum, blocks due by step number, a heap of
+finishes) instead of walking every request each step: it must give the first implementation's results bit for bit
+(tests/oracles/simulate_v1.py) on every workload, engine and cost, including preemption, client caps, Poisson
+arrivals and configurations vLLM refuses."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from profkit.model.simulate import Engine, Infeasible, StepCost, Workload, simulate
+from tests.oracles.simulate_v1 import simulate as first_implementation
+
+
+def _outcome(fn, work: Workload, engine: Engine, cost: StepCost) -> object:
+    try:
+        return repr(fn(work, engine, cost))
+    except Infeasible as exc:  # the message says why, the same way
+        return ("infeasible", str(exc))
+
+
+workloads = st.builds(Workload, requests=st.integers(1, 160), prompt_tokens=st.integers(1, 3000),
+                      output_tokens=st.integers(1, 300),
+                      request_rate=st.one_of(st.none(), st.floats(0.2, 80.0)),
+                      max_concurrency=st.one_of(st.none(), st.integers(1, 96)))
+
+
+@st.composite
+def engines(draw: st.DrawFn) -> Engine:
+    seqs = draw(st.sampled_from([2, 8, 32, 128, 512]))
+    return Engine(kv_tokens=draw(st.integers(300, 120_000)), max_num_seqs=seqs,
+                  max_num_batched_tokens=seqs * draw(st.integers(1, 64)), block_size=draw(st.sampled_from([1, 16])),
+                  reserve=draw(st.sampled_from([0.0, 0.01, 0.1])))
+
+
+costs = st.builds(StepCost, overhead_s=st.floats(1e-5, 5e-3), weights_s=st.floats(1e-4, 5e-2),
+                  token_s=st.floats(1e-8, 1e-5), kv_token_s=st.floats(1e-10, 1e-7), pair_s=st.floats(1e-13, 1e-10),
+                  cpu_step_s=st.sampled_from([0.0, 5e-4, 5e-3]), cpu_seq_s=st.sampled_from([0.0, 2e-6]),
+                  comm_s=st.sampled_from([0.0, 1e-4]), comm_token_s=st.sampled_from([0.0, 1e-8]))
+
+
+@settings(max_examples=80, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads, engines(), costs)
+def test_the_simulation_gives_the_first_implementations_bits(work: Workload, engine: Engine, cost: StepCost) -> None:
+    assert _outcome(simulate, work, engine, cost) == _outcome(first_implementation, work, engine, cost)
+
+
+def test_a_kv_bound_run_preempts_as_vllm_does_and_matches_the_first_implementation() -> None:
+    """The README sample's shape: 400 requests of 1024/256 at once into 115,024 KV tokens (it preempted 84 times)."""
+    work = Workload(400, 1024, 256)
+    engine = Engine(kv_tokens=115_024, max_num_seqs=1024, max_num_batched_tokens=8192, reserve=0.0)
+    cost = StepCost(overhead_s=5e-4, weights_s=8e-3, token_s=3e-6, kv_token_s=2e-8, pair_s=1e-11)
+    new, old = simulate(work, engine, cost), first_implementation(work, engine, cost)
+    assert new == old and new.preemptions > 0 and not math.isnan(new.decode_step_s)
+
+
+def test_vllms_refusals_are_infeasible() -> None:
+    cost = StepCost(1e-3, 1e-2, 1e-6, 1e-8, 1e-11)
+    with pytest.raises(Infeasible, match="--max-num-batched-tokens 128 is below --max-num-seqs 256"):
+        simulate(Workload(10, 100, 10), Engine(10_000, max_num_seqs=256, max_num_batched_tokens=128), cost)
