@@ -171,7 +171,7 @@ def predict_cmd(run: str | None, changes: tuple[str, ...], fmt: str | None, outp
     With --search, the best values the model finds for the levers it knows, within --slo.
 
     \b
-      profkit predict capture-folder -- --kv-cache-dtype fp8 --gpu-memory-utilization 0.95"""
+      profkit predict samples/vllm_14b_kv_bound -- --kv-cache-dtype fp8 --gpu-memory-utilization 0.95"""
     from profkit.evidence.record import Evidence
     from profkit.report.predict import predict_run
 

@@ -134,7 +134,7 @@ def test_markdown_for_a_ticket(sqlite_path) -> None:
     report = build_report(sqlite_path("hostgap_b16"), evidence).document()
     md = render_markdown(report)
     assert "**[critical] Requests preempted for lack of KV cache** (kv-preemption)" in md
-    assert "| `--kv-cache-memory-bytes` | 300000000 (vLLM log) | **(remove the flag)** | remove |" in md
+    assert "| `--kv-cache-memory-bytes` | 300000000 (vLLM log) | **not set (vLLM's default)** | remove |" in md
     # before -> after as a diff block, then the command alone, unescaped, to copy
     assert ("```diff\n- vllm serve /tmp/tiny --port 8011 --max-model-len 2048 --kv-cache-memory-bytes 300000000\n"
             "+ vllm serve /tmp/tiny --port 8011 --max-model-len 2048\n```") in md

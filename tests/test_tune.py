@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -312,8 +311,8 @@ def test_recorded_diff_verdicts_are_written_again_from_their_rows(h100_tune: Pat
     with_diff = [d for d in recorded if d["diff"]]
     assert len(with_diff) == 3 and all(d["diff"]["schema"] == "profkit.diff/1" for d in with_diff)
     for doc in with_diff:
-        # the one wording changed since: a flag the before side never set reads "not set", not "(removed)"
-        verdict = re.sub(r"(--[\w-]+) \(removed\) -> ", r"\1 not set -> ", doc["diff"]["verdict"])
+        # the words changed since: a flag a side did not set reads "not set", not "(removed)"; a regression "WORSE"
+        verdict = doc["diff"]["verdict"].replace("(removed)", "not set").replace("(worse)", "(WORSE)")
         assert verdict_sentence(doc["diff"]) == verdict
         assert "best vs baseline: " + verdict + "\n" in render(doc, "text")
         assert render(doc["diff"], "text").splitlines()[4] == verdict

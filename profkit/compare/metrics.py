@@ -103,7 +103,7 @@ def config_value(report: dict[str, Any], flag: str) -> tuple[Any, str] | None:
     """What the report knows of a flag the run did not set: (value, where from), vLLM's default for its version
     (`vllm.config`); None where it knows nothing."""
     entry = ((report.get("vllm") or {}).get("config") or {}).get(dest_of(flag))
-    if not isinstance(entry, dict) or not entry.get("source") or entry.get("source") == "given":
+    if not isinstance(entry, dict) or entry.get("source") in (None, "given", "unknown"):
         return None
     return entry.get("value"), str(entry["source"])
 
