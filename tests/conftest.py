@@ -7,6 +7,13 @@ import shutil
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# Property tests draw the same examples on every run and machine (no seed from the clock, no database of earlier
+# failures replayed): a run's result depends on the code alone. Explore further locally with a seed of your own
+# (`pytest --hypothesis-seed=N`) or PROFKIT_FUZZ_EXAMPLES (tests/test_fuzz.py).
+settings.register_profile("profkit", derandomize=True, database=None)
+settings.load_profile("profkit")
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "data" / "fixtures"

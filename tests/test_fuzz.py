@@ -38,6 +38,8 @@ from profkit.traces.kineto_guard import MAX_DEPTH, MAX_STRING
 from profkit.vllm.command import VllmCommand
 from tests.cli import one_error_line, profkit
 
+pytestmark = pytest.mark.slow  # CI runs it (pytest -m slow); the default run leaves it out
+
 EXAMPLES = int(os.environ.get("PROFKIT_FUZZ_EXAMPLES", "150"))
 # No explain phase: on a failure it reruns a slow example hundreds of times to annotate what varies (minutes).
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow],
