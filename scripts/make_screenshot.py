@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-SAMPLE = REPO / "samples" / "vllm_14b_kv_bound"
+SAMPLE = "samples/vllm_14b_kv_bound"  # as the README names it (relative to the repository: the page shows it)
 SIZE = (1100, 1000)
 
 
@@ -28,12 +28,12 @@ def chromium() -> str:
     return exe
 
 
-def make(out: Path, sample: Path = SAMPLE) -> Path:
+def make(out: Path, sample: str = SAMPLE) -> Path:
     """The report of `sample` rendered to HTML by profkit's CLI, then drawn by Chromium into `out` (PNG)."""
     with tempfile.TemporaryDirectory() as tmp:
         html = Path(tmp) / "report.html"
-        subprocess.run([sys.executable, "-m", "profkit.cli", "report", str(sample), "-o", str(html)], check=True,
-                       cwd=REPO)
+        subprocess.run([sys.executable, "-m", "profkit.cli", "report", sample, "-o", str(html)], check=True,
+                       cwd=REPO, capture_output=True)
         subprocess.run([chromium(), "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
                         "--no-first-run", "--disable-background-networking", "--disable-component-update",
                         "--proxy-server=127.0.0.1:9", f"--user-data-dir={tmp}/profile",

@@ -7,6 +7,7 @@ import re
 import shutil
 import sqlite3
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -140,3 +141,17 @@ def test_markdown_for_a_ticket(sqlite_path) -> None:
             "+ vllm serve /tmp/tiny --port 8011 --max-model-len 2048\n```") in md
     assert "```\nvllm serve /tmp/tiny --port 8011 --max-model-len 2048\n```" in md
     assert "| category | kernels | time | share |" in md
+
+
+def test_the_readme_picture_is_made_by_one_command(tmp_path: Path) -> None:
+    """docs/img/report.png is scripts/make_screenshot.py's output: the script draws the bundled sample's report as
+    it renders today (not a picture that drifts from it)."""
+    chromium()
+    shot = tmp_path / "report.png"
+    r = subprocess.run([sys.executable, str(Path(__file__).parent.parent / "scripts" / "make_screenshot.py"),
+                        "--out", str(shot)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert_not_blank(shot)
+    import matplotlib.image
+
+    assert matplotlib.image.imread(shot).shape[:2] == (1000, 1100)
