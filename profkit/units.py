@@ -61,7 +61,7 @@ def sourced_value(value: object, source: str | None) -> str:
     """A flag's value and where it came from unless the run gave it (`auto (vLLM 0.26 default)`, `300000000 (vLLM
     log)`, `not set (vLLM 0.26 default)`): the one wording of a setting in reports, predictions and diffs."""
     text = flag_value(value)
-    return f"{text} ({source})" if source and source != "given" else text
+    return f"{text} ({source})" if source and source not in ("given", "unknown") else text
 
 
 def change_from(change: dict) -> str:

@@ -128,6 +128,26 @@ def test_the_sampler_reads_cores_used_on_a_fake_clock() -> None:
     assert host["duration_s"] == 1.0 and [t for t, _ in host["processes"][0]["cpu"]][0] == 0.2
 
 
+def test_a_launcher_that_becomes_vllm_is_sampled_as_vllm() -> None:
+    """Under nsys the benchmark runs in nsys's launcher, which execs `vllm bench throughput` in place: the same pid
+    under a new title. The sampler reads a profiler's title again (every 10th sample), so the front end is found
+    (the recorded H100 capture tests/data/h100_tune s2 has it as 'nsys-launcher', its window unplaceable)."""
+    from profkit.capture.host import HostSampler
+
+    now = [0.0]
+    table = {30: (1, "nsys profile -o trace vllm bench throughput", 0.05), 31: (30, "nsys-launcher /tmp/x 36", 0.0)}
+    sampler = HostSampler(0.1, nvml=False, processes=FakeProcesses(now, table), clock=lambda: now[0])
+    sampler.watch("offline", 30)
+    for tick in range(1, 13):
+        now[0] = tick * 0.1
+        if tick == 5:
+            table[31] = (30, "python3 /usr/bin/vllm bench throughput --model /m", 2.0)
+        sampler.sample()
+    procs = {p["pid"]: p for p in sampler.stop()["processes"]}
+    assert procs[31]["role"] == "frontend" and procs[31]["name"].startswith("python3 /usr/bin/vllm bench")
+    assert procs[30]["role"] == "profiler"
+
+
 def test_capture_samples_each_process_over_the_benchmark(env, tmp_path: Path) -> None:
     """Capture samples the stand-in's processes for real; the report's facts are the samples' over the benchmark's
     window (bench.json's measured duration), whatever CPU this machine gave them."""

@@ -117,6 +117,9 @@ class HostSampler:
                         title = " ".join(proc.cmdline())[:200] or proc.name()
                         self.procs[proc.pid] = {"pid": proc.pid, "ppid": proc.ppid(), "name": title, "tree": tree,
                                                 "role": role_of(title, tree, proc.pid == root), "cpu": []}
+                    elif self.procs[proc.pid]["role"] == "profiler" and self._ticks % HOLDERS_EVERY == 0:
+                        # nsys's launcher execs the profiled command (vLLM) in place: the same pid, a new title
+                        self._retitle(proc, tree, root)
                     times = self.handles[proc.pid].cpu_times()
                 except ps.Error:
                     continue
@@ -125,9 +128,9 @@ class HostSampler:
                 self.last[proc.pid] = (now, used)
                 if prev and now > prev[0]:
                     self.procs[proc.pid]["cpu"].append([round(now, 3), round((used - prev[1]) / (now - prev[0]), 4)])
+        holders = self._ticks % HOLDERS_EVERY == 0
+        self._ticks += 1
         if self.nvml:
-            holders = self._ticks % HOLDERS_EVERY == 0
-            self._ticks += 1
             for g in self.gpus:
                 try:
                     util = self.nvml.nvmlDeviceGetUtilizationRates(g["_handle"]).gpu
@@ -136,6 +139,14 @@ class HostSampler:
                         g["_pids"].update(p.pid for p in self.nvml.nvmlDeviceGetComputeRunningProcesses(g["_handle"]))
                 except Exception:  # noqa: BLE001, S112 - a sample missed is not a failure
                     continue
+
+    def _retitle(self, proc: Any, tree: str, root: int) -> None:
+        """A process's title and role read again: one that exec'd another program (nsys's launcher becoming the
+        profiled vLLM) is the new program from then on."""
+        title = " ".join(proc.cmdline())[:200] or proc.name()
+        entry = self.procs[proc.pid]
+        if title != entry["name"]:
+            entry["name"], entry["role"] = title, role_of(title, tree, proc.pid == root)
 
     def stop(self) -> dict[str, Any]:
         visible = self._visible()  # before the server is stopped

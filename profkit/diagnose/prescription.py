@@ -178,7 +178,8 @@ def prescribe(doc: dict[str, Any], findings: list[Finding], allow_precision: boo
     return Prescription(
         limit=best.limit_before,
         changes=[{"flag": flag_for(k), "from": cal.observation.config.get(k),
-                  "from_source": ((doc.get("vllm") or {}).get("config", {}).get(k) or {}).get("source"), "to": v,
+                  "from_source": ((doc.get("vllm") or {}).get("config", {}).get(k) or {}).get("source") or "unknown",
+                  "to": v,
                   "trades": "changes model precision (FP8): check accuracy before shipping"
                   if str(v).startswith("fp8") else None} for k, v in chosen.items()],
         predicted={**best.metrics, "limit_after": best.limit_after},
