@@ -28,7 +28,7 @@ WORKLOAD = "--dataset-name random --random-input-len 1024 --random-output-len 25
 
 
 def capture_folder(env: dict[str, str], out: Path, tool: str = "nsys", prep_s: float = 0.0) -> Path:
-    env = {**env, "FAKE_VLLM_BENCH_S": "2.5", "FAKE_VLLM_PREP_S": str(prep_s)}
+    env = {**env, "FAKE_VLLM_BENCH_S": "1.0", "FAKE_VLLM_PREP_S": str(prep_s)}
     r = profkit("capture", "serve", "--tool", tool, "--out", out, "--model", "/tmp/tiny", "--port", free_port(),
                 "--server-args", "--max-model-len 2048", "--bench-args", WORKLOAD, env=env, timeout=120)
     assert r.returncode == 0, r.stderr
@@ -197,7 +197,7 @@ def test_the_benchmark_window_leaves_out_the_clients_preparation(env, tmp_path: 
     """The real client builds its prompts before the benchmark (34 of 67 s on the H100); the fake one waits
     FAKE_VLLM_PREP_S. bench.json's duration is the benchmark alone: its window (+1 s) leaves the waiting out,
     and the client's facts are its samples inside."""
-    folder = capture_folder(env, tmp_path / "c", prep_s=2.5)
+    folder = capture_folder(env, tmp_path / "c", prep_s=2.0)
     doc = report_of(folder)
     host_json, bench = folder / "host.json", folder / "bench.json"
     w = doc["host"]["window_s"]
