@@ -55,7 +55,7 @@ def stages(path: str) -> dict[str, float]:
             lambda: kernel_scan(trace, None, markers))
         win = with_seq_ranges(trace, choose_window(trace, "all"))
         out["timeline (idle, buckets, gap classes, gap list)"] = timed(
-            lambda: (timeline.build_gap_table(trace), timeline.gpu_timeline(trace, win, gap_threshold_ns=100_000,
+            lambda: (timeline.gpu_gaps(trace), timeline.gpu_timeline(trace, win, gap_threshold_ns=100_000,
                                                                             n_buckets=50)))
         out["engine steps"] = timed(lambda: engine_steps(trace, win))
         kernels: list = []

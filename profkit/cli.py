@@ -11,6 +11,7 @@ import sqlite3
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import TracebackType
 
 import click
 
@@ -126,7 +127,7 @@ def report(traces: tuple[Path, ...], window: str, fmt: str | None, output: Path 
     from profkit.evidence.record import Evidence
     from profkit.report import ReportOptions, build_report
 
-    fmt = output_format(fmt, output and str(output))  # before any work: a format that disagrees is one line
+    fmt = output_format(fmt, str(output) if output else None)  # before any work: a format that disagrees is one line
     show = sys.stderr.isatty() if progress is None else progress
     trace = list(traces) if len(traces) > 1 else (traces[0] if traces else None)
     options = ReportOptions(window=parse_window(window),
@@ -175,9 +176,9 @@ def predict_cmd(run: str | None, changes: tuple[str, ...], fmt: str | None, outp
     from profkit.evidence.record import Evidence
     from profkit.report.predict import predict_run
 
-    fmt = output_format(fmt, output and str(output))
+    fmt = output_format(fmt, str(output) if output else None)
     if run is not None and run.startswith("-"):  # `--bench B -- --flag V`: no RUN, the evidence alone
-        run, changes = None, (run, *changes)
+        changes, run = (run, *changes), None
     evidence = Evidence.read(bench=bench, log=vllm_log, metrics=metrics, vllm_args=vllm_args,
                              model_config=model_config, host=host_json, gpu=gpu)
     spread = _parse_share(noise, "--noise") if noise else None
@@ -213,7 +214,7 @@ def diff_cmd(before: str, after: str, fmt: str | None, output: Path | None, nois
     from profkit.compare.diff import diff
     from profkit.compare.gate import check, parse_condition
 
-    fmt = output_format(fmt, output and str(output))
+    fmt = output_format(fmt, str(output) if output else None)
     conditions = [parse_condition(c) for c in fail_on]  # bad conditions fail before any work
     threshold = _parse_share(noise, "--noise")
     if output:
@@ -276,10 +277,11 @@ def attach_cmd(url: str, duration: str, interval: str, every: str | None, profil
             raise click.BadParameter("expected 'NAME: VALUE' (the value is not shown)", param_hint="--header")
         parsed[name.strip()] = value.strip()
     seconds = {k: parse_duration(v, f"--{k}") / 1e9 if v else None for k, v in
-               (("duration", duration), ("interval", interval), ("every", every), ("profile", profile))}
+               (("every", every), ("profile", profile))}
     folder = out or Path(time.strftime("attach-%Y%m%d-%H%M%S"))
-    opts = AttachOptions(url=url, out=folder, duration_s=seconds["duration"], interval_s=seconds["interval"],
-                         every_s=seconds["every"], profile_s=seconds["profile"], headers=parsed)
+    opts = AttachOptions(url=url, out=folder, duration_s=parse_duration(duration, "--duration") / 1e9,
+                         interval_s=parse_duration(interval, "--interval") / 1e9, every_s=seconds["every"],
+                         profile_s=seconds["profile"], headers=parsed)
     done = attach(opts, say=lambda m: click.echo(f"profkit: {terminal(m)}", err=True))
     click.echo(f"profkit: live capture complete: {terminal(done)} (profkit report {shell_word(str(done))})", err=True)
 
@@ -547,10 +549,10 @@ class _Steps:
                 self.bar.update(1)
             self.done += 1
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         if self.bar:
             self.bar.update(max(0, len(self.STAGES) - self.bar.pos))
-            self.bar.__exit__(*exc)
+            self.bar.__exit__(kind, exc, tb)
 
 
 def main() -> None:

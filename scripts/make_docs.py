@@ -1,6 +1,7 @@
 """Write the documentation pages that are generated, not written: every command's help, the rules and facts
 reference (from the rule files), the JSON contracts' shapes (from real documents of the bundled samples and
-recordings), and the benchmarks page (benchmarks/README.md). `tests/test_docs.py` fails when a page is stale.
+recordings), the benchmarks page (benchmarks/README.md), and the normalized trace's relations in docs/design.md
+(traces/schema.py). `tests/test_docs.py` fails when a page is stale.
 
     python scripts/make_docs.py            # rewrite docs/commands.md, rules.md, contracts.md, benchmarks.md
     python scripts/make_docs.py --check    # exit 1 naming the stale pages
@@ -137,8 +138,23 @@ def benchmarks_page() -> str:
     return GENERATED.replace("the source it names", "benchmarks/README.md") + text
 
 
+RELATIONS_BLOCK = re.compile(r"(<!-- relations: generated .*? -->\n)(.*?)(<!-- end relations -->)", re.S)
+
+
+def design_page() -> str:
+    """docs/design.md as written, with its list of the normalized trace's relations made from traces/schema.py (the
+    columns a reader must give: a doc that lists columns the schema lacks was found stale once)."""
+    from profkit.traces.schema import RELATIONS
+
+    text = (DOCS / "design.md").read_text()
+    rows = "\n".join(f"- `{name}`: " + ", ".join(c.name + ("?" if c.nullable else "") for c in columns)
+                     for name, columns in RELATIONS.items())
+    return RELATIONS_BLOCK.sub(lambda m: m.group(1) + rows + "\n" + m.group(3), text)
+
+
 PAGES = {"index.md": index_page, "commands.md": commands_page, "rules.md": rules_page, "contracts.md": contracts_page,
-         "benchmarks.md": benchmarks_page}
+         "benchmarks.md": benchmarks_page,
+         "design.md": design_page}
 
 
 def main() -> int:

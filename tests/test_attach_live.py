@@ -312,7 +312,7 @@ def test_the_live_window_reads_the_same_in_every_format(rec: Path, tmp_path: Pat
 def test_hostile_gpu_holders_and_cache_labels_are_ignored(rec: Path) -> None:
     """host.json and /metrics are the user's evidence, of any shape: holders that are no pids, an index that is no
     GPU, a cache size of inf or text are left out, never a traceback or a non-JSON number."""
-    from profkit.diagnose.vllm_run import cache_info
+    from profkit.analysis.vllm import cache_info
     from profkit.evidence.host import parse_host
     from profkit.evidence.metrics import parse_metrics
 

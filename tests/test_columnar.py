@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 
 from profkit.analysis import gaps as gaps_module
-from profkit.analysis import scans
 from profkit.report import ReportOptions, build_report
-from profkit.traces import columns, open_trace
+from profkit.traces import columns, nsys, open_trace
 from tests.conftest import FIXTURES, TOY
 
 NSYS = [*TOY, "thr_graphs", "serve_frontend"]
@@ -21,9 +20,9 @@ TORCH = ["torch_graphs_b16", "torch_swap_b16"]
 
 def _report(path, window: str, monkeypatch, adbc: bool) -> tuple[dict, int, list[str]]:
     """The report with the Arrow driver for every relation (adbc) or with none; how often a relation was read
-    through Arrow, and which tables were read by their one checked scan (analysis/scans.py)."""
+    through Arrow, and which tables were read by their one checked scan (traces/scan.py, taken by analysis/scans.py)."""
     reads, scanned = [], []
-    real, real_scan = columns._read_adbc, scans.scan_table
+    real, real_scan = columns._read_adbc, nsys.scan_table
 
     def spy(*args, **kwargs):
         reads.append(1)
@@ -34,7 +33,7 @@ def _report(path, window: str, monkeypatch, adbc: bool) -> tuple[dict, int, list
         return real_scan(trace, table, *args, **kwargs)
 
     monkeypatch.setattr(columns, "_read_adbc", spy)
-    monkeypatch.setattr(scans, "scan_table", scan_spy)
+    monkeypatch.setattr(nsys, "scan_table", scan_spy)
     monkeypatch.setattr(columns, "ADBC_MIN_ROWS", 0 if adbc else 1 << 62)
     report = build_report(path, options=ReportOptions(window=window)).document()
     report.pop("profkit_version")

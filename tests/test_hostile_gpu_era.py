@@ -232,11 +232,11 @@ def test_every_efficiency_figure_is_physical_or_withheld(head_dim, layers, heads
     eff = efficiency_section("NVIDIA H100 80GB HBM3", shape, {}, delta, seconds, 10, export_bandwidth=bandwidth)
     assert_physical(eff)
     # and as every format prints it: no share of a peak above 100 %
-    from profkit.render.efficiency import efficiency_view
-    from profkit.render.text import efficiency_lines
+    from profkit.render.sections import efficiency
 
-    printed = "\n".join(efficiency_lines({"efficiency": eff}))
-    view = efficiency_view({"efficiency": eff}) or {"estimates": []}
+    view = efficiency.view({"efficiency": eff}, 10)
+    printed = "\n".join(efficiency.text(view)) if view else ""
+    view = view or {"estimates": []}
     shares = [float(x.rstrip("%").replace(",", "")) for e in view["estimates"] for x in (e["mfu"], e["mbu"])
               if x not in ("-", None)]
     assert all(0 <= v <= 100 for v in shares), (shares, printed)

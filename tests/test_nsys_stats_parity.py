@@ -115,7 +115,7 @@ def test_utilization_equals_gpu_time_util(name: str, sqlite_path, report_all) ->
         assert report_all(name)["gpu"]["utilization"] >= 0.5
         return
     with open_trace(sqlite_path(name)) as trace:
-        timeline.build_gap_table(trace)
+        timeline.gpu_gaps(trace)
         for row in rows:
             start = int(row["Start (ns)"])
             win = Window(start, start + int(row["Duration (ns)"]), "explicit")

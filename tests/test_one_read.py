@@ -14,11 +14,11 @@ import pytest
 from profkit.analysis import scans
 from profkit.analysis.scans import KERNEL_SCAN
 from profkit.report import ReportOptions, build_report
-from profkit.traces import columns, open_trace
+from profkit.traces import columns, nsys, open_trace
 from profkit.traces.scan import Unverified, scan_table
 
 KERNEL, RUNTIME = "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME"
-REAL_SCAN, REAL_READ = scans.scan_table, columns.read_columns  # before any test wraps them
+REAL_SCAN, REAL_READ = nsys.scan_table, columns.read_columns  # before any test wraps them
 
 
 def _report(path: Path, window: str, monkeypatch, one_read: bool) -> tuple[dict, list[str], list[str]]:
@@ -36,7 +36,7 @@ def _report(path: Path, window: str, monkeypatch, one_read: bool) -> tuple[dict,
             again.append(relation)
         return real_read(trace, relation, *args, **kwargs)
 
-    monkeypatch.setattr(scans, "scan_table", scan_spy)
+    monkeypatch.setattr(nsys, "scan_table", scan_spy)
     for module in ("gaps", "launch", "steps", "communication", "gpu_metrics"):
         monkeypatch.setattr(f"profkit.analysis.{module}.read_columns", read_spy)
     monkeypatch.setattr(columns, "read_columns", read_spy)
@@ -126,7 +126,7 @@ def test_a_fault_the_one_read_must_notice(tmp_path: Path, sqlite_path, monkeypat
     with open_trace(trace, defer=True) as opened:
         assert table in opened.deferred
         with pytest.raises(Unverified):
-            for _ in scan_table(opened, table, scans.scanned_columns(opened.conn, table),
+            for _ in scan_table(opened, table, nsys.scanned_columns(opened.conn, table),
                                 tuple(opened.query(f"SELECT min(rowid), max(rowid) FROM {table}")[0])):
                 pass
     one, scanned, _ = _report(trace, "all", monkeypatch, one_read=True)
@@ -141,7 +141,7 @@ def test_chunks_in_flight_and_the_launch_spill(sqlite_path, monkeypatch) -> None
     path = sqlite_path("eager_b1")
     with open_trace(path, defer=True) as trace:
         span = tuple(trace.query(f"SELECT min(rowid), max(rowid) FROM {KERNEL}")[0])
-        cols = scans.scanned_columns(trace.conn, KERNEL)
+        cols = nsys.scanned_columns(trace.conn, KERNEL)
         whole = list(scan_table(trace, KERNEL, cols, span, chunk_rows=1 << 20))
         small = list(scan_table(trace, KERNEL, cols, span, chunk_rows=97, jobs=3))
         assert len(whole) == 1 and len(small) == -(-len(whole[0]["start"]) // 97)

@@ -152,7 +152,7 @@ def test_rank_table_joins_waits_once_for_every_format(joined: dict) -> None:
     """The rank table's rows carry each rank's wait in collectives and its last-arrival share (one join, read
     by text, Markdown and HTML); a rank the collectives did not match shows "-" in every format."""
     from profkit.render import render
-    from profkit.render.ranks import rank_table
+    from profkit.render.sections.ranks import rank_table
 
     table = rank_table(joined)
     waits = {w["rank"]: w for w in joined["imbalance"]["collectives"]["ranks"]}

@@ -202,7 +202,7 @@ def test_window_seq_ranges_select_the_same_rows(name: str, sqlite_path) -> None:
     from profkit.traces import open_trace
 
     with open_trace(sqlite_path(name)) as trace:
-        timeline.build_gap_table(trace)
+        timeline.gpu_gaps(trace)
         auto = choose_window(trace, "auto", timeline.phases(trace))
         mid = (auto.start_ns + auto.end_ns) // 2
         for win in (auto, choose_window(trace, f"{auto.start_ns + 1}:{mid}")):
@@ -229,7 +229,7 @@ def test_launch_latency_in_a_bounded_window_equals_the_raw_join(sqlite_path) -> 
     from profkit.traces import open_trace
 
     with open_trace(sqlite_path("thr_graphs")) as trace:
-        timeline.build_gap_table(trace)
+        timeline.gpu_gaps(trace)
         win = with_seq_ranges(trace, choose_window(trace, "auto", timeline.phases(trace)))
         got = launch_latency(trace, win, eager_kernels=1)
     conn = sqlite3.connect(f"file:{sqlite_path('thr_graphs')}?mode=ro", uri=True)

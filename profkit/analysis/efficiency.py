@@ -157,15 +157,15 @@ def efficiency_section(gpu_name: str | None, model: ModelShape | None, config: d
                         "weight_bytes": model.matmul_params * bits // 8 // tp if bits else None,
                         "kv_bytes_per_token": model.kv_bytes_per_token(kv) // tp if kv else None,
                         "dense": model.dense, "layers": model.layers}
-    ok = seconds is not None and seconds > 0
+    secs = seconds if seconds is not None and seconds > 0 else None
     flops, read, write = (_delta(counters, f"vllm:estimated_{k}_per_gpu_total")
                           for k in ("flops", "read_bytes", "write_bytes"))
-    if ok and flops and read is not None:  # 0 without --enable-mfu-metrics: only a change counts
-        out["vllm_counters"] = _rates(flops, read + (write or 0.0), seconds, compute_peak, peak)
+    if secs and flops and read is not None:  # 0 without --enable-mfu-metrics: only a change counts
+        out["vllm_counters"] = _rates(flops, read + (write or 0.0), secs, compute_peak, peak)
         out["vllm_counters"].update(read_bytes=read, write_bytes=write)
-    shape = _shape_estimate(model, counters, requests, bits, kv, tp) if ok and model and model.dense else None
-    if shape:
-        out["model_shape"] = {**shape, **_rates(shape["flops"], shape["bytes"], seconds, compute_peak, peak)}
+    shape = _shape_estimate(model, counters, requests, bits, kv, tp) if secs and model and model.dense else None
+    if shape and secs:
+        out["model_shape"] = {**shape, **_rates(shape["flops"], shape["bytes"], secs, compute_peak, peak)}
     out["phases"] = phase_estimates(model, steps, bits, kv, tp, compute_peak, peak,
                                     _decode_context(counters, requests, request_tokens))
     withheld += _withhold_impossible(out, from_export=bool(peak and "TARGET_INFO_GPU" in str(peak.get("source"))))

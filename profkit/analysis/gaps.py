@@ -77,9 +77,10 @@ def _compute(trace: Trace, chunk_rows: int = CHUNK_ROWS) -> GpuGaps:
     cols = {"start": "start", "end": "end", "device": "device"}
     sweep = GapSweep(memops_in_start_order(trace))
     span = seq_bounds(trace, "kernels")
-    for lo in range(span[0], span[1] + 1, chunk_rows) if span else ():
-        hi = min(span[1], lo + chunk_rows - 1)
-        sweep.add(read_columns(trace, "kernels", cols, where=f"seq >= {lo} AND seq <= {hi}", seq_span=(lo, hi)))
+    if span is not None:
+        for lo in range(span[0], span[1] + 1, chunk_rows):
+            hi = min(span[1], lo + chunk_rows - 1)
+            sweep.add(read_columns(trace, "kernels", cols, where=f"seq >= {lo} AND seq <= {hi}", seq_span=(lo, hi)))
     return sweep.result()
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
+from collections.abc import Sequence
 from itertools import accumulate
 from typing import Any
 
@@ -34,13 +35,13 @@ def host_section(samples: HostSamples, bench_seconds: float | None = None) -> di
     `bench_seconds` (the benchmark's measured duration) narrows the samples to the benchmark: the last
     `bench_seconds` (+ slack) before the client's last sample."""
     window = bench_window(samples.processes, bench_seconds, samples.gpu_util, samples.interval_s)
-    procs = []
-    for p in samples.processes:
-        values = [v for t, v in p.cpu if window is None or window[0] <= t <= window[1]]
+    procs: list[dict[str, Any]] = []
+    for sampled in samples.processes:
+        values = [v for t, v in sampled.cpu if window is None or window[0] <= t <= window[1]]
         if not values:
             continue
         ordered = sorted(values)
-        procs.append({"pid": p.pid, "role": p.role, "name": p.name,
+        procs.append({"pid": sampled.pid, "role": sampled.role, "name": sampled.name,
                       "cpu_mean": sum(values) / len(values), "cpu_p90": ordered[int(0.9 * (len(ordered) - 1))],
                       "cpu_max": ordered[-1], "saturated_share": sum(c >= SATURATED for c in values) / len(values),
                       "samples": len(values)})
@@ -73,7 +74,7 @@ def host_section(samples: HostSamples, bench_seconds: float | None = None) -> di
 
 
 def bench_window(processes: list[ProcessSamples], bench_seconds: float | None,
-                 gpu_util: list[tuple[float, float]] = (), interval_s: Any = None) -> tuple[float, float] | None:
+                 gpu_util: Sequence[tuple[float, float]] = (), interval_s: Any = None) -> tuple[float, float] | None:
     """[start, end] of the benchmark in host.json's clock: its measured duration (+ slack) ending at the
     client's (or offline front end's) last sample. Where the GPU and the API server were both idle for longer
     than the slack before that (a profiler stopping), the stretch of that duration (+ one sampling interval) with

@@ -26,9 +26,7 @@ from profkit.analysis.seq import SEQ_INDEX, SPARSE
 from profkit.analysis.stats import Rows, _pairs
 from profkit.analysis.window import PHASE_GAP_NS, Window
 from profkit.traces.columns import NULL_INT
-from profkit.traces.nsys import KERNEL, PID_MASK, RUNTIME, scanned_columns
-from profkit.traces.scan import scan_table
-from profkit.traces.schema import Trace
+from profkit.traces.schema import OneRead, Trace
 
 KERNEL_SCAN = "kernel scan"  # the trace cache's keys
 API_SCAN = "api scan"
@@ -70,7 +68,7 @@ class Slot:
     end: int = 0
     histogram: Histogram = field(default_factory=Histogram)
     shorts: set[int] = field(default_factory=set)
-    last: tuple[int, int, int, int, int] | None = None  # name id, duration, graph, short id, start
+    last: tuple[int, ...] | None = None  # name id, duration, graph, short id, start
 
     @property
     def ok(self) -> bool:
@@ -121,7 +119,7 @@ class KernelScan:
     """The kernel table's one read (see the module's doc). `window`: an explicit window known before the read (its
     kernels are counted on the read); None for `all` and `auto` (counted per segment)."""
 
-    def __init__(self, trace: Trace, window: Window | None, markers: list[int]) -> None:
+    def __init__(self, trace: Trace, read: OneRead, window: Window | None, markers: list[int]) -> None:
         self.slots: list[Slot] = []  # one per GPU-active segment
         self.window_slot = Slot(start=window.start_ns, end=window.end_ns) if window is not None else None
         self.summaries: dict[Window, Rows | None] = {}  # asked twice: the launch stride, then the kernel summary
@@ -129,12 +127,10 @@ class KernelScan:
         marks: list[dict[str, np.ndarray]] = []
         self.spill = tempfile.TemporaryFile(prefix="profkit-launch-")  # noqa: SIM115 - closed with the trace
         self.spilled = 0
-        columns = scanned_columns(trace.conn, KERNEL)
-        lo, hi = trace.query(f"SELECT min(rowid), max(rowid) FROM main.{KERNEL}")[0]
         sweep = GapSweep(memops_in_start_order(trace, arrow=True))
         self.reach: int | None = None  # the latest end of every operation so far, on any GPU
         sparse: list[tuple[np.ndarray, np.ndarray]] = []
-        for chunk in scan_table(trace, KERNEL, columns, (lo, hi)):
+        for chunk in read.chunks:
             sparse.append((chunk["seq"][::SPARSE].copy(), chunk["start"][::SPARSE].copy()))
             ops = sweep.add(chunk)
             if ops is not None:
@@ -148,7 +144,7 @@ class KernelScan:
             self._segments(None, rest)
         self.gaps = sweep.result()
         self.sparse = _sparse(sparse)
-        if self.slots:
+        if self.slots and self.reach is not None:
             self.slots[-1].end = int(self.reach)
         self.markers = {k: np.concatenate([m[k] for m in marks]) for k in ("name_id", "start", "end", "device")} \
             if marks else None
@@ -159,7 +155,7 @@ class KernelScan:
         order = np.argsort(ops["start"], kind="stable")
         s, e = ops["start"][order], ops["end"][order]
         first = self.reach is None
-        carry = int(s[0]) if first else self.reach
+        carry = int(s[0]) if self.reach is None else self.reach
         reach = np.maximum(np.maximum.accumulate(e), carry)
         before = np.r_[carry, reach[:-1]]
         cut = s - before >= PHASE_GAP_NS
@@ -199,7 +195,7 @@ class KernelScan:
             return
         if "graph_node" in chunk:
             eager &= chunk["graph_node"] == NULL_INT
-        pid = _pid(chunk.get("gpid"))
+        pid = chunk.get("pid")
         rows = np.stack([chunk["correlation"][eager], pid[eager] if pid is not None else
                          np.full(int(eager.sum()), NULL_INT, dtype=np.int64), chunk["start"][eager]], axis=1)
         self.spill.write(np.ascontiguousarray(rows, dtype=np.int64).tobytes())
@@ -294,20 +290,14 @@ def _sparse(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.
     return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
 
-def _pid(gpid: np.ndarray | None) -> np.ndarray | None:
-    """The pid inside nsys's global ids (traces.nsys.PID_OF), NULL kept."""
-    if gpid is None:
-        return None
-    return np.where(gpid == NULL_INT, NULL_INT, (gpid >> 24) & PID_MASK)
-
-
 def kernel_scan(trace: Trace, window: Window | None, markers: list[int]) -> KernelScan | None:
     """The kernel table's one read, made once per trace (its checks with it); None where its checks were not
     deferred (the analyses read as before)."""
-    if KERNEL not in trace.deferred:
-        return None
     if KERNEL_SCAN not in trace.cache:
-        scan = KernelScan(trace, window, markers)
+        read = trace.one_read("kernels")
+        if read is None:
+            return None
+        scan = KernelScan(trace, read, window, markers)
         trace.cache[KERNEL_SCAN] = scan
         trace.cache["gaps"] = scan.gaps
         trace.cache[SEQ_INDEX.format("kernels")] = scan.sparse
@@ -327,15 +317,14 @@ class ApiScan:
 
 def api_scan(trace: Trace, window: Window, step: int | None, rows: tuple[int, int] | None) -> ApiScan | None:
     """Read the CUDA API table once for `window` (its checks with it); None where its checks were not deferred."""
-    if RUNTIME not in trace.deferred:
-        return None
     if API_SCAN in trace.cache:
         return trace.cache[API_SCAN]
-    columns = scanned_columns(trace.conn, RUNTIME)
-    lo, hi = trace.query(f"SELECT min(rowid), max(rowid) FROM main.{RUNTIME}")[0]
+    read = trace.one_read("api")
+    if read is None:
+        return None
     counted = Histogram()
     sample, sparse = [], []
-    for chunk in scan_table(trace, RUNTIME, columns, (lo, hi)):
+    for chunk in read.chunks:
         start, name = chunk["start"], chunk["name_id"]
         sparse.append((chunk["seq"][::SPARSE].copy(), start[::SPARSE].copy()))
         inside = (start >= window.start_ns) & (start < window.end_ns) if window.bounded else slice(None)
@@ -346,7 +335,7 @@ def api_scan(trace: Trace, window: Window, step: int | None, rows: tuple[int, in
             pick = (c != NULL_INT) & (c % step == 0)
             if rows is not None:
                 pick &= (chunk["seq"] >= rows[0]) & (chunk["seq"] <= rows[1])
-            pid = _pid(chunk.get("gtid"))
+            pid = chunk.get("pid")
             sample.append({"c": c[pick], "p": pid[pick] if pid is not None else
                            np.full(int(pick.sum()), NULL_INT, dtype=np.int64),
                            "s": start[pick], "e": chunk["end"][pick]})
@@ -358,7 +347,7 @@ def api_scan(trace: Trace, window: Window, step: int | None, rows: tuple[int, in
         elif not counted.parts:
             histogram = []
     launch = {k: np.concatenate([s[k] for s in sample]) for k in ("c", "p", "s", "e")} if sample else None
-    if step is not None and launch is None and "correlation" in columns:
+    if step is not None and launch is None and "correlation" in read.columns:
         launch = {k: np.zeros(0, dtype=np.int64) for k in ("c", "p", "s", "e")}
     found = ApiScan(window, step, histogram, launch)
     trace.cache[SEQ_INDEX.format("api")] = _sparse(sparse)

@@ -61,8 +61,11 @@ def seq_range(trace: Trace, relation: str, t0: int, t1: int,
 
     `bounds` (from `seq_bounds`) saves its two seeks when many ranges are looked up in a row."""
     bounds = bounds or seq_bounds(trace, relation)
-    if bounds is None:
-        return None
+    return None if bounds is None else seq_span(trace, relation, t0, t1, bounds)
+
+
+def seq_span(trace: Trace, relation: str, t0: int, t1: int, bounds: tuple[int, int]) -> tuple[int, int]:
+    """`seq_range` where the relation's bounds are known (it has rows)."""
     at0 = first_seq_at(trace, t0, bounds, relation)
     at1 = at0 if t1 == t0 else first_seq_at(trace, t1, bounds, relation)
     return at0 - SEQ_MARGIN, at1 + SEQ_MARGIN

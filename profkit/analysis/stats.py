@@ -130,7 +130,10 @@ def columnar_histogram(trace: Trace, relation: str, key: str, value: str, where:
             or not adbc_available():
         return None
     extras = extras or {}
-    keys, values, counts, sums = [], [], [], {name: [] for name in extras}
+    keys: list[Any] = []
+    values: list[Any] = []
+    counts: list[Any] = []
+    sums: dict[str, list[Any]] = {name: [] for name in extras}
     for lo in range(span[0], span[1] + 1, chunk_rows):
         hi = min(span[1], lo + chunk_rows - 1)
         cols = read_columns(trace, relation, {"k": key, "v": value, **extras},
@@ -141,7 +144,9 @@ def columnar_histogram(trace: Trace, relation: str, key: str, value: str, where:
         part = _pairs(k, v, [cols[name] for name in extras])
         if part is None:
             return None
-        keys.append(part[0]), values.append(part[1]), counts.append(part[2])
+        keys.append(part[0])
+        values.append(part[1])
+        counts.append(part[2])
         for name, s in zip(extras, part[3], strict=True):
             sums[name].append(s)
     if not keys:

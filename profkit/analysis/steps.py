@@ -11,8 +11,8 @@ from the kernel vLLM's GPU model runner launches once per step to prepare its in
 (`_prepare_pos_seq_lens_kernel`, vLLM 0.2x; prefill-bearing where `_prepare_prefill_inputs_kernel` runs in the
 step): a step starts at the longest GPU idle time between the previous step's last kernel (`_post_update_kernel`)
 and that one, where the host schedules the next step and stages its inputs. A step's cycle runs from its start to
-the next step's start; its GPU busy time is the cycle less the GPU's idle time in it, summed from the gap table
-by primary-key ranges (the steps are disjoint, so all of them together read each gap of the window once). A step
+the next step's start; its GPU busy time is the cycle less the GPU's idle time in it, summed from the GPU's gaps
+(analysis/gaps.py; the steps are disjoint, so all of them together read each gap of the window once). A step
 belongs to the window when its range overlaps it (vLLM names a step on the host just before its first kernel).
 """
 
@@ -105,7 +105,7 @@ def engine_steps(trace: Trace, win: Window) -> dict[str, Any] | None:
     gaps, steps, source = found
     device, first, last = gaps.device, gaps.first, gaps.last
     a, b = _bounds(steps)
-    # The gap table holds idle time between GPU operations only: clip each step to the GPU's active span.
+    # The gaps are idle time between GPU operations only: clip each step to the GPU's active span.
     ca = np.maximum(a, first)
     cb = np.maximum(ca, np.minimum(b, last))
     idle_ns = gaps.idle_in(ca, cb)  # inside the GPU's span: the gaps clipped to the step

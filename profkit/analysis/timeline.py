@@ -15,7 +15,7 @@ import numpy as np
 
 from profkit.analysis.gaps import GpuGaps, gpu_gaps
 from profkit.analysis.sections import GapClass, GapClasses
-from profkit.analysis.seq import seq_bounds, seq_range
+from profkit.analysis.seq import seq_bounds, seq_span
 from profkit.analysis.window import PHASE_GAP_NS, Window
 from profkit.traces.schema import Trace
 
@@ -32,11 +32,6 @@ class ListedGap(NamedTuple):
 # Idle time is reported by gap size class: the upper bounds of `GapClasses`' fields, in order. Gaps under 20 us
 # are the launch-to-launch spacing of back-to-back kernels; 1 ms and more is host-side work between GPU steps.
 GAP_UPPER_BOUNDS = (20_000, 1_000_000, 100_000_000, None)
-
-
-def build_gap_table(trace: Trace) -> GpuGaps:
-    """Every GPU gap of the trace (computed once; the other functions here read it)."""
-    return gpu_gaps(trace)
 
 
 def phases(trace: Trace, split_ns: int = PHASE_GAP_NS) -> list[dict[str, Any]]:
@@ -100,7 +95,7 @@ class Timeline:
 
 def gpu_timeline(trace: Trace, window: Window, gap_threshold_ns: int = 100_000, max_gaps: int = 50,
                  n_buckets: int = 100) -> Timeline:
-    """Busy/idle, gap list and utilization-over-time of `window` (gap table must be built)."""
+    """Busy/idle, gap list and utilization-over-time of `window` (from the GPU's gaps, computed once per trace)."""
     w0, w1 = window.start_ns, window.end_ns
     gaps = gpu_gaps(trace)
     # The buckets partition the window, so their idle times add up to the window's.
@@ -112,8 +107,8 @@ def gpu_timeline(trace: Trace, window: Window, gap_threshold_ns: int = 100_000, 
          "utilization": (length - idle.get(d, 0)) / length}
         for d in sorted(gaps.devices)
     ]
-    busy = sum(d["busy_ns"] for d in devices)
-    idle_total = sum(d["idle_ns"] for d in devices)
+    idle_total = sum(idle.get(d, 0) for d in gaps.devices)
+    busy = length * len(gaps.devices) - idle_total
     return Timeline(
         window_ns=length,
         devices=devices,
@@ -218,12 +213,12 @@ def _neighbours(trace: Trace, gaps: list[ListedGap], kernel_bounds: tuple[int, i
         before = ended.get((int(g.device), g0))
         after = started.get((int(g.device), g1))
         if kernel_bounds and before is None:
-            lo, hi = seq_range(trace, "kernels", g0 - LOOKBACK_NS, g0, kernel_bounds)
+            lo, hi = seq_span(trace, "kernels", g0 - LOOKBACK_NS, g0, kernel_bounds)
             row = trace.query("SELECT s.value FROM kernels k JOIN strings s ON s.id = k.name_id WHERE k.seq "
                               "BETWEEN ? AND ? AND k.device = ? AND k.end = ? LIMIT 1", (lo, hi, int(g.device), g0))
             before = row[0][0] if row else None
         if kernel_bounds and after is None:
-            lo, hi = seq_range(trace, "kernels", g1, g1, kernel_bounds)
+            lo, hi = seq_span(trace, "kernels", g1, g1, kernel_bounds)
             row = trace.query("SELECT s.value FROM kernels k JOIN strings s ON s.id = k.name_id WHERE k.seq "
                               "BETWEEN ? AND ? AND k.device = ? AND k.start = ? LIMIT 1", (lo, hi, int(g.device), g1))
             after = row[0][0] if row else None
@@ -239,7 +234,7 @@ def _host_api_during(trace: Trace, g0: int, g1: int, bounds: tuple[int, int] | N
     """
     if bounds is None:
         return []
-    lo, hi = seq_range(trace, "api", g0 - LOOKBACK_NS, g1, bounds)
+    lo, hi = seq_span(trace, "api", g0 - LOOKBACK_NS, g1, bounds)
     rows = trace.query(
         """SELECT s.value, count(*), sum(min(a.end, :g1) - max(a.start, :g0)) AS overlap
            FROM api a JOIN strings s ON s.id = a.name_id

@@ -60,8 +60,9 @@ class HostSampler:
         """`processes`: psutil, or a stand-in with its `Process` and `Error` (tests read CPU times they chose, on
         `clock`, a fake one: no test depends on how much CPU its machine gives a process)."""
         if processes is None:
-            import psutil as processes  # the GPU box has it (vLLM depends on it); `profkit report` never imports it
+            import psutil  # the GPU box has it (vLLM depends on it); `profkit report` never imports it
 
+            processes = psutil
         self.psutil = processes
         self.clock = clock
         self.interval = interval_s

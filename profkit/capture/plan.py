@@ -133,7 +133,8 @@ class Plan:
         assert self.server is not None
         return [self.server.shell() + "   # once, until /health answers; stopped with SIGINT after the runs",
                 self.warmup_step().shell() + "   # warm-up",
-                *(self.bench_step(self.out / f"r{i + 1}", seed=self.seed() + i).shell() for i in range(replicates))]
+                *(self.bench_step(self.folder.replicate(i + 1).path, seed=self.seed() + i).shell()
+                  for i in range(replicates))]
 
     def warmup_step(self) -> Step:
         """A warm-up batch before a session's runs: a tenth of the prompts, a seed none of the runs uses."""

@@ -75,19 +75,18 @@ def run_capture(plan: Plan, say: Callable[[str], None] = lambda _m: None) -> Pat
                     bench = step.name.startswith("vllm bench")
                     sampler = _sampler(manifest) if bench and folder.host_path is None else None
                     try:
-                        _run_step(step, plan.out, manifest, say,
-                                  on_start=(lambda p, s=sampler: s.watch("offline", p.pid)) if sampler else None)
+                        _run_step(step, plan.out, manifest, say, on_start=_watcher(sampler, "offline"))
                     finally:
                         _write_host(sampler, folder)
         else:
+            assert plan.bench is not None  # a served plan has its benchmark client
             server = _start_server(plan, manifest, say)
             _scrape(plan, "before", manifest)
             sampler = _sampler(manifest)
             if sampler:
                 sampler.watch("server", server.pid)
             try:
-                _run_step(plan.bench, plan.out, manifest, say,
-                          on_start=(lambda p: sampler.watch("client", p.pid)) if sampler else None)
+                _run_step(plan.bench, plan.out, manifest, say, on_start=_watcher(sampler, "client"))
             finally:
                 _write_host(sampler, folder)
             _scrape(plan, "after", manifest)
@@ -149,6 +148,7 @@ class ServerSession:
 
     def __enter__(self) -> ServerSession:
         plan = self.plan
+        assert plan.server is not None  # a session is a served plan's (capture_runs checks it)
         preflight(plan)
         if (plan.out / files.SESSION).exists():
             raise CaptureError(f"{plan.out} already holds a session: choose another --out")
@@ -174,7 +174,7 @@ class ServerSession:
         """One benchmark run into the capture folder `name` (its own --seed); raises CaptureError when it fails
         (the folder and its manifest say how), KeyboardInterrupt on Ctrl-C."""
         plan, server = self.plan, self.server
-        assert server is not None and self.manifest is not None
+        assert server is not None and self.manifest is not None and plan.server is not None
         if server.poll() is not None:
             why = start_failure(self.log_path)
             raise CaptureError(f"vllm serve exited with code {server.returncode}"
@@ -200,8 +200,7 @@ class ServerSession:
             if sampler:
                 sampler.watch("server", server.pid)
             try:
-                _run_step(step, folder.path, manifest, self.say,
-                          on_start=(lambda p: sampler.watch("client", p.pid)) if sampler else None)
+                _run_step(step, folder.path, manifest, self.say, on_start=_watcher(sampler, "client"))
             finally:
                 _write_host(sampler, folder)
                 self._slice_log(folder, start)
@@ -261,7 +260,7 @@ def run_replicates(plan: Plan, replicates: int, say: Callable[[str], None] = lam
     """`replicates` benchmark runs against one server lifetime (r1, r2, ...); returns their capture folders."""
     try:
         with ServerSession(plan, say) as session:
-            return [session.run(f"r{i + 1}") for i in range(replicates)]
+            return [session.run(CaptureFolder.replicate_name(i + 1)) for i in range(replicates)]
     except KeyboardInterrupt:
         raise CaptureError(f"interrupted; partial session kept in {plan.out}", interrupted=True) from None
 
@@ -271,6 +270,13 @@ def _model_config(plan: Plan, folder: CaptureFolder, manifest: Manifest) -> None
     if plan.model and not folder.write_model_config(plan.model):
         manifest.note(f"{files.MODEL_CONFIG} not written: {plan.model} is no local folder with a config.json "
                       "(give profkit report --model-config)")
+
+
+def _watcher(sampler: HostSampler | None, tree: str) -> Callable[[subprocess.Popen], None] | None:
+    """What to do once a step's process starts: have the sampler watch its tree (none without a sampler)."""
+    if sampler is None:
+        return None
+    return lambda proc: sampler.watch(tree, proc.pid)
 
 
 def _sampler(manifest: Manifest) -> HostSampler | None:

@@ -197,6 +197,7 @@ def save_run(db_path: Path, report: dict, label: str | None = None, inputs: list
                 _create_tables(db)
             runs = db.table("runs")
             runs.insert(run)
+            assert runs.last_rowid is not None  # the row just inserted
             run_id = int(runs.last_rowid)
             for table, rows in _child_rows(run_id, report).items():
                 if rows:

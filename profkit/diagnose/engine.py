@@ -144,4 +144,4 @@ def _change(rule: Rule, c: Change, facts: dict[str, Any], env: BoundedSandbox) -
     to = coerce(_part(rule, c.line, "to", render_template, env, c.to, facts)) if isinstance(c.to, str) else c.to
     return ProposedChange(flag=c.flag, from_=current, from_source=source, to=to,
                           why=_part(rule, c.line, "why", render_template, env, c.why, facts),
-                          **({"changes_precision": True} if changes_precision(c.flag) else {}))
+                          changes_precision=True if changes_precision(c.flag) else msgspec.UNSET)

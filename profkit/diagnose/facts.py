@@ -16,6 +16,7 @@ from typing import Any
 from profkit.analysis.api import GRAPH_LAUNCH_APIS, LAUNCH_APIS, SYNC_APIS
 from profkit.analysis.categories import categories
 from profkit.analysis.sections import GapClass, Imbalance, Rank, Sections
+from profkit.analysis.vllm import VllmSection
 from profkit.vllm.options import VLLM_DEFAULTS
 
 # Units: what a value counts. `share` is 0..1 of what the doc says; `value` a flag's value as vLLM reads it.
@@ -224,15 +225,15 @@ def _only_declared(facts: dict[str, Any]) -> dict[str, Any]:
 
 # --- derived from the sections ------------------------------------------------------------------------------------
 
-def compute_facts(sections: Sections | None, vllm: Any, host: dict[str, Any] | None, ranks: list[Rank] | None,
+def compute_facts(sections: Sections | None, vllm: VllmSection | None, host: dict[str, Any] | None, ranks: list[Rank] | None,
                   imbalance: Imbalance | None, workload: dict[str, Any] | None = None,
                   efficiency: dict[str, Any] | None = None) -> dict[str, Any]:
     """Every declared fact: from one trace's sections (None: the run has no trace), the `vllm` section (a
-    `profkit.diagnose.vllm_run.VllmSection`), the host section, the ranks and what the benchmark command says of
+    `profkit.analysis.vllm.VllmSection`), the host section, the ranks and what the benchmark command says of
     its workload (`workload.*`). Unknown ones are None."""
     workload = {f"workload.{k}": v for k, v in (workload or {}).items()}
     workload.update(efficiency_facts(efficiency, vllm, workload, host, sections))
-    if sections is None:  # no trace: only vLLM's evidence (and the host samples) are known
+    if sections is None or sections.window is None or sections.gpu is None:  # no trace: vLLM's evidence alone
         facts: dict[str, Any] = {k: None for k in FACTS if not k.startswith(("vllm.", "config", "host.", "steps."))}
         facts.update(workload)
         facts.update(vllm_facts(vllm))
@@ -260,7 +261,7 @@ def compute_facts(sections: Sections | None, vllm: Any, host: dict[str, Any] | N
     return _with_host(facts, sections.steps, host)
 
 
-def _config_sources(vllm: Any) -> dict[str, Any]:
+def _config_sources(vllm: VllmSection | None) -> dict[str, Any]:
     return {f"config_source.{key}": entry["source"] for key, entry in (vllm.config if vllm else {}).items()}
 
 
@@ -275,9 +276,14 @@ def _with_host(facts: dict[str, Any], steps: dict[str, Any] | None, host: dict[s
     return _only_declared(facts)
 
 
+def _devices(sections: Sections) -> int:
+    """The GPUs the trace's window saw busy or idle (0 without a trace)."""
+    return len(sections.gpu.devices) if sections.gpu is not None else 0
+
+
 def _rank_facts(sections: Sections, ranks: list[Rank] | None, imbalance: Imbalance | None) -> dict[str, Any]:
     if not ranks:
-        return {"ranks.count": len(sections.gpu.devices)}
+        return {"ranks.count": _devices(sections)}
     comm = [r.communication for r in ranks]
     shares = [c.share for c in comm if c.share is not None]
     overlaps = [c.overlap_share for c in comm if c.overlap_share is not None]
@@ -342,10 +348,13 @@ def _launch_facts(sections: Sections, win: int) -> dict[str, Any]:
 
 def _gap_facts(sections: Sections, win: int) -> dict[str, Any]:
     c = sections.gap_classes
-    devices = max(1, len(sections.gpu.devices))
+    devices = max(1, _devices(sections))
 
-    def share(*classes: GapClass) -> float:
-        return sum(g.idle_ns for g in classes) / (win * devices)
+    def share(*classes: GapClass | None) -> float:
+        return sum(g.idle_ns for g in classes if g is not None) / (win * devices)
+
+    def count(*classes: GapClass | None) -> int:
+        return sum(g.count for g in classes if g is not None)
 
     listed = sections.gaps
     return {
@@ -354,7 +363,7 @@ def _gap_facts(sections: Sections, win: int) -> dict[str, Any]:
         "gaps.mid_idle_share": share(c.from_20us_to_1ms),
         "gaps.host_idle_share": share(c.from_1ms_to_100ms, c.ge_100ms),
         "gaps.long_idle_share": share(c.ge_100ms),
-        "gaps.count_ge_1ms": c.from_1ms_to_100ms.count + c.ge_100ms.count,
+        "gaps.count_ge_1ms": count(c.from_1ms_to_100ms, c.ge_100ms),
         "gaps.max_ns": max((g["duration_ns"] for g in listed), default=0),
         "gaps.listed_host_api_share": (sum(g["host_api_share"] for g in listed) / len(listed)) if listed else None,
     }
@@ -384,7 +393,7 @@ def _memop_facts(sections: Sections, win: int) -> dict[str, Any]:
     }
 
 
-def vllm_facts(vllm: Any) -> dict[str, Any]:
+def vllm_facts(vllm: VllmSection | None) -> dict[str, Any]:
     """`vllm.*` and `config.*` from the `vllm` section (None: no vLLM evidence)."""
     facts: dict[str, Any] = {}
     bench = vllm.bench if vllm is not None else None
@@ -462,7 +471,7 @@ def vllm_facts(vllm: Any) -> dict[str, Any]:
     return facts
 
 
-def efficiency_facts(eff: dict[str, Any] | None, vllm: Any, workload: dict[str, Any], host: dict[str, Any] | None,
+def efficiency_facts(eff: dict[str, Any] | None, vllm: VllmSection | None, workload: dict[str, Any], host: dict[str, Any] | None,
                      sections: Sections | None) -> dict[str, Any]:
     """How far from the hardware's peak, and what the GPU and the model are (see analysis/efficiency.py)."""
     eff = eff or {}
@@ -491,7 +500,7 @@ def efficiency_facts(eff: dict[str, Any] | None, vllm: Any, workload: dict[str, 
         "efficiency.shape_mbu": (eff.get("model_shape") or {}).get("mbu"),
         "model.weight_bits": (eff.get("precision") or {}).get("weight_bits"),
         "gpu.fp8": bool((eff.get("gpu") or {}).get("fp8_tflops")) if (eff.get("gpu") or {}).get("source") else None,
-        "gpu.count": len(gpus) or (len(sections.gpu.devices) if sections is not None else None) or None,
+        "gpu.count": len(gpus) or (_devices(sections) if sections is not None else None) or None,
         "gpu_metrics.sm_active": share(metrics, "sm_active"),
         "gpu_metrics.tensor_active": share(metrics, "tensor_active"),
         "gpu_metrics.dram_bandwidth": sum(dram) if None not in dram else None,

@@ -138,6 +138,12 @@ def unreproduced(cal: Calibrated) -> str | None:
     return None
 
 
+def _ratio(m: dict[str, float | None]) -> float:
+    """A metric's predicted over its measured value (1: no change, or nothing measured or predicted)."""
+    before, after = m.get("before"), m.get("predicted")
+    return after / before if before and after is not None else 1.0
+
+
 def _gain(p: Prediction) -> float:
     m = p.metrics[OBJECTIVE]
     return m["predicted"] / m["before"] - 1 if m["before"] and m["predicted"] else 0.0
@@ -256,7 +262,7 @@ def rank_candidates(doc: dict[str, Any], queue: list[dict[str, Any]], objective:
     except Unobservable:
         return queue
     threshold = max(noise if noise is not None else DEFAULT_NOISE, 0.02)
-    ranked = []
+    ranked: list[tuple[float | None, dict[str, Any]]] = []
     for cand in queue:
         changes = _same_gpus({dest_of(c["flag"]): c.get("to") for c in cand["changes"]}, cal)
         if not set(changes) & MODELLED or set(changes) - MODELLED:
@@ -268,7 +274,7 @@ def rank_candidates(doc: dict[str, Any], queue: list[dict[str, Any]], objective:
             ranked.append((None, cand))
             continue
         m = p.metrics[objective]
-        gain = m["predicted"] / m["before"] - 1 if m["before"] else 0.0
+        gain = _ratio(m) - 1
         new_changes = [{**c, "to": chosen[dest_of(c["flag"])],
                         **({"model_chose": True} if chosen[dest_of(c["flag"])] != c.get("to") else {})}
                        for c in cand["changes"]]
@@ -277,7 +283,7 @@ def rank_candidates(doc: dict[str, Any], queue: list[dict[str, Any]], objective:
                          "why": "the same GPUs split the other way"} for k, v in chosen.items() if k not in given]
         ranked.append((gain, {**cand, "changes": new_changes, "skip": gain < threshold,
                               "predicted": {**m, "gain": gain, "limit_after": p.limit_after}}))
-    predicted = sorted((r for r in ranked if r[0] is not None), key=lambda r: -r[0])
+    predicted = sorted(((g, c) for g, c in ranked if g is not None), key=lambda r: -r[0])
     together = _together(cal, [c for _, c in predicted], objective, threshold, noise)
     return together + [c for _, c in predicted] + [c for g, c in ranked if g is None]
 
@@ -296,7 +302,7 @@ def _together(cal: Calibrated, ranked: list[dict[str, Any]], objective: str, thr
     if p is None or len(rules) < 2:
         return []
     m = p.metrics[objective]
-    gain = m["predicted"] / m["before"] - 1 if m["before"] else 0.0
+    gain = _ratio(m) - 1
     if gain - helping[0]["predicted"]["gain"] < threshold:
         return []
     members = [c for c in helping if c["rule"] in rules]

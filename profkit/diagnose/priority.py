@@ -35,7 +35,7 @@ def undoes(change: ProposedChange | dict[str, Any], gpu: str | None) -> str | No
     get = change.get if isinstance(change, dict) else lambda k, d=None: getattr(change, k, d)
     if get("from_source") != "given":
         return None
-    flag, old, new = get("flag"), get("from_", get("from")), get("to")
+    flag, old, new = str(get("flag")), get("from_", get("from")), get("to")
     default = default_of(dest_of(flag), gpu)
     shown = f"{flag} {_text(old)}" if old is not None else flag
     if new is None:
@@ -73,7 +73,7 @@ def priority(finding: Finding | dict[str, Any], changes: Iterable[ProposedChange
     """A finding's priority (over `changes`, default its own)."""
     get = finding.get if isinstance(finding, dict) else lambda k, d=None: getattr(finding, k, d)
     found = [u for c in (changes if changes is not None else get("changes") or []) if (u := undoes(c, gpu))]
-    return Priority("; ".join(found) or None, get("gain"), get("severity"))
+    return Priority("; ".join(found) or None, get("gain"), str(get("severity")))
 
 
 def order_findings(findings: list[Finding], gpu: str | None) -> list[Finding]:

@@ -81,13 +81,20 @@ def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> dict[str,
 _LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
+def _line(item: Any, rule_line: Any) -> int:
+    """The line of a rule file an item of the rule is on (the loader marks each mapping), else the rule's."""
+    line = item.get("__line__") if isinstance(item, dict) else None
+    return int(line if isinstance(line, int) else rule_line if isinstance(rule_line, int) else 1)
+
+
 def fact_names(expression: str) -> set[str]:
     """Dotted names an expression reads (`gpu.utilization < 0.5` -> {'gpu.utilization'})."""
     tree = ast.parse(expression, mode="eval")
-    names = set()
+    names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute):
-            parts, cur = [], node
+            parts: list[str] = []
+            cur: ast.expr = node
             while isinstance(cur, ast.Attribute):
                 parts.append(cur.attr)
                 cur = cur.value
@@ -145,8 +152,8 @@ def load_rule_file(path: Path, known_facts: set[str]) -> Rule:
         data = yaml.load(text, Loader=_LineLoader)  # noqa: S506 - SafeLoader subclass
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        line = f":{mark.line + 1}" if mark else ""
-        raise RuleError(f"{path}{line}: bad YAML: {one_line(getattr(exc, 'problem', exc), 160)}") from None
+        at = f":{mark.line + 1}" if mark else ""
+        raise RuleError(f"{path}{at}: bad YAML: {one_line(getattr(exc, 'problem', exc), 160)}") from None
     except RecursionError:
         raise RuleError(f"{path}: bad YAML: nested too deeply") from None
     if not isinstance(data, dict):
@@ -178,7 +185,7 @@ def load_rule_file(path: Path, known_facts: set[str]) -> Rule:
     _check_template(data["summary"], f"{path}:{top}: summary")
     evidence = []
     for item in data.get("evidence") or []:
-        line = item.get("__line__", top) if isinstance(item, dict) else top
+        line = _line(item, top)
         if not isinstance(item, dict) or "fact" not in item or set(item) - EVIDENCE_KEYS - {"__line__"}:
             raise RuleError(f"{path}:{line}: evidence items are {{fact, threshold, source}}")
         if not all(isinstance(item.get(k), (str, type(None))) or _scalar(item[k]) for k in EVIDENCE_KEYS) \
@@ -190,7 +197,7 @@ def load_rule_file(path: Path, known_facts: set[str]) -> Rule:
                          if k != "__line__"})
     changes = []
     for item in data.get("changes") or []:
-        line = item.get("__line__", top) if isinstance(item, dict) else top
+        line = _line(item, top)
         keys = set(item) - {"__line__"} if isinstance(item, dict) else set()
         if not {"flag", "to", "why"} <= keys or keys - CHANGE_KEYS:
             raise RuleError(f"{path}:{line}: changes items are {{flag, to, why, when?}}")

@@ -15,7 +15,7 @@ import ast
 import functools
 import re
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 import jinja2.filters
 import jinja2.nodes
@@ -214,7 +214,7 @@ def _filter_replace(s: Any, old: Any, new: Any, count: int | None = None) -> str
 
 def _filter_format(value: Any, *args: Any, **kwargs: Any) -> str:
     if args and kwargs:
-        raise jinja2.FilterArgumentError("format takes positional or keyword arguments, not both")
+        raise jinja2.exceptions.FilterArgumentError("format takes positional or keyword arguments, not both")
     return _percent(str(value), kwargs or args)
 
 
@@ -233,7 +233,7 @@ def _filter_sum(values: Any, start: Any = 0) -> Any:
     return total
 
 
-def _filter_round(value: Any, precision: int = 0, method: str = "common") -> float:
+def _filter_round(value: Any, precision: int = 0, method: Literal["common", "ceil", "floor"] = "common") -> float:
     _check_width(str(precision), "round()")
     return jinja2.filters.do_round(value, precision, method)
 

@@ -2,9 +2,9 @@
 
 One function builds it (`suggest`), and report, diff and tune all call it. The user's command comes, best
 first, from the capture manifest (`CaptureFolder.user_command`), from `--vllm-args`, and only when nothing
-better is known from the vLLM log's "non-default args" line (said as such). Changes are applied in place by
-`VllmCommand.apply`: the same program and subcommand, the user's arguments in their order, only the changed
-settings edited, added or removed, in the user's own spelling.
+better is known from the vLLM log's "non-default args" line, said as such (`Evidence.run_command`). Changes are
+applied in place by `VllmCommand.apply`: the same program and subcommand, the user's arguments in their order,
+only the changed settings edited, added or removed, in the user's own spelling.
 """
 
 from __future__ import annotations
@@ -143,14 +143,3 @@ def suggest(original: UserCommand | None, changes: list[ProposedChange | dict[st
 def _check(cmd: VllmCommand) -> CommandCheck:
     result = cmd.check()
     return CommandCheck(cmd.shell(), result.ok, result.by, result.problems, " ".join(["vllm", *cmd.subcommand]))
-
-
-def user_command(given: UserCommand | None, non_default_args: dict[str, Any] | None,
-                 offline: bool) -> UserCommand | None:
-    """The best-known command of the run (see the module docstring for the order); `offline`: the benchmark
-    result is an offline one (`vllm bench throughput|latency`), which decides what a rebuilt command runs."""
-    if given:
-        return given
-    from profkit.vllm.command import from_non_default_args
-
-    return from_non_default_args(non_default_args, offline) if non_default_args else None

@@ -34,6 +34,12 @@ class BenchResult(msgspec.Struct, omit_defaults=True, frozen=True):
     input_tokens: float | None = None  # all prompts' tokens (vllm bench serve)
     output_tokens: float | None = None  # all generated tokens
 
+    def request_tokens(self) -> tuple[float, float] | None:
+        """The mean prompt and output tokens per request (vllm bench serve's totals over its requests)."""
+        if self.input_tokens is None or self.output_tokens is None or not self.num_requests:
+            return None
+        return self.input_tokens / self.num_requests, self.output_tokens / self.num_requests
+
 
 # field -> the keys `vllm bench throughput` and `vllm bench serve` write it under, first found wins
 KEYS: dict[str, tuple[str, ...]] = {

@@ -175,6 +175,15 @@ class CaptureFolder:
     def exists(self) -> bool:
         return (self.path / MANIFEST).exists()
 
+    @staticmethod
+    def replicate_name(n: int) -> str:
+        """The folder of a session's n-th run (1-based): r1, r2, ... The one place that names it."""
+        return f"r{n}"
+
+    def replicate(self, n: int) -> CaptureFolder:
+        """This session folder's n-th run (1-based), written or to be written."""
+        return CaptureFolder(self.path / self.replicate_name(n))
+
     def replicates(self) -> list[CaptureFolder]:
         """A session folder's runs (r1, r2, ...: capture folders of one server lifetime), in order."""
         found = [p for p in self.path.iterdir() if p.is_dir() and CaptureFolder.recognise(p)] \

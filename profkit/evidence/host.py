@@ -66,8 +66,9 @@ def _pid(value: Any) -> bool:
 def parse_host(data: Any, path: str) -> HostSamples:
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         raise ProfkitError(f"{path}: not a {SCHEMA} document")
-    listed = data.get("processes") if isinstance(data.get("processes"), list) else []
-    processes, skipped = [], 0
+    listed: list[Any] = data["processes"] if isinstance(data.get("processes"), list) else []
+    processes: list[ProcessSamples] = []
+    skipped = 0
     left_out: dict[str, int] = {}
 
     def leave(why: str, n: int = 1) -> None:
@@ -82,12 +83,12 @@ def parse_host(data: Any, path: str) -> HostSamples:
             skipped += 1
             leave(why)
             continue
-        raw = p.get("cpu") if isinstance(p.get("cpu"), list) else []
+        raw: list[Any] = p["cpu"] if isinstance(p.get("cpu"), list) else []
         valid = [(pair[0], pair[1]) for pair in raw if number_pair(pair) and pair[1] >= 0]
         skipped += len(raw) - len(valid)
         leave("CPU samples that are not [seconds, cores used] of finite numbers, cores >= 0", len(raw) - len(valid))
         processes.append(ProcessSamples(p.get("pid"), p["role"], str(p.get("name", ""))[:200], valid))
-    gpus = data.get("gpus") if isinstance(data.get("gpus"), list) else []
+    gpus: list[Any] = data["gpus"] if isinstance(data.get("gpus"), list) else []
     used = _used(gpus, {p.pid for p in processes})
     util = [(pair[0], pair[1]) for g in gpus if isinstance(g, dict) and isinstance(g.get("util"), list)
             and (used is None or g.get("index") in used)

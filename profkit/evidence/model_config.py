@@ -84,13 +84,14 @@ def _int(data: dict[str, Any], path: str, field: str, *keys: str) -> int | None:
 def parse_model_config(data: Any, path: str) -> ModelShape:
     if not isinstance(data, dict):
         raise ProfkitError(f"{path}: not a model config (expected a JSON object)")
-    text = data.get("text_config") if isinstance(data.get("text_config"), dict) else data  # multimodal wrappers
+    wrapped = data.get("text_config")
+    text: dict[str, Any] = wrapped if isinstance(wrapped, dict) else data  # multimodal wrappers
     hidden = _int(text, path, "hidden", "hidden_size", "n_embd", "d_model")
     layers = _int(text, path, "layers", "num_hidden_layers", "n_layer", "num_layers")
     heads = _int(text, path, "heads", "num_attention_heads", "n_head")
     vocab = _int(text, path, "vocab", "vocab_size")
     intermediate = _int(text, path, "intermediate", "intermediate_size", "ffn_dim", "n_inner")
-    if None in (hidden, layers, heads, vocab, intermediate):
+    if hidden is None or layers is None or heads is None or vocab is None or intermediate is None:
         raise ProfkitError(f"{path}: not a decoder model config this profkit reads (needs hidden_size, "
                            "num_hidden_layers, num_attention_heads, intermediate_size, vocab_size)")
     kv_heads = _int(text, path, "kv_heads", "num_key_value_heads", "num_kv_heads") or heads

@@ -25,7 +25,7 @@ from profkit.evidence.manifest import CaptureManifest
 from profkit.evidence.metrics import MetricsScrape, read_metrics
 from profkit.evidence.model_config import ModelShape, read_model_config
 from profkit.evidence.vllm_log import VllmLog, read_log
-from profkit.vllm.command import UserCommand, VllmCommand
+from profkit.vllm.command import UserCommand, VllmCommand, from_non_default_args
 
 
 class Evidence(msgspec.Struct, frozen=True, kw_only=True):
@@ -77,6 +77,19 @@ class Evidence(msgspec.Struct, frozen=True, kw_only=True):
         return not (self.bench is not None or self.log is not None or self.metrics or self.host is not None
                     or self.vllm_args or self.command is not None
                     or (self.manifest is not None and self.manifest.environment is not None))
+
+    def run_command(self) -> UserCommand | None:
+        """The best-known command of the run: the user's own (the capture manifest's, else --vllm-args), else one
+        rebuilt from vLLM's log's "non-default args" line (said as such); what it rebuilds depends on whether the
+        benchmark was an offline one (`vllm bench throughput|latency`: a result without TTFT)."""
+        if self.command:
+            return self.command
+        logged = self.log.non_default_args if self.log else None
+        if not logged:
+            return None
+        bench = self.bench
+        offline = bench is not None and bench.requests_per_second is not None and bench.ttft_mean_ms is None
+        return from_non_default_args(logged, offline)
 
     def flags(self) -> dict[str, Any]:
         """The settings the run's vLLM flags give ({} without flags)."""

@@ -116,15 +116,15 @@ def parse_log(text: str) -> VllmLog:
     found = {key: pattern.search(text) for key, pattern in _STARTUP_NUMBERS.items()}
     if (m := found["kv_cache_tokens"]) and (v := parse_int(m.group(1))) is not None:
         out["kv_cache_tokens"] = v
-    if (m := found["max_concurrency"]) and (v := parse_float(m.group(2))) is not None:
-        out["max_concurrency"] = v
+    if (m := found["max_concurrency"]) and (f := parse_float(m.group(2))) is not None:
+        out["max_concurrency"] = f
     if (m := found["logged_max_num_batched_tokens"]) and (v := parse_int(m.group(1))) is not None:
         out["logged_max_num_batched_tokens"] = v
-    if (m := found["logged_gpu_memory_utilization"]) and (v := parse_float(m.group(1))) is not None:
-        out["logged_gpu_memory_utilization"] = v
+    if (m := found["logged_gpu_memory_utilization"]) and (f := parse_float(m.group(1))) is not None:
+        out["logged_gpu_memory_utilization"] = f
     for key in ("gpu_free_memory_bytes", "kv_cache_memory_bytes", "model_memory_bytes"):
-        if (m := found[key]) and (v := parse_float(m.group(1) or m.group(m.lastindex or 1))) is not None:
-            out[key] = int(v * GIB)
+        if (m := found[key]) and (f := parse_float(m.group(1) or m.group(m.lastindex or 1))) is not None:
+            out[key] = int(f * GIB)
     if m := _NON_DEFAULT.search(text):
         # Only literal values (objects such as ProfilerConfig(...) are skipped).
         out["non_default_args"] = {k: _literal(v) for k, v in _LITERAL_ARG.findall(m.group(1))}

@@ -126,7 +126,10 @@ def observe(doc: dict[str, Any]) -> Observation:
                     weights_bytes=_num(facts.get("vllm.model_memory_bytes")),
                     total_bytes=_total_memory(vllm, gpu), utilization=_num(config.get("gpu_memory_utilization")),
                     kv_given=config.get("kv_cache_memory_bytes") is not None)
-    ms = (lambda key: None if _num(bench.get(key)) is None else _num(bench.get(key)) / 1e3)  # noqa: E731
+    def ms(key: str) -> float | None:
+        value = _num(bench.get(key))
+        return None if value is None else value / 1e3
+
     measured = Measured(request_throughput=rps, output_throughput=_num(bench.get("output_throughput")) or out / elapsed,
                         ttft_mean_s=ms("ttft_mean_ms"), tpot_mean_s=ms("tpot_mean_ms"), elapsed_s=elapsed,
                         preemptions=_num(facts.get("vllm.preemptions")), ttft_p99_s=ms("ttft_p99_ms"),

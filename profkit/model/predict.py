@@ -1,10 +1,11 @@
 """Calibrate the step-level simulation on the measured run, then predict the run under other flag values.
 
 Calibration: a step's costs start from the hardware's peaks, the model's bytes and FLOPs per token and the run's
-own efficiencies where vLLM's step annotations measured them (decode MBU, prefill MFU); two factors (one on the
-memory-bound work, one on the arithmetic) are then fitted so that the simulated benchmark takes the measured
-time and gives the measured mean TPOT. What was not fitted (mean TTFT, preemptions) is the model's own error on
-the run it knows best, and widens every range.
+own efficiencies where vLLM's step annotations measured them (decode MBU, prefill MFU); one factor on every step
+cost (or on the engine core's CPU, where host samples show it set the pace) is then fitted so that the simulated
+benchmark takes the measured time (a run paced by its arrivals: gives the measured mean TPOT), and the KV cache's
+admission reserve so that it preempts as often as the run did. What was not fitted (mean TTFT, the other of
+duration and TPOT) is the model's own error on the run it knows best, and widens every range.
 
 A change moves the simulation's inputs, and only those the change physically moves: the KV cache's size
 (`--gpu-memory-utilization`, `--kv-cache-memory-bytes`, FP8 KV cache or weights), the scheduler's caps
@@ -71,6 +72,9 @@ EXTRAPOLATED_CEILING = 0.15
 ALLREDUCES_PER_LAYER = 2
 ALLREDUCE_LATENCY_S = (6e-6, 1.25e-5, 2e-5)
 NVLINK_BPS = (3e11, 2.2e11, 1.5e11)
+# Where the model's config.json does not say: a layer's attention width (heads x head dim), and so its hidden size,
+# taken as the 13-14B Llama shape's 5,120; layers are then the run's layers x heads x head dim over it.
+LLAMA_HIDDEN = 5120.0
 MODELLED = {"gpu_memory_utilization", "kv_cache_memory_bytes", "kv_cache_dtype", "quantization", "max_num_seqs",
             "max_num_batched_tokens", "max_model_len", "enforce_eager", "api_server_count", "tensor_parallel_size",
             "data_parallel_size"}
@@ -112,7 +116,7 @@ def _prior_cost(obs: Observation, eager: bool) -> StepCost:
     mfu = obs.phase_mfu if obs.phase_mfu and 0.1 < obs.phase_mfu <= 1 else 0.55
     bw, flops = obs.bandwidth_bps * mbu, obs.compute_flops * mfu
     weights = obs.matmul_params * obs.weight_bits / 8
-    layers = max(1.0, obs.layers_heads_dim / 5120.0)
+    layers = max(1.0, obs.layers_heads_dim / LLAMA_HIDDEN)
     comm_s, comm_token_s = _comm(obs, obs.tensor_parallel)
     return StepCost(overhead_s=_overhead(eager, layers),
                     weights_s=weights / bw, token_s=2.0 * obs.matmul_params / flops,
@@ -125,11 +129,11 @@ def _comm(obs: Observation, tp: int, end: int = 1) -> tuple[float, float]:
     mean all-reduce time where it has that parallelism, else the priors (`end`: 0 low, 1 middle, 2 high)."""
     if tp <= 1:
         return 0.0, 0.0
-    layers = obs.layers or max(1.0, obs.layers_heads_dim * obs.tensor_parallel / 5120.0)
+    layers = obs.layers or max(1.0, obs.layers_heads_dim * obs.tensor_parallel / LLAMA_HIDDEN)
     calls = ALLREDUCES_PER_LAYER * layers
     if tp == obs.tensor_parallel and obs.allreduce_s:
         return calls * obs.allreduce_s, 0.0
-    hidden = obs.hidden or 5120.0
+    hidden = obs.hidden or LLAMA_HIDDEN
     return calls * ALLREDUCE_LATENCY_S[end], calls * hidden * 2.0 * 2.0 * (tp - 1) / tp / NVLINK_BPS[end]
 
 
@@ -174,11 +178,12 @@ def _fit(obs: Observation) -> Calibrated:
 
     def fit_reserve(cost: StepCost) -> None:
         nonlocal engine
-        if m.preemptions is None:  # the cache's slack from the run's own preemptions (each one recomputes)
+        counted = m.preemptions
+        if counted is None:  # the cache's slack from the run's own preemptions (each one recomputes)
             return
         tried = {w: simulate_engines(work, replace(engine, reserve=w), cost, obs.data_parallel).preemptions
                  for w in RESERVES}
-        best = min(tried, key=lambda w: (abs(math.log((tried[w] + 1) / (m.preemptions + 1))), abs(w - DEFAULT_RESERVE)))
+        best = min(tried, key=lambda w: (abs(math.log((tried[w] + 1) / (counted + 1))), abs(w - DEFAULT_RESERVE)))
         engine = replace(engine, reserve=best)
 
     if not arrival_bound:
@@ -200,7 +205,7 @@ def _fit(obs: Observation) -> Calibrated:
 
     def gap(log_scale: float) -> tuple[float, SimResult]:
         r = simulate_engines(work, engine, scaled(log_scale), obs.data_parallel)
-        if arrival_bound:
+        if arrival_bound and m.tpot_mean_s:
             return math.log(max(r.tpot_mean_s, 1e-9) / m.tpot_mean_s), r
         return math.log(r.elapsed_s / m.elapsed_s), r
 
@@ -242,127 +247,186 @@ def predict(cal: Calibrated, changes: dict[str, Any], noise: float | None = None
     unmodelled = sorted(k for k in changes if k not in MODELLED)
     if "gpu_memory_utilization" in changes and not (obs.memory.total_bytes and obs.memory.utilization):
         unmodelled.append("gpu_memory_utilization (the GPU's memory is unknown)")
-    reasoning: list[str] = []
-    trades: list[str] = []
-    engine, cost, work = cal.engine, cal.cost, cal.workload
+    said = _Said([], [])
+    change = _changed(cal, changes, said)
+    runs = [simulate_engines(cal.workload, change.engine, cost, change.dp) for cost in _step_costs(cal, change, said)]
+    if not change.moves_costs:
+        runs = runs[:1]
+    mid = runs[len(runs) // 2]
+    before = cal.baseline
+    caps_before, caps = host_ceilings(obs, {}, before), host_ceilings(obs, changes, before, mid)
+    for name, cap in caps.items():  # said where the change moves a ceiling by itself or one binds
+        binds = cap <= mid.output_throughput or caps_before[name] <= before.output_throughput
+        if "api_server_count" in changes and name == "api_server" or binds:
+            said.reasoning.append(f"{HOST_NAMES[name]} carries up to {caps_before[name]:,.0f} → {cap:,.0f} tok/s")
+    metrics = _ranged(cal, runs, mid, caps, caps_before, noise)
+    limit_after = limit_of(mid, change.engine, cal.workload, caps)
+    limit_before = limit_of(before, cal.engine, cal.workload, caps_before)
+    _outcome_reasoning(cal, mid, metrics, said.reasoning)
+    return Prediction(changes, metrics, limit_before, limit_after, said.reasoning, unmodelled, said.trades)
+
+
+@dataclass
+class _Said:
+    """What a prediction says beside its numbers, in order: its reasoning and what the change trades."""
+
+    reasoning: list[str]
+    trades: list[str]
+
+
+@dataclass(frozen=True)
+class _Change:
+    """A configuration change as the simulation reads it: the new engine (the cache's size and the scheduler's
+    caps), the parallelism, and what moves a step's cost."""
+
+    engine: Engine
+    tp0: int
+    tp1: int
+    dp: int
+    share: float  # of the model's work and weights on one GPU, after over before
+    fp8_weights: bool
+    fp8_kv: bool
+    eager_before: bool
+    eager_after: bool
+
+    @property
+    def moves_costs(self) -> bool:
+        """Whether the change moves a step's cost by an uncertain factor (each end simulated)."""
+        return self.fp8_weights or self.fp8_kv or self.eager_after != self.eager_before or self.tp1 != self.tp0
+
+
+def _changed(cal: Calibrated, changes: dict[str, Any], said: _Said) -> _Change:
+    """The engine and parallelism under the changes, with what they do to the KV cache and the caps, said."""
+    obs, engine = cal.observation, cal.engine
     fp8_weights = _is_fp8(changes.get("quantization")) and obs.weight_bits > 8
     fp8_kv = _is_fp8(changes.get("kv_cache_dtype")) and obs.memory.kv_bytes_per_token > 0 \
         and not _is_fp8(obs.config.get("kv_cache_dtype"))
     tp0, dp0 = obs.tensor_parallel, obs.data_parallel
     tp1, dp1 = int(changes.get("tensor_parallel_size") or tp0), int(changes.get("data_parallel_size") or dp0)
-    share = tp0 / tp1  # of the model's work and weights on one GPU, after over before
-    # the KV cache's size (one GPU's bytes; a token's bytes on one GPU: its share of the KV heads)
-    kv_bytes = _kv_bytes(obs, changes, fp8_weights, reasoning)
+    share = tp0 / tp1
+    kv_tokens = _kv_tokens(obs, changes, fp8_weights, fp8_kv, tp1, said)
+    if dp1 != dp0:
+        said.reasoning.append(f"--data-parallel-size {dp0} → {dp1}: " + (
+            f"{dp1} engines, each serving 1/{dp1} of the requests (and of the client's slots)" if dp1 > 1
+            else "one engine serves every request"))
+    if tp1 * dp1 != tp0 * dp0:
+        said.trades.append(f"uses {tp1 * dp1} GPUs (the run used {tp0 * dp0})")
+    if abs(kv_tokens - obs.memory.kv_tokens) > 1e-3 * obs.memory.kv_tokens:
+        said.reasoning.append(f"KV cache {obs.memory.kv_tokens:,} → {kv_tokens:,} tokens"
+                              + (" (FP8 KV cache: half the bytes per token)" if fp8_kv else ""))
+    if fp8_kv or fp8_weights:
+        said.trades.append("changes model precision (FP8): check accuracy before shipping")
+    seqs = int(changes.get("max_num_seqs", engine.max_num_seqs))
+    batched = int(changes.get("max_num_batched_tokens", engine.max_num_batched_tokens))
+    if seqs != engine.max_num_seqs:
+        said.reasoning.append(f"--max-num-seqs {engine.max_num_seqs} → {seqs}")
+    if batched != engine.max_num_batched_tokens:
+        said.reasoning.append(f"--max-num-batched-tokens {engine.max_num_batched_tokens} → {batched}: prompt "
+                              "chunks per step")
+    limit_len = changes.get("max_model_len")
+    if limit_len is not None and obs.prompt_tokens + obs.output_tokens > int(limit_len):
+        said.reasoning.append(f"--max-model-len {limit_len} is shorter than the workload's requests "
+                              f"({obs.prompt_tokens + obs.output_tokens} tokens): vLLM would refuse them")
+    eager_before = bool(obs.config.get("enforce_eager"))
+    return _Change(Engine(max(kv_tokens, 1), seqs, batched, reserve=engine.reserve), tp0, tp1, dp1, share,
+                   fp8_weights, fp8_kv, eager_before, bool(changes.get("enforce_eager", eager_before)))
+
+
+def _kv_tokens(obs: Observation, changes: dict[str, Any], fp8_weights: bool, fp8_kv: bool, tp1: int,
+               said: _Said) -> int:
+    """The KV cache's tokens under the changes: one GPU's bytes over a token's bytes on one GPU (its share of the
+    KV heads); a tensor-parallel change moves the weights each GPU holds."""
+    tp0 = obs.tensor_parallel
+    share = tp0 / tp1
+    kv_bytes = _kv_bytes(obs, changes, fp8_weights, said.reasoning)
     per_token = obs.memory.kv_bytes_per_token / (2 if fp8_kv else 1) * share
     if tp1 != tp0:
         weights = obs.memory.weights_bytes or obs.matmul_params * obs.weight_bits / 8
         kv_bytes -= weights * (share - 1)
-        reasoning.append(f"--tensor-parallel-size {tp0} → {tp1}: each GPU holds {share:g}x the weights "
-                         f"({weights / 2**30:.1f} → {weights * share / 2**30:.1f} GiB) and does {share:g}x the work "
-                         "of a step" + ("; no all-reduces" if tp1 == 1 else ""))
+        said.reasoning.append(f"--tensor-parallel-size {tp0} → {tp1}: each GPU holds {share:g}x the weights "
+                              f"({weights / 2**30:.1f} → {weights * share / 2**30:.1f} GiB) and does {share:g}x the "
+                              "work of a step" + ("; no all-reduces" if tp1 == 1 else ""))
         if kv_bytes <= 0:
-            raise Infeasible(f"at --tensor-parallel-size {tp1} the weights ({weights * share / 2**30:.1f} GiB a GPU) "
-                             "leave no memory for the KV cache")
-    if dp1 != dp0:
-        reasoning.append(f"--data-parallel-size {dp0} → {dp1}: " + (
-            f"{dp1} engines, each serving 1/{dp1} of the requests (and of the client's slots)" if dp1 > 1
-            else "one engine serves every request"))
-    if tp1 * dp1 != tp0 * dp0:
-        trades.append(f"uses {tp1 * dp1} GPUs (the run used {tp0 * dp0})")
-    kv_tokens = round(kv_bytes / per_token) if kv_bytes and kv_bytes > 0 else 0
-    if abs(kv_tokens - obs.memory.kv_tokens) > 1e-3 * obs.memory.kv_tokens:
-        reasoning.append(f"KV cache {obs.memory.kv_tokens:,} → {kv_tokens:,} tokens"
-                         + (" (FP8 KV cache: half the bytes per token)" if fp8_kv else ""))
-    if fp8_kv or fp8_weights:
-        trades.append("changes model precision (FP8): check accuracy before shipping")
-    seqs = int(changes.get("max_num_seqs", engine.max_num_seqs))
-    batched = int(changes.get("max_num_batched_tokens", engine.max_num_batched_tokens))
-    if seqs != engine.max_num_seqs:
-        reasoning.append(f"--max-num-seqs {engine.max_num_seqs} → {seqs}")
-    if batched != engine.max_num_batched_tokens:
-        reasoning.append(f"--max-num-batched-tokens {engine.max_num_batched_tokens} → {batched}: prompt chunks "
-                         "per step")
-    limit_len = changes.get("max_model_len")
-    if limit_len is not None and obs.prompt_tokens + obs.output_tokens > int(limit_len):
-        reasoning.append(f"--max-model-len {limit_len} is shorter than the workload's requests "
-                         f"({obs.prompt_tokens + obs.output_tokens} tokens): vLLM would refuse them")
-    new_engine = Engine(max(kv_tokens, 1), seqs, batched, reserve=engine.reserve)
-    # the step's costs
-    eager_before = bool(obs.config.get("enforce_eager"))
-    eager_after = bool(changes.get("enforce_eager", eager_before))
-    layers = max(1.0, obs.layers_heads_dim / 5120.0)
-    overhead = cost.overhead_s - _overhead(eager_before, layers) + _overhead(eager_after, layers)
+            raise Infeasible(f"at --tensor-parallel-size {tp1} the weights ({weights * share / 2**30:.1f} GiB a "
+                             "GPU) leave no memory for the KV cache")
+    return round(kv_bytes / per_token) if kv_bytes and kv_bytes > 0 else 0
+
+
+def _step_costs(cal: Calibrated, change: _Change, said: _Said) -> list[StepCost]:
+    """A step's costs under the change, at the low, middle and high ends of what it does to them: launch overhead
+    (CUDA graphs), the engine core's CPU, a GPU's share of the work, the all-reduces, FP8 GEMMs and KV reads."""
+    obs, cost = cal.observation, cal.cost
+    layers = max(1.0, obs.layers_heads_dim / LLAMA_HIDDEN)
+    overhead = cost.overhead_s - _overhead(change.eager_before, layers) + _overhead(change.eager_after, layers)
     # the engine core's CPU per step keeps the factor the run fitted on it; only the launches come or go (each end
     # of their uncertain cost simulated)
-    cpu_steps = [cost.cpu_step_s * _cpu_step(obs, eager_after, e) / _cpu_step(obs, eager_before, e)
+    cpu_steps = [cost.cpu_step_s * _cpu_step(obs, change.eager_after, e) / _cpu_step(obs, change.eager_before, e)
                  for e in EAGER_CPU_PER_LAYER_S]
-    cpu_step = cpu_steps[1]
-    if eager_after != eager_before:
-        reasoning.append(f"CUDA graphs {'off' if eager_after else 'on'}: each step's launch overhead on the GPU "
-                         f"{cost.overhead_s * 1e3:.2f} → {overhead * 1e3:.2f} ms; the engine core's CPU per step "
-                         f"{cost.cpu_step_s * 1e3:.2f} → {cpu_step * 1e3:.2f} ms")
-    base_cost = replace(cost, overhead_s=overhead)
+    if change.eager_after != change.eager_before:
+        said.reasoning.append(f"CUDA graphs {'off' if change.eager_after else 'on'}: each step's launch overhead on "
+                              f"the GPU {cost.overhead_s * 1e3:.2f} → {overhead * 1e3:.2f} ms; the engine core's "
+                              f"CPU per step {cost.cpu_step_s * 1e3:.2f} → {cpu_steps[1] * 1e3:.2f} ms")
+    base = replace(cost, overhead_s=overhead)
+    tp0, tp1, share = change.tp0, change.tp1, change.share
     if tp1 != tp0:  # a GPU's share of the work scales; the all-reduces are those of the new parallelism
-        base_cost = replace(base_cost, weights_s=base_cost.weights_s * share, token_s=base_cost.token_s * share,
-                            kv_token_s=base_cost.kv_token_s * share, pair_s=base_cost.pair_s * share)
+        base = replace(base, weights_s=base.weights_s * share, token_s=base.token_s * share,
+                       kv_token_s=base.kv_token_s * share, pair_s=base.pair_s * share)
     comms = [_comm(obs, tp1, end) for end in range(3)] if tp1 != tp0 else [(cost.comm_s, cost.comm_token_s)] * 3
     if tp1 != tp0 and (cost.comm_s or comms[1][0]):
-        reasoning.append(f"all-reduces {cost.comm_s * 1e3:.2f} → {comms[1][0] * 1e3:.2f} ms a step (latency)"
-                         + (f" + {comms[1][1] * 8192 * 1e3:.1f} ms for an 8,192-token prefill" if comms[1][1] else ""))
-    speedups = FP8_GEMM_SPEEDUP if fp8_weights else (1.0, 1.0, 1.0)
-    kv_costs = FP8_KV_TOKEN_COST if fp8_kv else (1.0, 1.0, 1.0)
-    if fp8_weights:
-        reasoning.append(f"FP8 weights: each step reads half the weight bytes; GEMMs {speedups[0]}x-{speedups[-1]}x "
-                         "the 16-bit rate")
-    if fp8_kv:
-        reasoning.append(f"FP8 KV cache: a cached token read in {kv_costs[-1]}x-{kv_costs[0]}x its 16-bit time "
-                         "(half the bytes, dequantised as read)")
-    runs = [simulate_engines(work, new_engine, replace(
-                base_cost, weights_s=base_cost.weights_s / (2 if fp8_weights else 1), token_s=base_cost.token_s / g,
-                pair_s=base_cost.pair_s / g, kv_token_s=base_cost.kv_token_s * k, cpu_step_s=c, comm_s=cs,
-                comm_token_s=ct), dp1)
+        said.reasoning.append(f"all-reduces {cost.comm_s * 1e3:.2f} → {comms[1][0] * 1e3:.2f} ms a step (latency)"
+                              + (f" + {comms[1][1] * 8192 * 1e3:.1f} ms for an 8,192-token prefill" if comms[1][1]
+                                 else ""))
+    speedups = FP8_GEMM_SPEEDUP if change.fp8_weights else (1.0, 1.0, 1.0)
+    kv_costs = FP8_KV_TOKEN_COST if change.fp8_kv else (1.0, 1.0, 1.0)
+    if change.fp8_weights:
+        said.reasoning.append(f"FP8 weights: each step reads half the weight bytes; GEMMs {speedups[0]}x-"
+                              f"{speedups[-1]}x the 16-bit rate")
+    if change.fp8_kv:
+        said.reasoning.append(f"FP8 KV cache: a cached token read in {kv_costs[-1]}x-{kv_costs[0]}x its 16-bit time "
+                              "(half the bytes, dequantised as read)")
+    return [replace(base, weights_s=base.weights_s / (2 if change.fp8_weights else 1), token_s=base.token_s / g,
+                    pair_s=base.pair_s / g, kv_token_s=base.kv_token_s * k, cpu_step_s=c, comm_s=cs, comm_token_s=ct)
             for g, k, c, (cs, ct) in zip(speedups, kv_costs, cpu_steps, comms, strict=True)]
-    if not (fp8_weights or fp8_kv or eager_after != eager_before or tp1 != tp0):
-        runs = runs[:1]
-    mid = runs[len(runs) // 2]
-    caps_before, caps = host_ceilings(obs, {}, cal.baseline), host_ceilings(obs, changes, cal.baseline, mid)
-    for name, cap in caps.items():  # said where the change moves a ceiling by itself or one binds
-        binds = cap <= mid.output_throughput or caps_before[name] <= cal.baseline.output_throughput
-        if "api_server_count" in changes and name == "api_server" or binds:
-            reasoning.append(f"{HOST_NAMES[name]} carries up to {caps_before[name]:,.0f} → {cap:,.0f} tok/s")
-    before = cal.baseline
+
+
+def _ranged(cal: Calibrated, runs: list[SimResult], mid: SimResult, caps: dict[str, float],
+            caps_before: dict[str, float], noise: float | None) -> dict[str, dict[str, float | None]]:
+    """Each metric measured, predicted and its range: the simulated values scaled by the baseline's measured over
+    simulated (the fit's bias cancels), widened by the noise and the fit's error."""
     spread = (noise if noise is not None else DEFAULT_NOISE) + max(cal.fit_error.values(), default=0.0)
     if caps and not cal.fit_error:
         spread += EXTRAPOLATED_CEILING  # a ceiling read off an unsaturated process, and an uncalibrated GPU
     metrics: dict[str, dict[str, float | None]] = {}
-    measured = obs.measured
     latency = {"mean_ttft_ms": cal.request_latency_s * 1e3}  # the same for every request, before and after
-    base_values = _metrics(before, caps_before)
+    base_values = _metrics(cal.baseline, caps_before)
     for name, _ in METRICS:
         values = [_metrics(r, caps)[name] + latency.get(name, 0.0) for r in runs]
-        meas = _measured(measured, name)
+        meas = _measured(cal.observation.measured, name)
         base = base_values[name] + latency.get(name, 0.0)
-        # scale each simulated value by the measured/simulated ratio of the baseline: the fit's bias cancels
         ratio = meas / base if meas and base else 1.0
         scaled = [v * ratio for v in values]
         err = spread + (cal.fit_error.get("ttft", 0.0) if name == "mean_ttft_ms" else 0.0)
         metrics[name] = {"before": meas, "predicted": (_metrics(mid, caps)[name] + latency.get(name, 0.0)) * ratio,
                          "low": min(scaled) * math.exp(-err), "high": max(scaled) * math.exp(err)}
-    limit_after = limit_of(mid, new_engine, work, caps)
-    limit_before = limit_of(before, engine, work, caps_before)
+    return metrics
+
+
+def _outcome_reasoning(cal: Calibrated, mid: SimResult, metrics: dict[str, dict[str, float | None]],
+                       reasoning: list[str]) -> None:
+    """What the simulated run did differently: its batch, a decode step, preemptions, the throughput."""
+    before = cal.baseline
     if mid.batch_mean and before.batch_mean and abs(mid.batch_mean / before.batch_mean - 1) > 0.02:
         reasoning.append(f"the decoding batch {before.batch_mean:.0f} → {mid.batch_mean:.0f} requests on average "
                          f"(at most {before.batch_max} → {mid.batch_max})")
     if not math.isnan(mid.decode_step_s) and not math.isnan(before.decode_step_s):
         reasoning.append(f"a decode step {before.decode_step_s * 1e3:.1f} → {mid.decode_step_s * 1e3:.1f} ms")
     if before.preemptions or mid.preemptions:
-        counted = obs.measured.preemptions
+        counted = cal.observation.measured.preemptions
         reasoning.append(f"preemptions in the simulated run {before.preemptions} → {mid.preemptions}"
                          + (f" (vLLM counted {counted:,.0f} in the run)" if counted is not None else ""))
     rt = metrics["request_throughput"]
     if rt["before"] and rt["predicted"]:
         reasoning.append(f"request throughput x{rt['predicted'] / rt['before']:.2f}")
-    return Prediction(changes, metrics, limit_before, limit_after, reasoning, unmodelled, trades)
 
 
 def _with_defaults(changes: dict[str, Any], obs: Observation) -> dict[str, Any]:

@@ -48,7 +48,7 @@ def search(cal: Calibrated, allow_precision: bool = False, accept: Callable[[Pre
         return seen[key]
 
     def value(p: Prediction | None) -> float:
-        return p.metrics[OBJECTIVE]["predicted"] if p is not None and accept(p) else float("-inf")
+        return objective(p) if p is not None and accept(p) else float("-inf")
 
     current: dict[str, Any] = {}
     best = tried(current)
@@ -62,5 +62,11 @@ def search(cal: Calibrated, allow_precision: bool = False, accept: Callable[[Pre
         if value(p) <= value(best) * (1 + threshold):
             break
         current, best = changes, p
-    ranked = sorted((p for p in seen.values() if accept(p)), key=lambda p: -p.metrics[OBJECTIVE]["predicted"])
+    ranked = sorted((p for p in seen.values() if accept(p)), key=lambda p: -objective(p))
     return ranked[:top]
+
+
+def objective(p: Prediction) -> float:
+    """The prediction's objective (request throughput), -inf where it has none."""
+    v = p.metrics[OBJECTIVE]["predicted"]
+    return float("-inf") if v is None else v

@@ -99,211 +99,255 @@ def simulate(work: Workload, engine: Engine, cost: StepCost, max_steps: int = 2_
     steps since, the decoding batch's KV reads one running sum, the requests needing a new KV block this step a
     count by step number modulo the block size, and the next to finish the top of a heap. The arithmetic and its
     order are the first implementation's (tests/oracles/simulate_v1.py): the same inputs give the same bits."""
-    n, prompt, out = work.requests, work.prompt_tokens, work.output_tokens
-    if n <= 0 or prompt < 0 or out <= 0 or engine.kv_tokens <= 0 or engine.max_num_seqs <= 0 \
-            or engine.max_num_batched_tokens <= 0:
+    _check(work, engine)
+    return _Run(work, engine, cost).run(max_steps)
+
+
+def _check(work: Workload, engine: Engine) -> None:
+    if work.requests <= 0 or work.prompt_tokens < 0 or work.output_tokens <= 0 or engine.kv_tokens <= 0 \
+            or engine.max_num_seqs <= 0 or engine.max_num_batched_tokens <= 0:
         raise ValueError("a workload and an engine of positive sizes")
-    if prompt + out > engine.kv_tokens // engine.block_size * engine.block_size:
-        raise Infeasible(f"a request of {prompt + out:,} tokens needs more than the KV cache's "
-                         f"{engine.kv_tokens:,}")
+    if work.prompt_tokens + work.output_tokens > engine.kv_tokens // engine.block_size * engine.block_size:
+        raise Infeasible(f"a request of {work.prompt_tokens + work.output_tokens:,} tokens needs more than the KV "
+                         f"cache's {engine.kv_tokens:,}")
     if engine.max_num_batched_tokens < engine.max_num_seqs:  # vLLM's SchedulerConfig refuses it at start-up
         raise Infeasible(f"--max-num-batched-tokens {engine.max_num_batched_tokens:,} is below --max-num-seqs "
                          f"{engine.max_num_seqs:,}, which vLLM refuses")
-    # `vllm bench serve --request-rate R` sends a Poisson stream (its default burstiness 1): bursts fill the cache
-    # that evenly spaced arrivals would not. A fixed seed: the same workload simulates the same way every time.
-    arrival_np = np.zeros(n) if not work.request_rate else \
-        np.cumsum(np.random.default_rng(ARRIVAL_SEED).exponential(1.0 / work.request_rate, n)) - 1.0 / work.request_rate
-    arrival = arrival_np.tolist()
-    cap = work.max_concurrency or n
-    # the client's free slots, by when each came free: a request held back by --max-concurrency is sent (and its
-    # TTFT starts, as vllm bench measures it) when a slot frees, not when it was due
-    slots = deque([0.0] * min(cap, n))
-    sent = [0.0] * n
-    need = [prompt] * n  # tokens to compute before the request decodes
-    done = [0] * n  # of those, computed
-    generated = [0] * n
-    kv = [0] * n  # KV tokens held (a decoding request's: when it began decoding, see `entry`)
-    first = [math.nan] * n
-    finish = [math.nan] * n
-    bs = engine.block_size
-    capacity = engine.kv_tokens // bs * bs
-    # running requests in admission order (finished ones left in place, skipped: `alive`); those mid-prompt apart
-    running: list[int] = []
-    alive = [False] * n
-    n_running = 0
-    prefilling: list[int] = []
-    waiting: deque[int] = deque()
-    # decoding requests: the step counter when each began (kv and generated grew by one a step since)
-    decoding = [False] * n
-    entry = [0] * n
-    by_residue = [0] * bs  # decoding requests by (entry - kv) mod bs: those needing a block at step s have s mod bs
-    n_decoding = 0
-    kv_offset = 0  # sum over decoding requests of kv - entry: their KV tokens at step s are kv_offset + n_decoding * s
-    finishing: list[tuple[int, int, int]] = []  # (step counter at which it finishes, request, epoch)
-    epoch = [0] * n
-    held_total = 0  # whole blocks held, in tokens
-    next_arrival = 0
-    clock = 0.0
-    preemptions = steps = computed = 0
-    batch_sum = batch_steps = batch_max = 0
-    decode_time = 0.0
-    decode_steps = full_steps = 0
-    in_flight = 0
 
-    def kv_of(r: int) -> int:
-        return kv[r] + steps - entry[r] if decoding[r] else kv[r]
 
-    def stop_decoding(r: int) -> None:
-        nonlocal n_decoding, kv_offset
-        kv[r] = kv[r] + steps - entry[r]
-        generated[r] = generated[r] + steps - entry[r]
-        decoding[r] = False
-        by_residue[(entry[r] - entry_kv[r]) % bs] -= 1
-        n_decoding -= 1
-        kv_offset -= entry_kv[r] - entry[r]
-        epoch[r] += 1
+def arrivals(work: Workload) -> np.ndarray:
+    """When each request is due: all at once, or `vllm bench serve --request-rate R`'s Poisson stream (its default
+    burstiness 1: bursts fill the cache that evenly spaced arrivals would not). A fixed seed: the same workload
+    simulates the same way every time."""
+    if not work.request_rate:
+        return np.zeros(work.requests)
+    gaps = np.random.default_rng(ARRIVAL_SEED).exponential(1.0 / work.request_rate, work.requests)
+    return np.cumsum(gaps) - 1.0 / work.request_rate
 
-    entry_kv = [0] * n  # kv when it began decoding
 
-    def evict(r: int) -> int:
-        """Take a running request back to waiting (vLLM V1 recomputes it); returns the KV tokens it held."""
-        nonlocal held_total, n_running, preemptions
-        if decoding[r]:
-            stop_decoding(r)
-        elif r in prefilling:
-            prefilling.remove(r)
-        held = -(-kv[r] // bs) * bs
-        held_total -= held
-        kv[r] = 0
-        need[r] = prompt + generated[r]  # recomputed: its prompt and what it had generated
-        done[r] = 0
-        alive[r] = False
-        n_running -= 1
-        waiting.appendleft(r)
-        preemptions += 1
-        return held
+class _Run:
+    """One simulated run: the scheduler's state between steps, and what the result counts."""
 
-    def last_running() -> int:
-        while not alive[running[-1]]:
-            running.pop()
-        return running.pop()
+    def __init__(self, work: Workload, engine: Engine, cost: StepCost) -> None:
+        n = work.requests
+        self.work, self.engine, self.cost = work, engine, cost
+        self.arrival_np = arrivals(work)
+        self.arrival = self.arrival_np.tolist()
+        self.cap = work.max_concurrency or n
+        # the client's free slots, by when each came free: a request held back by --max-concurrency is sent (and its
+        # TTFT starts, as vllm bench measures it) when a slot frees, not when it was due
+        self.slots = deque([0.0] * min(self.cap, n))
+        self.sent = [0.0] * n
+        self.need = [work.prompt_tokens] * n  # tokens to compute before the request decodes
+        self.done = [0] * n  # of those, computed
+        self.generated = [0] * n
+        self.kv = [0] * n  # KV tokens held (a decoding request's: when it began decoding, see `entry`)
+        self.first = [math.nan] * n
+        self.finish = [math.nan] * n
+        self.bs = engine.block_size
+        self.capacity = engine.kv_tokens // self.bs * self.bs
+        # running requests in admission order (finished ones left in place, skipped: `alive`); those mid-prompt apart
+        self.running: list[int] = []
+        self.alive = [False] * n
+        self.n_running = 0
+        self.prefilling: list[int] = []
+        self.waiting: deque[int] = deque()
+        # decoding requests: the step counter when each began (kv and generated grew by one a step since)
+        self.decoding = [False] * n
+        self.entry = [0] * n
+        self.entry_kv = [0] * n  # kv when it began decoding
+        self.by_residue = [0] * self.bs  # decoding requests by (entry - kv) mod bs: those due a block at s mod bs
+        self.n_decoding = 0
+        self.kv_offset = 0  # sum over decoding requests of kv - entry: their KV at step s is kv_offset + n * s
+        self.finishing: list[tuple[int, int, int]] = []  # (step counter at which it finishes, request, epoch)
+        self.epoch = [0] * n
+        self.held_total = 0  # whole blocks held, in tokens
+        self.next_arrival = 0
+        self.clock = 0.0
+        self.preemptions = self.steps = self.computed = 0
+        self.batch_sum = self.batch_steps = self.batch_max = 0
+        self.decode_time = 0.0
+        self.decode_steps = self.full_steps = 0
+        self.in_flight = 0
 
-    while steps < max_steps:
-        # arrivals: those due, within the client's concurrency
-        while next_arrival < n and in_flight < cap and arrival[next_arrival] <= clock:
-            sent[next_arrival] = max(arrival[next_arrival], slots.popleft())
-            waiting.append(next_arrival)
-            next_arrival += 1
-            in_flight += 1
-        if not n_running and not waiting:
-            if next_arrival >= n:
-                break
-            clock = max(clock, arrival[next_arrival]) if in_flight < cap else clock
-            continue
-        budget = engine.max_num_batched_tokens
-        free = capacity - held_total
-        # decode: one token each for running requests past their prompt (a new block for those whose blocks are
-        # full); preempt from the back for room
+    def run(self, max_steps: int) -> SimResult:
+        while self.steps < max_steps:
+            self._arrive()
+            if not self.n_running and not self.waiting:
+                if self.next_arrival >= self.work.requests:
+                    break
+                if self.in_flight < self.cap:
+                    self.clock = max(self.clock, self.arrival[self.next_arrival])
+                continue
+            self._step()
+        return self._result(max_steps)
+
+    def _arrive(self) -> None:
+        """Those due, within the client's concurrency."""
+        n = self.work.requests
+        while self.next_arrival < n and self.in_flight < self.cap and self.arrival[self.next_arrival] <= self.clock:
+            r = self.next_arrival
+            self.sent[r] = max(self.arrival[r], self.slots.popleft())
+            self.waiting.append(r)
+            self.next_arrival += 1
+            self.in_flight += 1
+
+    def _step(self) -> None:
+        """One engine step: decode the running requests (preempting from the back for their blocks), compute prompt
+        chunks within the token budget, admit, and advance the clock by the step's cost."""
+        bs, steps = self.bs, self.steps
+        free = self.capacity - self.held_total
         preempted = False
-        while n_decoding and free < bs * by_residue[steps % bs]:
-            free += evict(last_running())
+        while self.n_decoding and free < bs * self.by_residue[steps % bs]:
+            free += self._evict(self._last_running())
             preempted = True
-        grow = by_residue[steps % bs]
-        batch = n_decoding
-        budget -= batch
+        grow = self.by_residue[steps % bs]
+        batch = self.n_decoding
+        budget = self.engine.max_num_batched_tokens - batch
         free -= bs * grow
-        kv_read = float(kv_offset + batch * steps)
-        tokens = batch
-        pairs = kv_read + batch
-        chunks: list[tuple[int, int]] = []
-        # prompts: running requests mid-prompt first, then admissions (first come, first served)
-        for r in prefilling:
+        kv_read = float(self.kv_offset + batch * steps)
+        chunks, budget, free = self._chunks(budget, free, preempted)
+        tokens, pairs = batch, kv_read + batch
+        for r, c in chunks:
+            self.computed += c
+            kv_read += self.done[r]
+            pairs += c * self.done[r] + c * (c + 1) / 2
+            tokens += c
+        if tokens == 0:  # nothing fits: the newest request gives its blocks back (vLLM preempts it), or none can
+            if self.n_running < 2:
+                raise Infeasible("the KV cache cannot hold one request's next token")
+            self._evict(self._last_running())
+            return
+        dt = self.cost.step_s(tokens, kv_read, pairs, batch + len(chunks))
+        self.clock += dt
+        self.held_total += bs * grow
+        self.steps += 1
+        if batch:
+            self.batch_sum += batch
+            self.batch_steps += 1
+            self.batch_max = max(self.batch_max, batch)
+            if not chunks:
+                self.decode_time += dt
+                self.decode_steps += 1
+        self._complete(chunks)
+        self._finish()
+        if free <= 0.01 * self.capacity:
+            self.full_steps += 1
+
+    def _chunks(self, budget: int, free: int, preempted: bool) -> tuple[list[tuple[int, int]], int, int]:
+        """Prompts' chunks this step: running requests mid-prompt first, then admissions (first come, first served).
+        Returns the chunks and the budget and free KV tokens they leave."""
+        bs, chunks = self.bs, []
+        for r in self.prefilling:
             if budget <= 0 or free <= 0:
                 break
-            held = -(-kv[r] // bs) * bs
-            c = int(min(need[r] - done[r], budget, free + held - kv[r]))
+            held = -(-self.kv[r] // bs) * bs
+            c = int(min(self.need[r] - self.done[r], budget, free + held - self.kv[r]))
             chunks.append((r, c))
             budget -= c
-            free -= -(-(kv[r] + c) // bs) * bs - held
+            free -= -(-(self.kv[r] + c) // bs) * bs - held
         # as vLLM V1's scheduler: no admission in a step that preempted (the victim would come straight back)
         # the reserve keeps room for the running requests' next blocks; with none running it holds nothing back
-        reserve = int(engine.reserve * capacity) if n_running else 0
-        while not preempted and waiting and budget > 0 and free > reserve and n_running < engine.max_num_seqs:
-            r = waiting.popleft()
-            running.append(r)
-            alive[r] = True
-            n_running += 1
-            prefilling.append(r)
-            c = int(min(need[r] - done[r], budget, free - reserve))
+        reserve = int(self.engine.reserve * self.capacity) if self.n_running else 0
+        while not preempted and self.waiting and budget > 0 and free > reserve \
+                and self.n_running < self.engine.max_num_seqs:
+            r = self.waiting.popleft()
+            self.running.append(r)
+            self.alive[r] = True
+            self.n_running += 1
+            self.prefilling.append(r)
+            c = int(min(self.need[r] - self.done[r], budget, free - reserve))
             if c > 0:
                 chunks.append((r, c))
                 budget -= c
                 free -= -(-c // bs) * bs
+        return chunks, budget, free
+
+    def _complete(self, chunks: list[tuple[int, int]]) -> None:
+        """The step's chunks computed; a prompt complete starts decoding (its next token comes with this step)."""
+        bs = self.bs
         for r, c in chunks:
-            computed += c
-            kv_read += done[r]
-            pairs += c * done[r] + c * (c + 1) / 2
-            tokens += c
-        if tokens == 0:  # nothing fits: the newest request gives its blocks back (vLLM preempts it), or none can
-            if n_running < 2:
-                raise Infeasible("the KV cache cannot hold one request's next token")
-            evict(last_running())
-            continue
-        dt = cost.step_s(tokens, kv_read, pairs, batch + len(chunks))
-        clock += dt
-        held_total += bs * grow
-        steps += 1
-        if batch:
-            batch_sum += batch
-            batch_steps += 1
-            batch_max = max(batch_max, batch)
-            if not chunks:
-                decode_time += dt
-                decode_steps += 1
-        for r, c in chunks:
-            before = -(-kv[r] // bs) * bs
-            kv[r] += c
-            done[r] += c
-            held_total += -(-kv[r] // bs) * bs - before
-            if done[r] >= need[r]:  # the prompt is complete: its next token comes with this step
-                generated[r] += 1
-                if math.isnan(first[r]):
-                    first[r] = clock
-                prefilling.remove(r)
-                decoding[r] = True
-                entry[r], entry_kv[r] = steps, kv[r]
-                by_residue[(steps - kv[r]) % bs] += 1
-                n_decoding += 1
-                kv_offset += kv[r] - steps
-                heapq.heappush(finishing, (steps + out - generated[r], r, epoch[r]))
-        while finishing and finishing[0][0] <= steps:
-            _, r, e = heapq.heappop(finishing)
-            if e != epoch[r] or not decoding[r]:
+            before = -(-self.kv[r] // bs) * bs
+            self.kv[r] += c
+            self.done[r] += c
+            self.held_total += -(-self.kv[r] // bs) * bs - before
+            if self.done[r] < self.need[r]:
                 continue
-            stop_decoding(r)
-            finish[r] = clock
-            held_total -= -(-kv[r] // bs) * bs
-            kv[r] = 0
-            alive[r] = False
-            n_running -= 1
-            in_flight -= 1
-            slots.append(clock)
-        if free <= 0.01 * capacity:
-            full_steps += 1
-    finish_np, first_np, sent_np = np.array(finish), np.array(first), np.array(sent)
-    if np.isnan(finish_np).any():
-        raise ValueError(f"the simulation did not finish within {max_steps:,} steps")
-    start = float(arrival_np.min())
-    elapsed = float(finish_np.max()) - start
-    ttft = first_np - sent_np
-    tpot = (finish_np - first_np) / max(out - 1, 1)
-    return SimResult(
-        elapsed_s=elapsed, request_throughput=n / elapsed, output_throughput=n * out / elapsed,
-        ttft_mean_s=float(ttft.mean()), tpot_mean_s=float(tpot.mean()), ttft_p99_s=float(np.percentile(ttft, 99)),
-        tpot_p99_s=float(np.percentile(tpot, 99)), preemptions=preemptions, steps=steps,
-        batch_mean=batch_sum / batch_steps if batch_steps else 0.0, batch_max=batch_max,
-        decode_step_s=decode_time / decode_steps if decode_steps else float("nan"),
-        kv_full_share=full_steps / steps if steps else 0.0, prompt_tokens_computed=computed)
+            self.generated[r] += 1
+            if math.isnan(self.first[r]):
+                self.first[r] = self.clock
+            self.prefilling.remove(r)
+            self.decoding[r] = True
+            self.entry[r], self.entry_kv[r] = self.steps, self.kv[r]
+            self.by_residue[(self.steps - self.kv[r]) % bs] += 1
+            self.n_decoding += 1
+            self.kv_offset += self.kv[r] - self.steps
+            heapq.heappush(self.finishing, (self.steps + self.work.output_tokens - self.generated[r], r,
+                                            self.epoch[r]))
+
+    def _finish(self) -> None:
+        """The requests whose last token came with this step: their blocks freed, their client slot too."""
+        while self.finishing and self.finishing[0][0] <= self.steps:
+            _, r, e = heapq.heappop(self.finishing)
+            if e != self.epoch[r] or not self.decoding[r]:
+                continue
+            self._stop_decoding(r)
+            self.finish[r] = self.clock
+            self.held_total -= -(-self.kv[r] // self.bs) * self.bs
+            self.kv[r] = 0
+            self.alive[r] = False
+            self.n_running -= 1
+            self.in_flight -= 1
+            self.slots.append(self.clock)
+
+    def _stop_decoding(self, r: int) -> None:
+        grown = self.steps - self.entry[r]
+        self.kv[r] += grown
+        self.generated[r] += grown
+        self.decoding[r] = False
+        self.by_residue[(self.entry[r] - self.entry_kv[r]) % self.bs] -= 1
+        self.n_decoding -= 1
+        self.kv_offset -= self.entry_kv[r] - self.entry[r]
+        self.epoch[r] += 1
+
+    def _evict(self, r: int) -> int:
+        """Take a running request back to waiting (vLLM V1 recomputes it); returns the KV tokens it held."""
+        if self.decoding[r]:
+            self._stop_decoding(r)
+        elif r in self.prefilling:
+            self.prefilling.remove(r)
+        held = -(-self.kv[r] // self.bs) * self.bs
+        self.held_total -= held
+        self.kv[r] = 0
+        self.need[r] = self.work.prompt_tokens + self.generated[r]  # recomputed: its prompt and what it generated
+        self.done[r] = 0
+        self.alive[r] = False
+        self.n_running -= 1
+        self.waiting.appendleft(r)
+        self.preemptions += 1
+        return held
+
+    def _last_running(self) -> int:
+        while not self.alive[self.running[-1]]:
+            self.running.pop()
+        return self.running.pop()
+
+    def _result(self, max_steps: int) -> SimResult:
+        finish, first, sent = np.array(self.finish), np.array(self.first), np.array(self.sent)
+        if np.isnan(finish).any():
+            raise ValueError(f"the simulation did not finish within {max_steps:,} steps")
+        n, out = self.work.requests, self.work.output_tokens
+        elapsed = float(finish.max()) - float(self.arrival_np.min())
+        ttft = first - sent
+        tpot = (finish - first) / max(out - 1, 1)
+        steps = self.steps
+        return SimResult(
+            elapsed_s=elapsed, request_throughput=n / elapsed, output_throughput=n * out / elapsed,
+            ttft_mean_s=float(ttft.mean()), tpot_mean_s=float(tpot.mean()), ttft_p99_s=float(np.percentile(ttft, 99)),
+            tpot_p99_s=float(np.percentile(tpot, 99)), preemptions=self.preemptions, steps=steps,
+            batch_mean=self.batch_sum / self.batch_steps if self.batch_steps else 0.0, batch_max=self.batch_max,
+            decode_step_s=self.decode_time / self.decode_steps if self.decode_steps else float("nan"),
+            kv_full_share=self.full_steps / steps if steps else 0.0, prompt_tokens_computed=self.computed)
 
 
 def simulate_engines(work: Workload, engine: Engine, cost: StepCost, engines: int = 1) -> SimResult:

@@ -20,7 +20,7 @@ RENDERERS: dict[tuple[str, str], tuple[str, str, bool]] = {
     ("report", "text"): ("profkit.render.text", "render_text", True),
     ("report", "json"): ("profkit.render.json", "render_json", False),
     ("report", "md"): ("profkit.render.markdown", "render_markdown", True),
-    ("report", "html"): ("profkit.render.html", "render_html", False),
+    ("report", "html"): ("profkit.render.html", "render_html", True),
     ("diff", "text"): ("profkit.render.diff", "render_diff_text", True),
     ("diff", "json"): ("profkit.render.json", "render_json", False),
     ("diff", "md"): ("profkit.render.diff", "render_diff_markdown", True),

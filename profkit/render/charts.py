@@ -142,7 +142,7 @@ def trajectory_chart(doc: dict[str, Any]) -> str:
     """The objective of every step of a tune run; kept steps (and the baseline) in colour, reverted grey."""
     steps = [s for s in doc["steps"] if s["objective"] is not None]
     fig, ax = plt.subplots(figsize=(9, 2.8))
-    best_line = []
+    best_line: list[Any] = []
     best = None
     for s in steps:
         kept = s["decision"] in ("keep", "baseline")

@@ -8,10 +8,10 @@ import jinja2
 
 from profkit import escape, units
 from profkit.render import cmdline
-from profkit.render.efficiency import PRECISION_NOTE, efficiency_view
-from profkit.render.prescription import prescription_view
-from profkit.render.ranks import rank_table
-from profkit.render.text import NVTX_WINDOW, STEPS_WINDOW, host_notes, live_lines, preemptions_window
+from profkit.render.sections import views
+from profkit.render.sections.findings import PRECISION_NOTE
+from profkit.render.sections.nvtx import NVTX_WINDOW
+from profkit.render.sections.steps import WINDOW as STEPS_WINDOW
 from profkit.resources import shipped_dir
 
 
@@ -47,13 +47,16 @@ def md_escape(value: Any) -> Any:
     return value
 
 
-def environment() -> jinja2.Environment:
+def environment(keep_trailing_newline: bool = False) -> jinja2.Environment:
+    """Markdown's templates, every printed value escaped. `keep_trailing_newline`: a template's last newline is kept
+    (the report's section templates, whose output follows one another)."""
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(shipped_dir("templates"))),
         finalize=md_escape,
         autoescape=False,  # Markdown, not HTML: escaping is done by `finalize` above
         trim_blocks=True,
         lstrip_blocks=True,
+        keep_trailing_newline=keep_trailing_newline,
         undefined=jinja2.StrictUndefined,
     )
     env.filters.update(ns=units.ns, pct=units.pct, size=units.size, clip=units.clip, safe_code=CodeBlock,
@@ -61,12 +64,11 @@ def environment() -> jinja2.Environment:
                        code_line=code_line, change_from=units.change_from, change_to=units.change_to,
                        check_name=cmdline.check_name,
                        gap_class=units.gap_class, number=units.number, zip=lambda a, b: list(zip(a, b, strict=True)))
+    env.globals.update(precision_note=PRECISION_NOTE, nvtx_window=NVTX_WINDOW, steps_window=STEPS_WINDOW)
     return env
 
 
 def render_markdown(report: dict[str, Any], top: int = 10) -> str:
-    return escape.document(environment().get_template("report.md.j2").render(
-        r=report, top=top, ranks=rank_table(report), eff=efficiency_view(report), precision_note=PRECISION_NOTE,
-        pv=prescription_view(report), live=live_lines(report),
-        preempt_where=preemptions_window(report), nvtx_window=NVTX_WINDOW, steps_window=STEPS_WINDOW,
-        host_notes=host_notes(report.get("host") or {})))
+    """The report's sections in their order (`render.sections`), each its template `sections/NAME.md.j2`."""
+    return escape.document(environment(keep_trailing_newline=True).get_template("report.md.j2").render(
+        r=report, top=top, views=views(report, top)))

@@ -11,9 +11,9 @@ from typing import Any
 import msgspec
 
 from profkit.analysis.sections import Imbalance, Rank, Sections
+from profkit.analysis.vllm import VllmSection
 from profkit.diagnose.engine import Finding
 from profkit.diagnose.suggestion import CommandSection
-from profkit.diagnose.vllm_run import VllmSection
 
 SCHEMA = "profkit.report/1"
 

@@ -14,6 +14,7 @@ from profkit.analysis import timeline
 from profkit.analysis.categories import category_breakdown
 from profkit.analysis.communication import DeviceKernels, per_device
 from profkit.analysis.cpu import cpu_op_summary
+from profkit.analysis.gaps import gpu_gaps
 from profkit.analysis.gpu_metrics import trace_gpu_metrics
 from profkit.analysis.kernels import kernel_summary
 from profkit.analysis.launch import api_sample_rows, launch_latency, sample_step
@@ -62,8 +63,7 @@ def _build(path: str | os.PathLike, window: str, gap_threshold_ns: int, buckets:
             known = None if window.strip() in ("auto", "all") else choose_window(trace, window)
             kernel_scan(trace, known, [i for i in marker_ids(trace).values() if isinstance(i, int)])
         phases: list[dict[str, Any]] = []
-        if auto:  # the automatic window needs the gap table first; other windows are known now
-            timeline.build_gap_table(trace)
+        if auto:  # the automatic window needs the GPU's gaps first (its phases split at long ones)
             phases = timeline.phases(trace)
         win = with_seq_ranges(trace, choose_window(trace, window, phases))
         # The per-table summaries are independent scans: run them on their own connections while
@@ -71,9 +71,8 @@ def _build(path: str | os.PathLike, window: str, gap_threshold_ns: int, buckets:
         with ThreadPoolExecutor(max_workers=2) as pool:
             gpu_side = pool.submit(_gpu_side, trace, win)
             host_side = pool.submit(_host_side, trace, win, _launch_step(trace, win))
-            if not auto:
-                timeline.build_gap_table(trace)
-            steps = engine_steps(trace, win)  # the gap table lives on this connection
+            gpu_gaps(trace)  # computed once, on this connection, and cached for the analyses below
+            steps = engine_steps(trace, win)
             gpu_metrics = trace_gpu_metrics(trace, win)  # nsys --gpu-metrics-devices: by phase and kernel category
             step("kernels")
             kernels, memops, kinds, nvtx = gpu_side.result()

@@ -183,9 +183,8 @@ def _chunks(conn: sqlite3.Connection, columns: str, where: str) -> Iterator[tupl
         try:
             first = next(chunks, None)
         except Exception:  # noqa: BLE001 - any driver error: read the same rows through sqlite3
-            first = None
-            chunks = None
-        if chunks is not None:
+            pass
+        else:
             if first is not None:
                 yield first
                 yield from chunks

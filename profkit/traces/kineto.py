@@ -212,10 +212,10 @@ def open_kineto(path: Path) -> KinetoTrace:
     if events.clipped:
         said.append(f"{events.clipped} strings longer than {MAX_STRING >> 10} KiB clipped (names end in "
                     "'...[clipped by profkit: N bytes]')")
-    said += [f"{n} duplicated {what} events (same {', '.join(DUPLICATE_KEYS[rel])}) counted once"
+    said += [f"{twice} duplicated {what} events (same {', '.join(DUPLICATE_KEYS[rel])}) counted once"
              for rel, what in (("kernels", "kernel"), ("api", "CUDA API"), ("memops", "memory-operation"),
                                ("sync", "synchronization"), ("cpu_ops", "CPU operator"), ("nvtx", "annotation"))
-             if (n := duplicated.get(rel))]
+             if (twice := duplicated.get(rel))]
     if said:
         meta["inconsistent"] = "; ".join(said)
     return KinetoTrace(conn=conn, path=path, kind="torch-trace", meta=meta, present=frozenset(present),

@@ -183,6 +183,7 @@ class EventColumns:
                 if cat == "cpu_op":
                     cpu.append((start, end, e.tid if type(e.tid) is int else as_int(e.tid), nid))
                 elif cat == "kernel":
+                    assert a is not None  # a kernel without its args was skipped above
                     kernels.append((start, end, a.device, a.stream, a.correlation, None, nid))
                 else:
                     api.append((start, end, e.tid if type(e.tid) is int else as_int(e.tid),
@@ -457,7 +458,8 @@ def _load_ijson(path: Path, columns: EventColumns) -> int:
     with open_guarded(path, columns.clip) as f:
         for ev in ijson.items(f, prefix, use_float=True):
             if isinstance(ev, dict):
-                a = ev.get("args") if isinstance(ev.get("args"), dict) else {}
+                given = ev.get("args")
+                a: dict[str, Any] = given if isinstance(given, dict) else {}
                 columns.add(ev.get("ph"), ev.get("cat"), ev.get("name"), ev.get("pid"), ev.get("tid"),
                             ev.get("ts"), ev.get("dur"), a.get("device"), a.get("stream"), a.get("correlation"),
                             a.get("bytes"))

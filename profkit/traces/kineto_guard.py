@@ -11,7 +11,7 @@ import gzip
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO
+from typing import IO, cast
 
 import numpy as np
 
@@ -199,7 +199,7 @@ def open_guarded(path: Path, on_clip: Callable[[], None] | None = None, depth: b
     with path.open("rb") as f:
         gz = f.read(2) == b"\x1f\x8b"
     if gz:
-        return JsonGuard(gzip.open(path, "rb"), path, max(GZIP_FLOOR, GZIP_RATIO * path.stat().st_size), on_clip,
-                         depth)
+        opened = cast(IO[bytes], gzip.open(path, "rb"))  # noqa: SIM115 - the guard owns it and closes it
+        return JsonGuard(opened, path, max(GZIP_FLOOR, GZIP_RATIO * path.stat().st_size), on_clip, depth)
     return JsonGuard(path.open("rb"), path, None, on_clip, depth)
 

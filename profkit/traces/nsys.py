@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import numpy as np
@@ -29,6 +30,7 @@ import numpy as np
 from profkit.errors import TraceError
 from profkit.numbers import parse_int
 from profkit.traces.columns import (
+    NULL_INT,
     ConnectionPool,
     adbc_available,
     adbc_min_rows,
@@ -38,7 +40,8 @@ from profkit.traces.columns import (
     to_int64,
 )
 from profkit.traces.nsys_gpu_metrics import create_gpu_metric_views
-from profkit.traces.schema import DUPLICATE_KEYS, Trace, count_duplicates, empty_view_sql
+from profkit.traces.scan import scan_table
+from profkit.traces.schema import DUPLICATE_KEYS, OneRead, Trace, count_duplicates, empty_view_sql
 
 KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
 MEMCPY = "CUPTI_ACTIVITY_KIND_MEMCPY"
@@ -96,6 +99,30 @@ class NsysTrace(Trace):
     def release(self) -> None:
         if self.snapshot is not None:
             shutil.rmtree(self.snapshot.parent, ignore_errors=True)
+
+    def one_read(self, relation: str) -> OneRead | None:
+        """The kernel or CUDA API table's one read (traces/scan.py), its columns under the relation's names: the
+        process id decoded from nsys's global ids."""
+        table = ONE_READ_TABLES.get(relation)
+        if table is None or table not in self.deferred:
+            return None
+        columns = scanned_columns(self.conn, table)
+        lo, hi = self.query(f"SELECT min(rowid), max(rowid) FROM main.{table}")[0]
+        chunks = scan_table(self, table, columns, (lo, hi))
+        names = frozenset("pid" if n in GLOBAL_IDS else n for n in ("seq", *columns))
+        return OneRead(names, (_decoded(chunk) for chunk in chunks))
+
+
+ONE_READ_TABLES = {"kernels": KERNEL, "api": RUNTIME}
+GLOBAL_IDS = ("gpid", "gtid")  # nsys's global process and thread ids: the pid sits in bits 24-47
+
+
+def _decoded(chunk: dict[str, Any]) -> dict[str, Any]:
+    for key in GLOBAL_IDS:
+        if key in chunk:
+            gid = chunk.pop(key)
+            chunk["pid"] = np.where(gid == NULL_INT, NULL_INT, (gid >> 24) & PID_MASK)
+    return chunk
 
 
 def open_nsys(path: Path, snapshot: Path | None = None, checked: NsysTrace | None = None,

@@ -39,7 +39,7 @@ class Unverified(Exception):  # noqa: N818 - a signal to the caller, not an erro
     """A chunk of a table whose checks were left to its read failed one: open the trace with the SQL checks."""
 
 
-def scan_table(trace: Trace, table: str, columns: Mapping[str, str], span: tuple[int, int],
+def scan_table(trace: Trace, table: str, columns: Mapping[str, tuple[str, str]], span: tuple[int, int],
                chunk_rows: int = SCAN_ROWS, jobs: int = SCAN_JOBS) -> Iterator[dict[str, np.ndarray]]:
     """Chunks of `table` (a raw table of the trace's file) in row-id order: {name: int64 array} of `columns`
     ({name: (column, kind)} as traces.nsys.CHECKED: "start", "end", "device", "id", a trailing "?" where NULL is
@@ -98,7 +98,7 @@ def _int64(column: Any, table: str, name: str, nullable: bool) -> np.ndarray:
         raise Unverified(f"{table}.{name}: values of type {column.type}") from None
 
 
-def _check(chunk: dict[str, np.ndarray], columns: Mapping[str, str], table: str) -> None:
+def _check(chunk: dict[str, np.ndarray], columns: Mapping[str, tuple[str, str]], table: str) -> None:
     """The bounds of traces.nsys's views (PLAUSIBLE, TIMES_OK) and strictly increasing starts, on one chunk."""
     start, end = chunk["start"], chunk["end"]
     ok = (end >= start) & (start >= 0) & (end <= MAX_NS)

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -121,6 +121,23 @@ def count_duplicates(conn: sqlite3.Connection, relation: str, subset: str = "", 
                         f"{subset} GROUP BY {keys} HAVING n > 1)").fetchone()[0]
 
 
+# The columns a one read gives, by relation: the relation's own names (a process id decoded, whatever the reader).
+ONE_READ_COLUMNS = {
+    "kernels": ("seq", "start", "end", "device", "stream", "correlation", "pid", "name_id", "short_id", "graph_node"),
+    "api": ("seq", "start", "end", "pid", "correlation", "name_id"),
+}
+
+
+@dataclass(frozen=True)
+class OneRead:
+    """A relation's one checked read (`Trace.one_read`): the columns its chunks hold (of ONE_READ_COLUMNS, those the
+    trace has) and the chunks, in start order, {column: int64 array} with NULL as `columns.NULL_INT`. A chunk that
+    fails a check raises `traces.scan.Unverified` (the report is then made again with the SQL checks)."""
+
+    columns: frozenset[str]
+    chunks: Iterator[dict[str, Any]]
+
+
 @dataclass
 class Trace:
     """An opened trace: a read-only connection exposing the normalized relations. Each reader subclasses it with
@@ -149,6 +166,11 @@ class Trace:
 
     def has(self, relation: str) -> bool:
         return relation in self.present
+
+    def one_read(self, relation: str) -> OneRead | None:
+        """`relation`'s rows ("kernels" or "api") in one checked read, chunk by chunk, where the reader left the
+        relation's checks to that read (`deferred`); None where it did not: the analyses read it through SQL."""
+        return None
 
     def query(self, sql: str, params: dict[str, Any] | tuple = ()) -> list[tuple]:
         return self.conn.execute(sql, params).fetchall()

@@ -35,6 +35,7 @@ from profkit.diagnose.prescription import rank_candidates
 from profkit.diagnose.priority import candidate_key, priority
 from profkit.diagnose.suggestion import suggest
 from profkit.errors import ProfkitError
+from profkit.evidence.folder import CaptureFolder
 from profkit.vllm.command import UserCommand, changes_precision
 from profkit.vllm.options import normalize_flag, spec_for, takes
 
@@ -113,7 +114,6 @@ def plan_for(user: UserCommand, out: Path, tool: str, opts: TuneOptions) -> Plan
 
 def report_run(folder: Path, profiled: bool, rules_dirs: list[Path], **extra: Any) -> Run:
     """The report of a captured run, kept in its folder (report.json)."""
-    from profkit.evidence.folder import CaptureFolder
     from profkit.render import render
     from profkit.report import ReportOptions, build_report
 
@@ -168,7 +168,7 @@ class Session:
 
     def run(self) -> Run:
         self.count += 1
-        name = f"r{self.count}"
+        name = CaptureFolder.replicate_name(self.count)
         tool = "nsys" if self.profiled else "none"
         if not self.shared:
             if self.executor is not None:
@@ -280,7 +280,8 @@ class Tuner:
                 break
             if into is not None:
                 into.runs.append(run)
-                into.diagnosis.append(run.report)
+                if run.report is not None:
+                    into.diagnosis.append(run.report)
         return runs
 
     def _measure(self, user: UserCommand, label: str, profiled: bool, n: int, into: Config | None = None,
@@ -403,6 +404,7 @@ class Tuner:
                 continue
             decision, why, comparison = self._judge(config, cand)
             if decision == "keep":
+                assert self.best is not None  # the baseline measured: there is a best
                 self.history = [*self.best.diagnosis, *self.history]
                 self.best = config
                 misses = 0
@@ -523,8 +525,7 @@ class Tuner:
 
 
 def _mean_metric(reports: list[dict[str, Any]], name: str) -> float | None:
-    values = [m.run_metrics(r).get(name) for r in reports]
-    values = [v for v in values if v is not None]
+    values = [v for r in reports if (v := m.run_metrics(r).get(name)) is not None]
     return sum(values) / len(values) if values else None
 
 

@@ -166,6 +166,7 @@ class VllmCommand:
         bare: list[int] = []
         args = self.args
         i = 0
+        values: tuple[str, ...]
         while i < len(args):
             word = args[i]
             if not looks_like_option(word):
@@ -382,8 +383,7 @@ class VllmCommand:
                     return self, "none", f"{flag} cannot be switched off on the command line"
             else:
                 # a short alias stays (`-tp 4`); a long name is written as vLLM spells it (`--max-num-seqs`)
-                short_alias = last is not None and not last.arg.name.startswith("--")
-                spelled = last.arg.name if short_alias else flat
+                spelled = last.arg.name if last is not None and not last.arg.name.startswith("--") else flat
                 new = [spelled, str(to)]
             inserts[last.arg.at if last is not None else len(slots)] = new
         else:  # a key only a config flag sets, not given yet: into the user's JSON or dotted keys of that flag
@@ -432,7 +432,7 @@ class VllmCommand:
             problems.append(f"{setting} given {len(kinds)} ways: " + (f"vLLM {words.version} refuses it ({error})"
                             if error and any(k.startswith("flag:") for k in kinds)
                             else "one spelling silently replaces the other"))
-        bases = {}
+        bases: dict[str, set[str]] = {}
         for a in self.parsed[0]:
             if a.dest in words.config_flag:
                 bases.setdefault(a.dest, set()).add(a.name if a.key is not None else "json")
@@ -500,7 +500,7 @@ def from_non_default_args(non_default: dict[str, Any], offline: bool) -> UserCom
             negation = f"--no-{flag[2:]}"
             if value:
                 words.append(flag)
-            elif negation in spec.options:
+            elif spec is not None and negation in spec.options:
                 words.append(negation)
         else:
             words += [flag, str(value)]

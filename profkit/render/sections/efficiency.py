@@ -7,13 +7,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from profkit.escape import terminal
+from profkit.render.sections.table import text_table
 from profkit.units import pct
 
 ESTIMATES = (("vllm_counters", "vLLM's own counters (--enable-mfu-metrics)"),
              ("model_shape", "the model's shape x tokens processed"))
 METRIC_COLUMNS = (("sm_active", "SMs active"), ("tensor_active", "tensor active"), ("dram", "DRAM read+write"))
 TOP_CATEGORIES = 6
-PRECISION_NOTE = "changes model precision: check accuracy before shipping"
 
 
 def _num(value: float | None, digits: int = 1) -> str:
@@ -129,3 +130,29 @@ def _chart_data(eff: dict[str, Any], estimates: list[dict[str, Any]]) -> dict[st
     if gpu.get("fp8_tflops"):
         roofs.append({"label": "fp8", "tflops": gpu["fp8_tflops"]})
     return {"bandwidth_tbs": gpu["bandwidth_tbs"], "roofs": roofs, "points": points}
+
+
+def view(report: dict[str, Any], top: int) -> dict[str, Any] | None:
+    return efficiency_view(report)
+
+
+def text(v: dict[str, Any]) -> list[str]:
+    out = [v["title"], f"  {terminal(v['peaks'])}; {terminal(v['compared_with'])}"
+           + (f"; ridge at {v['ridge']} FLOP/byte" if v["ridge"] else "")]
+    if v["estimates"]:
+        out.append(text_table(v["estimates"], {
+            "estimate from": lambda r: r["from"], "TFLOP/s": lambda r: r["tflops"], "MFU": lambda r: r["mfu"],
+            "TB/s": lambda r: r["tbs"], "MBU": lambda r: r["mbu"], "FLOP/byte": lambda r: r["intensity"],
+            "roofline": lambda r: r["side"]}, 4))
+    for line in (v["phases"], v["phases_note"] and f"Per phase: not measured: {v['phases_note']}.",
+                 *(f"Withheld: {w}." for w in v["withheld"]), v["reading"]):
+        if line:
+            out.append(f"  {terminal(line)}")
+    m = v["metrics"]
+    if m:
+        out.append(f"  GPU metrics (nsys, mean % of peak; {terminal(str(m['source']))}):")
+        columns: dict[str, Any] = {"over": lambda r: terminal(r["scope"])}
+        for key, title in zip(m["metric_keys"], m["columns"], strict=True):
+            columns[title] = lambda r, key=key: r[key]
+        out.append(text_table(m["rows"], columns, 12))
+    return out
