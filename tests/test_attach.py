@@ -203,7 +203,7 @@ def tp2_bench(tmp_path_factory: pytest.TempPathFactory) -> dict:
 def test_histogram_quantiles_follow_prometheus() -> None:
     """histogram_quantile by hand: linear inside the bucket holding the rank; the +Inf bucket gives the highest
     finite bound."""
-    from profkit.evidence.metrics import quantile
+    from profkit.analysis.vllm import quantile
 
     buckets = [(0.1, 10.0), (0.5, 30.0), (float("inf"), 40.0)]
     assert quantile(buckets, 0.5) == pytest.approx(0.1 + 0.4 * (20 - 10) / 20)

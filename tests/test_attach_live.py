@@ -324,6 +324,6 @@ def test_hostile_gpu_holders_and_cache_labels_are_ignored(rec: Path) -> None:
     line = next(x for x in text.splitlines() if x.startswith("vllm:cache_config_info"))
     hostile = line.replace('kv_cache_size_tokens="69296"', 'kv_cache_size_tokens="inf"').replace(
         'num_gpu_blocks="4331"', 'num_gpu_blocks="many"').replace('block_size="16"', 'block_size="-16"')
-    cache = cache_info(parse_metrics(text.replace(line, hostile)))
+    cache = cache_info(parse_metrics(text.replace(line, hostile)).info)
     assert cache is not None and {"kv_cache_size_tokens", "num_gpu_blocks", "block_size"}.isdisjoint(cache)
     assert cache["gpu_memory_utilization"] == 0.28

@@ -362,10 +362,10 @@ def test_the_report_section_pools_the_gpus_and_splits_by_phase(export: Path) -> 
 
 
 def test_a_capture_folders_gpu_metrics_reach_the_report(derived: Path) -> None:
-    """The report reads a capture folder's GPU metrics export through metrics_section (report.sections)."""
-    from profkit.report.sections import gpu_metrics_of as gpu_metrics_section
+    """The report reads a capture folder's GPU metrics export through metrics_section (analysis.gpu_metrics)."""
+    from profkit.analysis.gpu_metrics import run_gpu_metrics
 
-    section = gpu_metrics_section(None, derived)
+    section = run_gpu_metrics(None, derived)
     assert section == metrics_section(open_gpu_metrics(derived), source=str(derived))
     assert section["window"]["gr_active"] is not None
 

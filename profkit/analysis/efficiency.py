@@ -332,3 +332,11 @@ def phase_estimates(model: ModelShape | None, steps: dict[str, Any] | None, bits
                                                   f" (tokens; a decode token's context: the run's mean, "
                                                   f"{decode_context:,.0f})"),
             "rows": rows}
+
+
+def export_bandwidth(source: dict[str, Any]) -> Any:
+    """The memory bandwidth of a trace export's GPU row (TARGET_INFO_GPU) for the GPU that ran the kernels
+    (`source.gpu`), not of a row for a device that ran none."""
+    rows = [g for g in source.get("gpus") or [] if isinstance(g, dict)]
+    ran = [g for g in rows if g.get("name") == source.get("gpu")]
+    return next((g.get("memory_bandwidth") for g in ran or rows), None)

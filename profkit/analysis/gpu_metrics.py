@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,7 +23,7 @@ from profkit.analysis.categories import categorize
 from profkit.analysis.steps import step_spans
 from profkit.analysis.window import Window
 from profkit.traces.columns import read_columns
-from profkit.traces.gpu_metrics import GpuMetrics, MetricSeries, read_gpu_metrics
+from profkit.traces.gpu_metrics import GpuMetrics, MetricSeries, open_gpu_metrics, read_gpu_metrics
 from profkit.traces.schema import GPU_COUNTERS, Trace
 
 MEMORY_OPERATION = "memory copy/set"  # trace_gpu_metrics: samples under a memcpy/memset
@@ -252,3 +253,13 @@ def trace_gpu_metrics(trace: Trace, win: Window) -> dict[str, Any] | None:
     if section is not None:
         section["device"] = {"cuda": int(cuda), "gpu": gpu}
     return section
+
+
+def run_gpu_metrics(trace_metrics: dict[str, Any] | None, export: Path | None) -> dict[str, Any] | None:
+    """The GPU's own counters over the run: the trace's (split by engine step and kernel), else a capture folder's
+    GPU metrics `export` (the benchmark's whole span)."""
+    if trace_metrics is not None:
+        return trace_metrics
+    if export is None:
+        return None
+    return metrics_section(open_gpu_metrics(export), source=str(export))

@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 
 from profkit.evidence.bench import BenchResult
-from profkit.evidence.metrics import MetricsScrape, bucket_delta, counter_delta, quantile, series_summary
+from profkit.evidence.metrics import MetricsWindow
 from profkit.evidence.vllm_log import VllmLog
 from profkit.vllm.options import default_max_num_seqs, effective_config
 
@@ -31,27 +31,45 @@ class VllmSection(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True)
     config: dict[str, Any]  # every setting rules may name: {value, source}; empty for a run not shown to be vLLM's
 
 
-def vllm_section(bench: BenchResult | None, log: VllmLog | None, metrics: list[MetricsScrape],
+def vllm_section(bench: BenchResult | None, log: VllmLog | None, metrics: MetricsWindow | None,
                  flags: dict[str, Any], gpu: str | None, is_vllm: bool) -> VllmSection:
+    """The report's `vllm` section from the run's benchmark result, log and /metrics window (read once, downward)."""
     logged = {k: v for k, v in ((log.non_default_args if log else None) or {}).items() if v is not None}
     if log is not None:  # the values vLLM logs it chose
         logged.setdefault("max_num_batched_tokens", log.logged_max_num_batched_tokens)
         logged.setdefault("gpu_memory_utilization", log.logged_gpu_memory_utilization)
     gpu = gpu if is_vllm else None  # not vLLM's: its defaults say nothing about the run
-    delta = counter_delta(metrics[0], metrics[-1]) if len(metrics) > 1 else None
+    delta = metrics.delta if metrics else None
     return VllmSection(
         bench=bench, log=log,
-        metrics=metrics[-1].values if metrics else None,
+        metrics=metrics.last if metrics else None,
         metrics_delta=delta,
-        series=series_summary(metrics),
-        live=live_window(metrics),
+        series=metrics.series if metrics else None,
+        live=live_window(metrics) if metrics else None,
         spec_decode=spec_decode(delta) if delta is not None else None,
-        # the last scrape that kept the labels (a live series keeps only values between its first and last scrape)
-        cache=cache_info(next((m for m in reversed(metrics) if m.info), metrics[-1])) if metrics else None,
+        cache=cache_info(metrics.info) if metrics else None,
         flags=flags,
         defaults={"max_num_seqs": default_max_num_seqs(gpu), "gpu": gpu},
         config=effective_config(flags, logged, gpu) if is_vllm else {},
     )
+
+
+def quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
+    """Prometheus's histogram_quantile: linear within the bucket that holds the q-th observation; in the +Inf
+    bucket, the highest finite bound. None without observations."""
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    total, lower, below = buckets[-1][1], 0.0, 0.0
+    rank = q * total
+    for bound, count in buckets:
+        if count >= rank:
+            if math.isinf(bound):
+                return lower
+            inside = count - below
+            return lower + (bound - lower) * ((rank - below) / inside if inside > 0 else 1.0)
+        lower, below = bound, count
+    return lower
+
 
 
 PER_POSITION = re.compile(r'vllm:spec_decode_num_accepted_tokens_per_pos_total\{position="(\d+)"\}')
@@ -78,8 +96,9 @@ CACHE_LABELS = {"kv_cache_size_tokens": int, "num_gpu_blocks": int, "block_size"
                 "enable_prefix_caching": str}
 
 
-def cache_info(scrape: MetricsScrape) -> dict[str, Any] | None:
-    labels = scrape.info.get("vllm:cache_config_info")
+def cache_info(info: dict[str, dict[str, str]]) -> dict[str, Any] | None:
+    """The KV cache as vLLM's cache_config_info gauge's labels (`MetricsScrape.info`) describe it."""
+    labels = info.get("vllm:cache_config_info")
     if not labels:
         return None
     out: dict[str, Any] = {}
@@ -100,23 +119,20 @@ LATENCIES = {"ttft": "vllm:time_to_first_token_seconds", "itl": "vllm:inter_toke
              "e2e": "vllm:e2e_request_latency_seconds"}
 
 
-def live_window(metrics: list[MetricsScrape]) -> dict[str, Any] | None:
+def live_window(window: MetricsWindow) -> dict[str, Any] | None:
     """What a live window's first and last scrapes say (a series of timed scrapes: `profkit attach`): requests
     finished and their rate, the mix (tokens per request), the prefix cache's hit rate, and each latency's mean and
     p50/p90/p99 (ms) from vLLM's histograms over the window."""
-    timed = [m for m in metrics if m.t is not None]
-    if len(timed) < 2:
+    if window.seconds is None or window.delta is None:
         return None
-    first, last = metrics[0], metrics[-1]
-    seconds = (timed[-1].t or 0.0) - (timed[0].t or 0.0)
-    delta = counter_delta(first, last)
+    seconds, delta = window.seconds, window.delta
     done = delta.get("vllm:request_success_total")
     out: dict[str, Any] = {"seconds": seconds, "requests": done,
                            "request_rate": done / seconds if done is not None and seconds > 0 else None}
     # Requests that arrived: those finished, and the change in those running or waiting (a backlog draining
     # finishes more than arrives).
-    held = [sum(m.values.get(f"vllm:num_requests_{k}", math.nan) for k in ("running", "waiting"))
-            for m in (first, last)]
+    held = [sum(values.get(f"vllm:num_requests_{k}", math.nan) for k in ("running", "waiting"))
+            for values in (window.first, window.last)]
     if done is not None and all(math.isfinite(h) for h in held):
         out["arrivals"] = max(0.0, done + held[1] - held[0])
         out["arrival_rate"] = out["arrivals"] / seconds if seconds > 0 else None
@@ -130,7 +146,7 @@ def live_window(metrics: list[MetricsScrape]) -> dict[str, Any] | None:
         count, total = delta.get(f"{name}_count"), delta.get(f"{name}_sum")
         if not count:
             continue
-        buckets = bucket_delta(first, last, name)
+        buckets = window.buckets.get(name, [])
         out[f"{key}_ms"] = {"mean": total / count * 1e3 if total is not None else None, "count": count,
                             **{f"p{round(q * 100)}": (v * 1e3 if (v := quantile(buckets, q)) is not None else None)
                                for q in (0.5, 0.9, 0.99)}}
@@ -140,7 +156,7 @@ def live_window(metrics: list[MetricsScrape]) -> dict[str, Any] | None:
     return out
 
 
-def vllm_run_evidence(bench: BenchResult | None, log: VllmLog | None, metrics: list[MetricsScrape],
+def vllm_run_evidence(bench: BenchResult | None, log: VllmLog | None, metrics: MetricsWindow | None,
                       flags: dict[str, Any], has_command: bool, trace_names: bool) -> list[str]:
     """What shows the run is vLLM's, in words (empty: nothing does)."""
     found = []
@@ -148,7 +164,7 @@ def vllm_run_evidence(bench: BenchResult | None, log: VllmLog | None, metrics: l
         found.append("the run's vLLM command")
     for present, words in ((bench is not None and bool(msgspec.to_builtins(bench)), "a vLLM benchmark result"),
                            (log is not None, "a vLLM log"),
-                           (bool(metrics and metrics[-1].values), "vLLM /metrics"),
+                           (bool(metrics and metrics.last), "vLLM /metrics"),
                            (bool(flags), "vLLM flags")):
         if present:
             found.append(words)

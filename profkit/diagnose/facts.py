@@ -225,8 +225,8 @@ def _only_declared(facts: dict[str, Any]) -> dict[str, Any]:
 
 # --- derived from the sections ------------------------------------------------------------------------------------
 
-def compute_facts(sections: Sections | None, vllm: VllmSection | None, host: dict[str, Any] | None, ranks: list[Rank] | None,
-                  imbalance: Imbalance | None, workload: dict[str, Any] | None = None,
+def compute_facts(sections: Sections | None, vllm: VllmSection | None, host: dict[str, Any] | None,
+                  ranks: list[Rank] | None, imbalance: Imbalance | None, workload: dict[str, Any] | None = None,
                   efficiency: dict[str, Any] | None = None) -> dict[str, Any]:
     """Every declared fact: from one trace's sections (None: the run has no trace), the `vllm` section (a
     `profkit.analysis.vllm.VllmSection`), the host section, the ranks and what the benchmark command says of
@@ -471,8 +471,8 @@ def vllm_facts(vllm: VllmSection | None) -> dict[str, Any]:
     return facts
 
 
-def efficiency_facts(eff: dict[str, Any] | None, vllm: VllmSection | None, workload: dict[str, Any], host: dict[str, Any] | None,
-                     sections: Sections | None) -> dict[str, Any]:
+def efficiency_facts(eff: dict[str, Any] | None, vllm: VllmSection | None, workload: dict[str, Any],
+                     host: dict[str, Any] | None, sections: Sections | None) -> dict[str, Any]:
     """How far from the hardware's peak, and what the GPU and the model are (see analysis/efficiency.py)."""
     eff = eff or {}
     window = eff.get("window") or {}

@@ -120,23 +120,6 @@ def bucket_delta(before: MetricsScrape, after: MetricsScrape, name: str) -> list
     return sorted(out)
 
 
-def quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
-    """Prometheus's histogram_quantile: linear within the bucket that holds the q-th observation; in the +Inf
-    bucket, the highest finite bound. None without observations."""
-    if not buckets or buckets[-1][1] <= 0:
-        return None
-    total, lower, below = buckets[-1][1], 0.0, 0.0
-    rank = q * total
-    for bound, count in buckets:
-        if count >= rank:
-            if math.isinf(bound):
-                return lower
-            inside = count - below
-            return lower + (bound - lower) * ((rank - below) / inside if inside > 0 else 1.0)
-        lower, below = bound, count
-    return lower
-
-
 def read_metrics(path: Path) -> MetricsScrape:
     text = read_text(Path(path), "metrics file")
     try:
@@ -148,3 +131,33 @@ def read_metrics(path: Path) -> MetricsScrape:
 def counter_delta(before: MetricsScrape, after: MetricsScrape) -> dict[str, float]:
     """Counters over the benchmark: the second scrape less the first (a series new in the second counts whole)."""
     return {k: v - before.values.get(k, 0.0) for k, v in after.values.items()}
+
+
+class MetricsWindow(msgspec.Struct, frozen=True):
+    """What the run's scrapes say over its window, read once: the last scrape's values, the counters' change and every
+    histogram's buckets from the first scrape to the last (two or more), the span of a timed series (`profkit
+    attach`) with its gauges' summary, and the last scrape's `*_info` labels."""
+
+    last: dict[str, float]
+    first: dict[str, float]
+    delta: dict[str, float] | None  # counters over the window (None: a lone scrape)
+    buckets: dict[str, list[tuple[float, float]]]  # histograms over the window: (upper bound, cumulative count)
+    seconds: float | None  # the span of a timed series (None: scrapes without times)
+    series: dict[str, float | int] | None  # series_summary
+    info: dict[str, dict[str, str]]
+
+
+def metrics_window(scrapes: list[MetricsScrape]) -> MetricsWindow | None:
+    """The scrapes' window (None without a scrape)."""
+    if not scrapes:
+        return None
+    first, last = scrapes[0], scrapes[-1]
+    timed = [m for m in scrapes if m.t is not None]
+    many = len(scrapes) > 1
+    # the last scrape that kept the labels (a live series keeps only values between its first and last scrape)
+    labelled = next((m for m in reversed(scrapes) if m.info), last)
+    return MetricsWindow(
+        last=last.values, first=first.values, delta=counter_delta(first, last) if many else None,
+        buckets={name: bucket_delta(first, last, name) for name in last.buckets} if many else {},
+        seconds=(timed[-1].t or 0.0) - (timed[0].t or 0.0) if len(timed) >= 2 else None,
+        series=series_summary(scrapes), info=labelled.info)

@@ -11,13 +11,15 @@ from pathlib import Path
 from typing import Any
 
 from profkit.analysis.communication import rank_imbalance
-from profkit.analysis.efficiency import efficiency_section, known_gpu
+from profkit.analysis.efficiency import efficiency_section, export_bandwidth, known_gpu
+from profkit.analysis.gpu_metrics import run_gpu_metrics
 from profkit.analysis.host import host_section
 from profkit.analysis.sections import Imbalance, Rank, Sections, TraceSections
 from profkit.analysis.vllm import VllmSection, vllm_run_evidence, vllm_section
 from profkit.analysis.workload import workload_section
 from profkit.errors import ProfkitError, TraceError
 from profkit.evidence.folder import CaptureFolder
+from profkit.evidence.metrics import metrics_window
 from profkit.evidence.record import Evidence
 from profkit.report.options import ReportOptions
 from profkit.report.trace_part import trace_sections
@@ -67,26 +69,34 @@ def run_sections(traces: TraceInput, evidence: Evidence, options: ReportOptions,
     if not paths and evidence.is_empty():
         where = f"{folder.path}: folder holds no trace and no vLLM evidence" if folder else "nothing to report"
         raise ProfkitError(f"{where} (give a trace, a capture folder, or --bench/--vllm-log/--metrics/--vllm-args)")
+    # the evidence record read first, each piece once; then the analyses, over it and over the traces
+    scrapes = metrics_window(evidence.metrics)
+    command = evidence.run_command()
+    flags = evidence.flags()
+    bench, log = evidence.bench, evidence.log
+    manifest_gpu = (evidence.manifest.environment or {}).get("gpu") if evidence.manifest else None
     given_gpu = known_gpu(evidence.gpu) if evidence.gpu else None  # a name the peak table lacks: one line, now
     part = _trace_part(paths, options, progress or (lambda _name: None))
     source = _source(part, folder)
-    bench = evidence.bench
     host = host_section(evidence.host, bench.elapsed_s if bench else None) if evidence.host is not None else None
-    command = evidence.run_command()
-    shown = vllm_run_evidence(bench, evidence.log, evidence.metrics, evidence.flags(), command is not None,
-                              bool(source.get("vllm_names")))
-    manifest_gpu = (evidence.manifest.environment or {}).get("gpu") if evidence.manifest else None
+    shown = vllm_run_evidence(bench, log, scrapes, flags, command is not None, bool(source.get("vllm_names")))
     # Some of vLLM's defaults depend on the GPU: the one the user names, else the trace's, else the manifest's.
     gpu = given_gpu or source.get("gpu") or manifest_gpu
-    vllm = vllm_section(bench, evidence.log, evidence.metrics, evidence.flags(), gpu, is_vllm=bool(shown))
+    vllm = vllm_section(bench, log, scrapes, flags, gpu, is_vllm=bool(shown))
     gpu = gpu or next(iter((host or {}).get("gpus") or []), None)  # NVML's name: peaks only, not vLLM's defaults
+    live = vllm.live or {}  # a live window (profkit attach) is the run's time where no benchmark timed one
     sections = part.sections if part is not None else Sections()
     rank_parts = part.ranks if part is not None and part.ranks and len(part.ranks) > 1 else None
     bench_cmd = (command.role("client") or command.role("offline")) if command else None
     return RunSections(
         source=source, sections=sections, trace_part=part, evidence=evidence, command=command, shown=shown, gpu=gpu,
         vllm=vllm, host=host,
-        efficiency=_efficiency(gpu, evidence, vllm, part),
+        efficiency=efficiency_section(
+            gpu, evidence.model, vllm.config, vllm.metrics_delta or {},
+            bench.elapsed_s if bench else live.get("seconds"), bench.num_requests if bench else live.get("requests"),
+            gpu_metrics=run_gpu_metrics(part.gpu_metrics if part is not None else None, evidence.gpu_metrics),
+            export_bandwidth=export_bandwidth(source), steps=sections.steps if part is not None else None,
+            request_tokens=bench.request_tokens() if bench else None),
         workload=workload_section(bench_cmd, bench),
         ranks=[p.entry for p in rank_parts] if rank_parts else None,
         imbalance=rank_imbalance(rank_parts) if rank_parts else None)
@@ -108,38 +118,3 @@ def _source(part: TraceSections | None, folder: CaptureFolder | None) -> dict[st
     if folder and part.source.get("path"):
         return {**part.source, "path": str(folder.path)}
     return part.source
-
-
-def _efficiency(gpu: str | None, evidence: Evidence, vllm: VllmSection, part: TraceSections | None
-                ) -> dict[str, Any] | None:
-    """How far the run is from the GPU's peaks, over the benchmark (or the live window)."""
-    bench, live = evidence.bench, vllm.live or {}  # a live window (profkit attach) is the run's time without one
-    sections = part.sections if part is not None else None
-    return efficiency_section(gpu, evidence.model, vllm.config, vllm.metrics_delta or {},
-                              bench.elapsed_s if bench else live.get("seconds"),
-                              bench.num_requests if bench else live.get("requests"),
-                              gpu_metrics=gpu_metrics_of(part, evidence.gpu_metrics),
-                              export_bandwidth=_export_bandwidth(part.source if part is not None else {}),
-                              steps=sections.steps if sections is not None else None,
-                              request_tokens=bench.request_tokens() if bench else None)
-
-
-def gpu_metrics_of(part: TraceSections | None, export: Path | None) -> dict[str, Any] | None:
-    """The GPU's own counters: the trace's (with engine steps and kernels to split them by), else the capture's
-    GPU metrics `export` (the benchmark's whole span)."""
-    if part is not None and part.gpu_metrics is not None:
-        return part.gpu_metrics
-    if export is None:
-        return None
-    from profkit.analysis.gpu_metrics import metrics_section
-    from profkit.traces.gpu_metrics import open_gpu_metrics
-
-    return metrics_section(open_gpu_metrics(export), source=str(export))
-
-
-def _export_bandwidth(source: dict[str, Any]) -> Any:
-    """The memory bandwidth of the export's GPU row for the GPU that ran the kernels (`source.gpu`), not of a row
-    for a device that ran none."""
-    rows = [g for g in source.get("gpus") or [] if isinstance(g, dict)]
-    ran = [g for g in rows if g.get("name") == source.get("gpu")]
-    return next((g.get("memory_bandwidth") for g in ran or rows), None)
