@@ -182,13 +182,16 @@ def predict_cmd(run: str | None, changes: tuple[str, ...], fmt: str | None, outp
     evidence = Evidence.read(bench=bench, log=vllm_log, metrics=metrics, vllm_args=vllm_args,
                              model_config=model_config, host=host_json, gpu=gpu)
     spread = _parse_share(noise, "--noise") if noise else None
+    if slos and not do_search:
+        raise click.UsageError("--slo bounds a search: add --search")
     if do_search:
+        from profkit.model.search import Bound
         from profkit.report.predict import search_run
         from profkit.tune.loop import parse_slo
 
-        bounds = [parse_slo(s) for s in slos]
-        doc = search_run(run, evidence, allow_precision=allow_precision_changes, top=top, noise=spread,
-                         accept=lambda m: all(b.holds(m.get(b.metric)) for b in bounds if m.get(b.metric) is not None))
+        bounds = [Bound(c.metric, c.op, c.value) for c in (parse_slo(s) for s in slos)]
+        doc = search_run(run, evidence, allow_precision=allow_precision_changes, bounds=bounds, top=top,
+                         noise=spread)
     else:
         doc = predict_run(run, shlex.join(changes), evidence, noise=spread)
     if output:

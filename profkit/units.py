@@ -70,8 +70,11 @@ def change_from(change: dict) -> str:
 
 
 def change_to(change: dict) -> str:
-    """A change's new value; None: the flag is taken out (vLLM's default applies)."""
-    return "not set (vLLM's default)" if change.get("to") is None else flag_value(change.get("to"))
+    """A change's new value; None: the flag is taken out (vLLM's default applies, its value said where known)."""
+    if change.get("to") is not None:
+        return flag_value(change.get("to"))
+    default = change.get("default")
+    return "not set (vLLM's default" + ("" if default is None else f", {flag_value(default)}") + ")"
 
 
 def is_share(name: str) -> bool:

@@ -125,7 +125,8 @@ def test_the_model_runs_on_a_live_window_and_says_when_it_does_not_reproduce_it(
     assert note.startswith("no prescription: the model does not reproduce this run (its simulated duration")
     # the capture of the same load, whole: reproduced, and more KV cache predicted to end the queueing
     cap = reports["cap_tight2"]["prescription"]
-    assert cap["changes"][0]["flag"] == "--gpu-memory-utilization" and cap["changes"][0]["to"] > 0.28
+    memory = next(c for c in cap["changes"] if c["flag"] == "--gpu-memory-utilization")
+    assert memory["to"] is None or memory["to"] > 0.28  # None: the flag removed, vLLM's default
     ttft = cap["predicted"]["mean_ttft_ms"]
     assert ttft["predicted"] < 0.5 * ttft["before"]
 

@@ -156,28 +156,38 @@ def test_the_prescription_follows_the_measured_layout(tp2: Path) -> None:
                     ("dp2/L_s21", {"--tensor-parallel-size": 2, "--data-parallel-size": 1})):
         doc = report(tp2 / "ab" / run)
         assert "tp-or-dp" in {f["rule"] for f in doc["findings"]}
-        assert {c["flag"]: c["to"] for c in doc["prescription"]["changes"]} == to
-        assert "tp-or-dp" in doc["prescription"]["answers"]
+        # the best adds the FP8 pair (a precision change, named as such); the best without it is the layout alone
+        p = doc["prescription"]
+        assert {c["flag"]: c["to"] for c in p["changes"] if not c["trades"]} == to
+        assert {c["flag"] for c in p["changes"] if c["trades"]} <= {"--quantization", "--kv-cache-dtype"}
+        if any(c["trades"] for c in p["changes"]):
+            assert {c["flag"]: c["to"] for c in p["alternative"]["changes"]} == to
+        assert "tp-or-dp" in p["answers"]
         suggested = doc["command"]["suggested"][0]
         assert f"--data-parallel-size {to['--data-parallel-size']}" in suggested
     for run in ("tp2/L_s21", "dp2/T_s11"):
         doc = report(tp2 / "ab" / run)
         assert "tp-or-dp" not in {f["rule"] for f in doc["findings"]}
-        assert not (doc.get("prescription") or {}).get("changes")
+        # no change of the layout; the model's best there changes precision alone (FP8), named as the trade
+        changes = (doc.get("prescription") or {}).get("changes") or []
+        assert not {"--tensor-parallel-size", "--data-parallel-size"} & {c["flag"] for c in changes}
+        assert all(c["trades"] for c in changes)
 
 
 def test_tune_tries_the_other_layout_on_the_same_gpus(tp2: Path) -> None:
-    """tune's candidate from the tp-or-dp finding changes both sizes: it never asks for more GPUs than the run had."""
-    from profkit.diagnose.prescription import rank_candidates
+    """tune's first candidate (the model's ranking, precision unchanged) changes both sizes: it never asks for more
+    GPUs than the run had. Measured: DP=2 +25 % on this load."""
+    from profkit.tune.loop import Config, Run, allowed_flags, model_candidates
+    from profkit.vllm.command import UserCommand
 
-    doc = report(tp2 / "ab" / "tp2" / "T_s11")
-    finding = next(f for f in doc["findings"] if f["rule"] == "tp-or-dp")
-    queue = [{"rule": finding["rule"], "order": "", "changes": [{"flag": c["flag"], "to": c["to"]}
-                                                                 for c in finding["changes"]]}]
-    ranked = rank_candidates(doc, queue, "request_throughput")
-    changes = {c["flag"]: c["to"] for c in ranked[0]["changes"]}
+    run = tp2 / "ab" / "tp2" / "T_s11"
+    best = Config(UserCommand([], "test"), [Run(run, "ok", False, report=report(run))])
+    ranking, fitted = model_candidates(best, [best], "request_throughput", [], False,
+                                       set(allowed_flags(None, allow_precision=False)), 0.02)
+    assert ranking is not None and fitted == "calibrated on 1 measured configuration(s)"
+    changes = {c["flag"]: c["to"] for c in ranking[0]["changes"]}
     assert changes == {"--data-parallel-size": 2, "--tensor-parallel-size": 1}
-    assert ranked[0]["predicted"]["gain"] > 0.1 and not ranked[0]["skip"]
+    assert ranking[0]["predicted"]["gain"] > 0.1 and not ranking[0]["skip"]
 
 
 def test_the_kv_cache_of_the_other_layout_is_what_vllm_allocated(tp2: Path) -> None:
@@ -216,12 +226,13 @@ def test_every_split_of_the_runs_gpus_is_a_candidate_layout() -> None:
     """Planned for any GPU count: a run on 4 GPUs as TP=4 is offered 1x4 and 2x2; as 2x2, 1x4 and 4x1."""
     from types import SimpleNamespace
 
-    from profkit.diagnose.prescription import _layouts
+    from profkit.model.levers import layouts
 
-    def cal(tp: int, dp: int) -> SimpleNamespace:
-        return SimpleNamespace(observation=SimpleNamespace(tensor_parallel=tp, data_parallel=dp))
+    def splits(tp: int, dp: int) -> list[tuple[int, int]]:
+        obs = SimpleNamespace(tensor_parallel=tp, data_parallel=dp)
+        return [(c["tensor_parallel_size"], c["data_parallel_size"]) for c in layouts(obs)]  # type: ignore[arg-type]
 
-    assert _layouts(cal(4, 1)) == [(1, 4), (2, 2)]
-    assert _layouts(cal(2, 2)) == [(1, 4), (4, 1)]
-    assert _layouts(cal(8, 1)) == [(1, 8), (2, 4), (4, 2)]
-    assert _layouts(cal(1, 1)) == []
+    assert splits(4, 1) == [(1, 4), (2, 2)]
+    assert splits(2, 2) == [(1, 4), (4, 1)]
+    assert splits(8, 1) == [(1, 8), (2, 4), (4, 2)]
+    assert splits(1, 1) == []

@@ -16,17 +16,7 @@ from typing import Any
 from profkit.diagnose.engine import Finding, ProposedChange
 from profkit.diagnose.rule_files import SEVERITY_ORDER
 from profkit.vllm.command import dest_of
-from profkit.vllm.options import VLLM_DEFAULTS, default_max_num_seqs
-
-
-def default_of(setting: str, gpu: str | None) -> Any:
-    """vLLM's value for a setting the command does not give (None: not known here)."""
-    if setting == "max_num_seqs":
-        return default_max_num_seqs(gpu)
-    if setting == "max_cudagraph_capture_size":
-        seqs = default_max_num_seqs(gpu)
-        return min(2 * seqs, 512) if seqs else None
-    return VLLM_DEFAULTS.get(setting)
+from profkit.vllm.options import default_of
 
 
 def undoes(change: ProposedChange | dict[str, Any], gpu: str | None) -> str | None:

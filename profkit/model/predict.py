@@ -16,9 +16,11 @@ the API servers' ceiling. A flag the model does not know is listed as unmodelled
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from profkit.model import levers
 from profkit.model.observe import Observation, Unobservable
 from profkit.model.simulate import Engine, Infeasible, SimResult, StepCost, Workload, simulate_engines
 
@@ -72,12 +74,13 @@ EXTRAPOLATED_CEILING = 0.15
 ALLREDUCES_PER_LAYER = 2
 ALLREDUCE_LATENCY_S = (6e-6, 1.25e-5, 2e-5)
 NVLINK_BPS = (3e11, 2.2e11, 1.5e11)
+# The activations and CUDA graphs' memory vLLM's start-up profiles before it sizes the KV cache, as a share of the GPU's
+# memory, where the run does not say (its cache was sized by hand): about 2 % on the recorded H100 runs.
+ACTIVATIONS_SHARE = 0.02
 # Where the model's config.json does not say: a layer's attention width (heads x head dim), and so its hidden size,
 # taken as the 13-14B Llama shape's 5,120; layers are then the run's layers x heads x head dim over it.
 LLAMA_HIDDEN = 5120.0
-MODELLED = {"gpu_memory_utilization", "kv_cache_memory_bytes", "kv_cache_dtype", "quantization", "max_num_seqs",
-            "max_num_batched_tokens", "max_model_len", "enforce_eager", "api_server_count", "tensor_parallel_size",
-            "data_parallel_size"}
+MODELLED = levers.MODELLED  # the levers' table: profkit.model.levers
 
 
 @dataclass(frozen=True)
@@ -152,106 +155,130 @@ def _scaled(cost: StepCost, memory: float, compute: float) -> StepCost:
                    token_s=cost.token_s * compute, pair_s=cost.pair_s * compute)
 
 
-def calibrate(obs: Observation) -> Calibrated:
-    """The model fitted on the run (`_fit`); a measured run the simulation cannot serve cannot calibrate it."""
+def calibrate(obs: Observation, others: Sequence[Observation] = ()) -> Calibrated:
+    """The model fitted on the run (`_Fit`); with `others` (runs of other configurations of the same deployment and
+    workload: tune's measurements so far), one step-cost factor fitted on them all, so that what a configuration
+    does is learned from every one measured. A measured run the simulation cannot serve cannot calibrate it."""
     try:
-        return _fit(obs)
+        fits = [_Fit(o) for o in (obs, *others)]
+        if fits[0].paced_by_frontend:
+            return fits[0].uncalibrated()
+        joined = [f for f in fits if not f.paced_by_frontend]
+        x = _secant(lambda x: sum(f.gap(x)[0] for f in joined) / len(joined))
+        return fits[0].calibrated(x, max(abs(f.gap(x)[0]) for f in joined[1:]) if joined[1:] else 0.0)
     except Infeasible as exc:
         raise Unobservable(f"the measured configuration cannot be simulated ({exc})") from None
 
 
-def _fit(obs: Observation) -> Calibrated:
-    """One factor on every step cost, fitted so that the simulated benchmark takes the measured time. (A second
-    factor splitting memory-bound from arithmetic work is not identifiable from the benchmark's figures: both move
-    the duration and TPOT alike; the split comes from the hardware's peaks and the run's own phase efficiencies.)"""
-    work = Workload(obs.requests, obs.prompt_tokens, obs.output_tokens, obs.request_rate, obs.max_concurrency,
-                    offline=obs.offline)
-    prior = _prior_cost(obs, bool(obs.config.get("enforce_eager")))
-    m = obs.measured
-    engine = Engine(obs.memory.kv_tokens, int(obs.config.get("max_num_seqs") or 256),
-                    int(obs.config.get("max_num_batched_tokens") or 8192), reserve=DEFAULT_RESERVE)
-    # Requests arriving at a rate the server keeps up with (a rate-limited client, a live server): the run lasts as
-    # long as the arrivals whatever a step costs, so the duration cannot fit the step's cost; the time per output
-    # token can. The reserve is then fitted with that cost: how full the cache runs depends on how long requests stay.
-    arrival_bound = bool(work.request_rate and m.tpot_mean_s
-                         and obs.requests / work.request_rate >= ARRIVAL_BOUND_SHARE * m.elapsed_s)
+def _secant(gap: Callable[[float], float]) -> float:
+    """The log step-cost factor where `gap` (simulated over measured, log) is zero: the duration (or the time per
+    token) is close to proportional to the step costs."""
+    x0, f0 = 0.0, gap(0.0)
+    x1 = -f0
+    for _ in range(8):
+        f1 = gap(x1)
+        if abs(f1) < 0.002 or f1 == f0:
+            return x1
+        x0, x1, f0 = x1, max(-4.0, min(4.0, x1 - f1 * (x1 - x0) / (f1 - f0))), f1
+    return x0
 
-    def fit_reserve(cost: StepCost) -> None:
-        nonlocal engine
-        counted = m.preemptions
+
+class _Fit:
+    """One run's fitting: its workload, the step costs' prior, the engine with the admission reserve that reproduces
+    its preemptions, and what sets its pace. One factor on every step cost is then fitted so that the simulated
+    benchmark takes the measured time (a second factor splitting memory-bound from arithmetic work is not
+    identifiable from one run's figures: both move the duration and TPOT alike; the split comes from the
+    hardware's peaks and the run's own phase efficiencies)."""
+
+    def __init__(self, obs: Observation) -> None:
+        self.obs, m = obs, obs.measured
+        self.work = Workload(obs.requests, obs.prompt_tokens, obs.output_tokens, obs.request_rate, obs.max_concurrency,
+                             offline=obs.offline)
+        self.prior = _prior_cost(obs, bool(obs.config.get("enforce_eager")))
+        self.engine = Engine(obs.memory.kv_tokens, int(obs.config.get("max_num_seqs") or 256),
+                             int(obs.config.get("max_num_batched_tokens") or 8192), reserve=DEFAULT_RESERVE)
+        # Requests arriving at a rate the server keeps up with (a rate-limited client, a live server): the run lasts
+        # as long as the arrivals whatever a step costs, so the duration cannot fit the step's cost; the time per
+        # output token can. The reserve is then fitted with that cost: how full the cache runs depends on how long
+        # requests stay.
+        self.arrival_bound = bool(self.work.request_rate and m.tpot_mean_s
+                                  and obs.requests / self.work.request_rate >= ARRIVAL_BOUND_SHARE * m.elapsed_s)
+        self.bound = host_bound(obs) if obs.host else "unknown"
+        # a frontend process set the pace: the duration hides the engine's speed
+        self.paced_by_frontend = bool(self.bound) and self.bound not in ("engine_core", "unknown")
+        self.cache: dict[float, SimResult] = {}
+        if not self.arrival_bound:
+            self._fit_reserve(self.prior)
+        else:
+            self._fit_reserve(self.scaled(_secant(lambda x: self.gap(x)[0])))
+
+    def _fit_reserve(self, cost: StepCost) -> None:
+        counted = self.obs.measured.preemptions
         if counted is None:  # the cache's slack from the run's own preemptions (each one recomputes)
             return
-        tried = {w: simulate_engines(work, replace(engine, reserve=w), cost, obs.data_parallel).preemptions
-                 for w in RESERVES}
+        tried = {w: simulate_engines(self.work, replace(self.engine, reserve=w), cost, self.obs.data_parallel)
+                 .preemptions for w in RESERVES}
         best = min(tried, key=lambda w: (abs(math.log((tried[w] + 1) / (counted + 1))), abs(w - DEFAULT_RESERVE)))
-        engine = replace(engine, reserve=best)
+        self.engine = replace(self.engine, reserve=best)
+        self.cache.clear()
 
-    if not arrival_bound:
-        fit_reserve(prior)
-
-    bound = host_bound(obs) if obs.host else "unknown"
-    # a frontend process set the pace: the duration hides the engine's speed
-    if bound and bound not in ("engine_core", "unknown"):
-        sim = simulate_engines(work, engine, prior, obs.data_parallel)
-        return Calibrated(obs, work, engine, prior, 1.0, 1.0, sim, {})
-
-    def scaled(log_scale: float) -> StepCost:
-        f = math.exp(log_scale)
+    def scaled(self, log_scale: float) -> StepCost:
+        f, prior = math.exp(log_scale), self.prior
         cpu = replace(prior, cpu_step_s=prior.cpu_step_s * f, cpu_seq_s=prior.cpu_seq_s * f)
-        if bound == "engine_core":  # the engine core's CPU per step set the pace: fit it, not the GPU
+        if self.bound == "engine_core":  # the engine core's CPU per step set the pace: fit it, not the GPU
             return cpu
         # no host samples: whichever side set the pace, every cost scales alike
-        return _scaled(cpu if bound == "unknown" else prior, f, f)
+        return _scaled(cpu if self.bound == "unknown" else prior, f, f)
 
-    def gap(log_scale: float) -> tuple[float, SimResult]:
-        r = simulate_engines(work, engine, scaled(log_scale), obs.data_parallel)
-        if arrival_bound and m.tpot_mean_s:
+    def gap(self, log_scale: float) -> tuple[float, SimResult]:
+        """log(simulated / measured) of the duration (a run paced by its arrivals: the time per output token)."""
+        if log_scale not in self.cache:
+            self.cache[log_scale] = simulate_engines(self.work, self.engine, self.scaled(log_scale),
+                                                     self.obs.data_parallel)
+        r, m = self.cache[log_scale], self.obs.measured
+        if self.arrival_bound and m.tpot_mean_s:
             return math.log(max(r.tpot_mean_s, 1e-9) / m.tpot_mean_s), r
         return math.log(r.elapsed_s / m.elapsed_s), r
 
-    def secant() -> tuple[float, SimResult]:
-        # on log(scale): the duration (or the time per token) is close to proportional to the step costs
-        x0, (f0, sim) = 0.0, gap(0.0)
-        x1 = -f0
-        for _ in range(8):
-            f1, sim1 = gap(x1)
-            if abs(f1) < 0.002 or f1 == f0:
-                x0, sim = x1, sim1
-                break
-            x0, x1, f0, sim = x1, max(-4.0, min(4.0, x1 - f1 * (x1 - x0) / (f1 - f0))), f1, sim1
-        return x0, sim
+    def uncalibrated(self) -> Calibrated:
+        sim = simulate_engines(self.work, self.engine, self.prior, self.obs.data_parallel)
+        return Calibrated(self.obs, self.work, self.engine, self.prior, 1.0, 1.0, sim, {})
 
-    x0, sim = secant()
-    if arrival_bound:
-        fit_reserve(scaled(x0))
-        x0, sim = secant()
-    scale = math.exp(x0)
-    cost = scaled(x0)
-    error = {"elapsed": abs(math.log(sim.elapsed_s / m.elapsed_s))}
-    if m.tpot_mean_s:
-        error["tpot"] = abs(math.log(sim.tpot_mean_s / m.tpot_mean_s))
-    latency = 0.0
-    if m.ttft_mean_s:
-        latency = min(max(m.ttft_mean_s - sim.ttft_mean_s, 0.0), REQUEST_LATENCY_MAX_S)
-        error["ttft"] = abs(math.log(max(sim.ttft_mean_s + latency, 1e-6) / m.ttft_mean_s))
-    return Calibrated(obs, work, engine, cost, scale, scale, sim, error, latency)
+    def calibrated(self, x: float, others_error: float = 0.0) -> Calibrated:
+        """The model at log factor `x`, with its error on this run (and, fitted jointly, the largest on the others)."""
+        _, sim = self.gap(x)
+        m = self.obs.measured
+        error = {"elapsed": abs(math.log(sim.elapsed_s / m.elapsed_s))}
+        if m.tpot_mean_s:
+            error["tpot"] = abs(math.log(sim.tpot_mean_s / m.tpot_mean_s))
+        latency = 0.0
+        if m.ttft_mean_s:
+            latency = min(max(m.ttft_mean_s - sim.ttft_mean_s, 0.0), REQUEST_LATENCY_MAX_S)
+            error["ttft"] = abs(math.log(max(sim.ttft_mean_s + latency, 1e-6) / m.ttft_mean_s))
+        if others_error:
+            error["others"] = others_error
+        return Calibrated(self.obs, self.work, self.engine, self.scaled(x), math.exp(x), math.exp(x), sim, error,
+                          latency)
 
 
 # ------------------------------------------------------------------------------------------------- prediction
 
-def predict(cal: Calibrated, changes: dict[str, Any], noise: float | None = None) -> Prediction:
-    """The run under `changes` ({vLLM dest: value}, e.g. {"kv_cache_dtype": "fp8"}): each metric's prediction with
-    its range, the limit before and after, and the reasoning."""
+def predict(cal: Calibrated, changes: dict[str, Any], noise: float | None = None, ends: bool = True) -> Prediction:
+    """The run under `changes` ({vLLM dest: value}, e.g. {"kv_cache_dtype": "fp8"}; None: the flag removed, vLLM's
+    default): each metric's prediction with its range, the limit before and after, and the reasoning. `ends`: also
+    simulate the low and high ends of what the change does to a step's costs (False: the middle alone, a search's
+    quick look; its range then holds the noise and the fit's error only)."""
     obs = cal.observation
-    changes = _with_defaults(changes, obs)
+    changes = levers.with_defaults(changes, obs)
     unmodelled = sorted(k for k in changes if k not in MODELLED)
     if "gpu_memory_utilization" in changes and not (obs.memory.total_bytes and obs.memory.utilization):
         unmodelled.append("gpu_memory_utilization (the GPU's memory is unknown)")
     said = _Said([], [])
     change = _changed(cal, changes, said)
-    runs = [simulate_engines(cal.workload, change.engine, cost, change.dp) for cost in _step_costs(cal, change, said)]
-    if not change.moves_costs:
-        runs = runs[:1]
+    costs = _step_costs(cal, change, said)
+    if not change.moves_costs or not ends:
+        costs = costs[1:2]
+    runs = [simulate_engines(cal.workload, change.engine, cost, change.dp) for cost in costs]
     mid = runs[len(runs) // 2]
     before = cal.baseline
     caps_before, caps = host_ceilings(obs, {}, before), host_ceilings(obs, changes, before, mid)
@@ -429,15 +456,6 @@ def _outcome_reasoning(cal: Calibrated, mid: SimResult, metrics: dict[str, dict[
         reasoning.append(f"request throughput x{rt['predicted'] / rt['before']:.2f}")
 
 
-def _with_defaults(changes: dict[str, Any], obs: Observation) -> dict[str, Any]:
-    """A setting removed (None) is vLLM's default for it: the batch cap by the GPU, 8192 batched tokens for a
-    server, 0.92 of the GPU's memory, CUDA graphs, one API server, the model's own precision."""
-    defaults = {"max_num_seqs": obs.default_max_num_seqs or 256, "max_num_batched_tokens": 8192,
-                "gpu_memory_utilization": 0.92, "enforce_eager": False, "api_server_count": 1,
-                "kv_cache_dtype": "auto"}
-    return {k: defaults.get(k) if v is None and k in defaults else v for k, v in changes.items()}
-
-
 def _is_fp8(value: Any) -> bool:
     return isinstance(value, str) and value.lower().startswith("fp8")
 
@@ -452,6 +470,13 @@ def _kv_bytes(obs: Observation, changes: dict[str, Any], fp8_weights: bool, reas
     freed = mem.weights_bytes / 2 if fp8_weights and mem.weights_bytes else 0.0
     if fp8_weights and mem.weights_bytes:
         reasoning.append(f"FP8 weights free {freed / 2**30:.1f} GiB for the KV cache")
+    if "kv_cache_memory_bytes" in changes and mem.kv_given and mem.total_bytes and mem.weights_bytes:
+        # the hand-set size removed: vLLM's memory budget less the weights and its start-up's activations
+        share = float(changes.get("gpu_memory_utilization") or levers.vllm_default("gpu_memory_utilization", obs))
+        budget = share * mem.total_bytes - (mem.weights_bytes - freed) - ACTIVATIONS_SHARE * mem.total_bytes
+        reasoning.append(f"--kv-cache-memory-bytes removed: vLLM sizes the cache from --gpu-memory-utilization "
+                         f"{share} ({mem.kv_bytes / 2**30:.1f} → {budget / 2**30:.1f} GiB)")
+        return budget
     util = changes.get("gpu_memory_utilization")
     if util is not None and mem.total_bytes and mem.utilization:
         delta = (float(util) - mem.utilization) * mem.total_bytes

@@ -45,17 +45,29 @@ def search_rows(doc: dict[str, Any]) -> list[dict[str, str]]:
     return rows
 
 
+def _search_view(doc: dict[str, Any]) -> dict[str, Any]:
+    closest = search_rows({"search": [doc["closest"]]})[0] if doc.get("closest") else None
+    return {"rows": search_rows(doc), "source": (doc.get("source") or {}).get("path"),
+            "bounds": ", ".join(doc.get("bounds") or []), "closest": closest}
+
+
 def _search_text(doc: dict[str, Any]) -> str:
     rows = search_rows(doc)
+    bounds = ", ".join(doc.get("bounds") or [])
     out = [f"profkit predict --search: {terminal((doc.get('source') or {}).get('path') or '')}",
-           f"  {len(rows)} configuration(s), best predicted request throughput first:", ""]
+           f"  {len(rows)} configuration(s)" + (f" within {terminal(bounds)}" if bounds else "")
+           + ", best predicted request throughput first:", ""]
     for r in rows:
         out.append(f"  {r['rank']}. {terminal(r['changes'])}")
         out.append(f"     requests/s {r['requests/s']}; mean TTFT {r['mean TTFT (ms)']} ms; mean TPOT "
                    f"{r['mean TPOT (ms)']} ms; limit: {terminal(r['limit after'])}"
                    + (f"; {terminal(r['trades'])}" if r["trades"] else ""))
     if not rows:
-        out.append("  none meets the constraints")
+        out.append(f"  none meets {terminal(bounds) or 'the constraints'}")
+        if doc.get("closest"):
+            c = search_rows({"search": [doc["closest"]]})[0]
+            out.append(f"  the closest: {terminal(c['changes'])}: requests/s {c['requests/s']}; mean TTFT "
+                       f"{c['mean TTFT (ms)']} ms; mean TPOT {c['mean TPOT (ms)']} ms")
     return document("\n".join(out) + "\n")
 
 
@@ -81,7 +93,7 @@ def render_prediction_markdown(doc: dict[str, Any]) -> str:
 
     if "search" in doc:
         return document(markdown.environment().get_template("prediction.md.j2").render(
-            v=None, rows=search_rows(doc), source=(doc.get("source") or {}).get("path")))
+            v=None, **_search_view(doc)))
 
     return document(markdown.environment().get_template("prediction.md.j2").render(v=prediction_view(doc)))
 
@@ -91,6 +103,6 @@ def render_prediction_html(doc: dict[str, Any]) -> str:
 
     if "search" in doc:
         return document(html.environment().get_template("prediction.html.j2").render(
-            v=None, rows=search_rows(doc), source=(doc.get("source") or {}).get("path")))
+            v=None, **_search_view(doc)))
 
     return document(html.environment().get_template("prediction.html.j2").render(v=prediction_view(doc)))

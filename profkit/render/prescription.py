@@ -40,32 +40,35 @@ def metric_table(rows: list[dict[str, str]]) -> list[str]:
 
 
 def prescription_view(report: dict[str, Any]) -> dict[str, Any] | None:
-    """The report's lead: what limits the run, and the one prescription with its predicted effect (None: the report
-    has none)."""
-    p = report.get("prescription")
-    if not p:
+    """The report's lead: the verdict (what limits the run), and the one prescription the model chose with its
+    predicted effect, the best without a precision change beside it, and the findings' changes it cannot predict
+    (None: a report without a verdict, made before profkit had one)."""
+    p = report.get("prescription") or {}
+    verdict = report.get("verdict") or ({"limit": p.get("limit"), "by": "the model of the run"} if p else None)
+    if verdict is None:
         return None
+    if verdict.get("by") == "the model of the run":
+        headline = f"the limit is {verdict['limit']}"
+    elif verdict.get("limit"):
+        headline = f"{verdict['limit']} (the leading finding)"
+    else:
+        headline = "no rule fired on this run"
+    if verdict.get("gpu"):
+        headline += f"; the GPU: {verdict['gpu']}"
     predicted = p.get("predicted") or {}
-    changes = [{"flag": c["flag"], "from": change_from(c), "to": change_to(c), "trades": c.get("trades")}
-               for c in p.get("changes") or []]
-    return {"limit": p.get("limit"), "limit_after": predicted.get("limit_after"), "changes": changes,
+    alt = p.get("alternative")
+    return {"headline": headline, "note": p.get("note"), "changes": _changes(p.get("changes") or []),
+            "limit_after": predicted.get("limit_after"),
             "rows": metric_rows({k: v for k, v in predicted.items() if isinstance(v, dict)}),
             "reasoning": list(p.get("reasoning") or []), "answers": list(p.get("answers") or []),
-            "note": p.get("note")}
+            "alternative": None if not alt else {
+                "changes": _changes(alt["changes"]), "trade": alt.get("trade"),
+                "rows": metric_rows({k: v for k, v in alt["predicted"].items() if isinstance(v, dict)}),
+                "limit_after": alt["predicted"].get("limit_after")},
+            "unpredicted": [{"flag": u["flag"], "to": change_to(u), "rule": u["rule"], "why": u.get("why", "")}
+                            for u in p.get("unpredicted") or []]}
 
 
-def prescription_lines(report: dict[str, Any]) -> list[str]:
-    """The prescription as the text report leads with it."""
-    v = prescription_view(report)
-    if v is None:
-        return []
-    out = [f"Verdict: the limit is {terminal(v['limit'] or 'not modelled')}"]
-    if v["note"]:
-        return [*out, f"  {terminal(v['note'])}", ""]
-    out.append("Prescription (the model of this run chose these values and predicts):")
-    out += [f"  {terminal(c['flag'])} {terminal(c['from'])} -> {terminal(c['to'])}"
-            + (f"  [{terminal(c['trades'])}]" if c["trades"] else "") for c in v["changes"]]
-    out += metric_table(v["rows"])
-    out.append(f"  then the limit: {terminal(v['limit_after'] or '?')}; answers {terminal(', '.join(v['answers']))}")
-    out += [f"  - {terminal(r)}" for r in v["reasoning"]]
-    return out + [""]
+def _changes(changes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"flag": c["flag"], "from": change_from(c), "to": change_to(c), "trades": c.get("trades"),
+             "answers": ", ".join(c.get("answers") or [])} for c in changes]

@@ -51,5 +51,5 @@ def assemble(run: RunSections, judgement: Judgement) -> Report:
         run=RunSection(run.shown) if run.shown else RunSection(run.shown, note=NOT_VLLM_NOTE),
         host=run.host, efficiency=run.efficiency, facts=judgement.facts, rules_skipped=judgement.skipped,
         command=judgement.suggestion.section(), suggested_command=judgement.suggestion.text(),
-        prescription=p.document() if p else None,
+        prescription=p.document() if p else None, verdict=judgement.verdict,
     )

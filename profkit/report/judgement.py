@@ -10,7 +10,7 @@ import msgspec
 
 from profkit.diagnose.engine import Finding, ProposedChange, evaluate
 from profkit.diagnose.facts import compute_facts
-from profkit.diagnose.prescription import Prescription, prescribe
+from profkit.diagnose.prescription import Prescription, prescribe, verdict
 from profkit.diagnose.priority import order_findings
 from profkit.diagnose.rule_files import Rule
 from profkit.diagnose.suggestion import Suggestion, suggest
@@ -25,6 +25,7 @@ class Judgement:
     skipped: list[dict[str, Any]]  # rules whose facts the run lacks
     prescription: Prescription | None
     suggestion: Suggestion
+    verdict: dict[str, Any]  # what limits the run: the model's limit, else the leading finding
 
 
 def judge(run: RunSections, rules: list[Rule]) -> Judgement:
@@ -46,4 +47,4 @@ def judge(run: RunSections, rules: list[Rule]) -> Judgement:
     suggestion = suggest(run.command, prescribed) if prescribed else \
         suggest(run.command, [c for f in findings for c in f.changes])
     return Judgement(facts, suggestion.annotated(findings, prescribed=bool(prescribed)), skipped, prescription,
-                     suggestion)
+                     suggestion, verdict(prescription, findings, msgspec.to_builtins(run.efficiency)))

@@ -45,6 +45,8 @@ class Report(msgspec.Struct, kw_only=True, frozen=True):
     # one set of changes the model of the run chose and predicted (diagnose/prescription.py); None where no finding
     # proposes a lever the model knows, or the run is not shown to be vLLM's
     prescription: dict[str, Any] | None = None
+    # what limits the run, the report's first word: {"limit", "by": the model of the run | the leading finding}
+    verdict: dict[str, Any] | None = None
 
     def document(self) -> dict[str, Any]:
         """The JSON document as plain values (what `--format json` writes, NaN and Infinity aside): the

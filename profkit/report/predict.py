@@ -9,18 +9,18 @@ flags as the user writes them) would do. The library entry behind the command:
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Sequence
 from typing import Any
 
 from profkit.errors import ProfkitError
 from profkit.evidence.record import Evidence
+from profkit.model import levers
 from profkit.model.observe import Unobservable, observe
 from profkit.model.predict import MODELLED, calibrate, host_bound, predict
-from profkit.model.search import search
+from profkit.model.search import Bound, check_bounds, search
 from profkit.model.simulate import Infeasible
 from profkit.report.build import build_report
 from profkit.vllm.command import VllmCommand
-from profkit.vllm.options import flag_for
 
 
 def parse_changes(text: str) -> dict[str, Any]:
@@ -42,23 +42,28 @@ def _calibrated(run: str | os.PathLike | None, evidence: Evidence | None) -> Any
         raise ProfkitError(f"{run or 'the evidence'}: cannot model this run: {exc}") from None
 
 
-def _named(metrics: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Predicted values by metric (vLLM's bench names, as diff and tune give them: mean_ttft_ms, ...)."""
-    return {k: m["predicted"] for k, m in metrics.items()}
-
-
 def search_run(run: str | os.PathLike | None, evidence: Evidence | None = None, allow_precision: bool = False,
-               accept: Callable[[dict[str, Any]], bool] = lambda _m: True, top: int = 5,
-               noise: float | None = None) -> dict[str, Any]:
-    """The `top` configurations the model predicts best for the run (`profkit predict --search`); `accept` takes a
-    prediction's metrics ({name: predicted}) and says whether it meets the user's SLOs."""
+               bounds: Sequence[Bound] = (), top: int = 5, noise: float | None = None) -> dict[str, Any]:
+    """The `top` configurations the model predicts best for the run (`profkit predict --search`), within `bounds`
+    (the user's SLOs: those that meet them first)."""
+    try:
+        check_bounds(bounds)
+    except ValueError as exc:
+        raise ProfkitError(f"--slo: {exc}") from None
     cal = _calibrated(run, evidence)
-    found = search(cal, allow_precision=allow_precision, top=top, noise=noise,
-                   accept=lambda p: accept(_named(p.metrics)))
+    found = search(cal, allow_precision=allow_precision, bounds=bounds, top=top, noise=noise)
+
+    def listed(f: Any) -> dict[str, Any]:
+        return {**f.prediction.document(), "meets_bounds": f.miss == 0,
+                "changes_text": levers.describe(f.changes) or "(the run's own settings)"}
+
+    meets = [f for f in found if f.miss == 0]
     return {"schema": "profkit.prediction/1", "source": {"path": None if run is None else str(run),
                                                          "gpu": cal.observation.gpu},
-            "search": [{**p.document(), "changes_text": " ".join(f"{flag_for(k)} {v}" for k, v in p.changes.items())
-                        or "(the run's own settings)"} for p in found],
+            "search": [listed(f) for f in meets],
+            # where none meets the bounds: the one that misses them least, said as such
+            "closest": listed(found[0]) if found and not meets else None,
+            "bounds": [f"{b.metric}{b.op}{b.value:g}" for b in bounds],
             "calibration": {"fit_error": cal.fit_error, "scale": cal.memory_factor}}
 
 

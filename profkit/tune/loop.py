@@ -1,13 +1,14 @@
 """`profkit tune`: diagnose, apply one candidate set of flag changes, re-run, keep what is measured to help.
 
 Orchestration only, like capture: it calls capture, report, the suggested-command builder and diff,
-and owns the loop (candidates, keep/revert, stop) and its folder. Rules stay the single source of
-what may change: a candidate is one finding's flag changes, applied to the best command so far.
+and owns the loop (candidates, keep/revert, stop) and its folder.
 
-Where the run can be modelled (profkit.model), the model, re-calibrated on the best configuration's latest run,
-orders the candidates by predicted gain, picks the values of the levers it knows (a misstep undone fully, not
-stepped) and passes over those predicted within the noise; each step records its prediction beside what it
-measured.
+The model of the run leads (`profkit.model.search`): after each measured configuration it is re-calibrated on every
+configuration measured so far (the best's latest run, the others beside it), and the next candidate is the
+best-ranked configuration not yet measured, every lever it knows combined, within the SLOs it can predict and the
+user's leave on precision. Each step records its prediction beside what it measured. Changes on levers the model
+does not know (a finding's, from the rules) come after, unpredicted; where the model cannot be calibrated on the run,
+the findings' changes are the candidates, by their expected gain (`profkit.diagnose.priority`).
 
 Noise is measured, not assumed: the baseline runs `replicates` times and a candidate counts as a gain
 only when its objective moves beyond the spread of those replicates (a candidate close to the
@@ -31,15 +32,16 @@ from profkit.compare import metrics as m
 from profkit.compare.diff import Side, diff_reports, prefix_cache_differs
 from profkit.compare.diff import spread as replicate_spread
 from profkit.compare.gate import Condition, parse_condition
-from profkit.diagnose.prescription import rank_candidates
 from profkit.diagnose.priority import candidate_key, priority
 from profkit.diagnose.suggestion import suggest
 from profkit.errors import ProfkitError
 from profkit.evidence.folder import CaptureFolder
-from profkit.vllm.command import UserCommand, changes_precision
+from profkit.model import levers
+from profkit.vllm.command import UserCommand, changes_precision, dest_of
 from profkit.vllm.options import normalize_flag, spec_for, takes
 
 SCHEMA = "profkit.tune/1"
+MODEL_TOP = 12  # configurations of the model's ranking considered per step
 PROFILE_MODES = ("never", "first", "always")
 
 Say = Callable[[str], None]
@@ -93,13 +95,14 @@ def parse_slo(text: str) -> Condition:
 
 
 def allowed_flags(rules_dirs: list[Path] | None = None, allow_precision: bool = True) -> list[str]:
-    """Every server flag a rule can change: the only flags tune may ever apply. Benchmark-client flags
-    (--max-concurrency, --request-rate) are left out: changing them changes the workload, not the server; so are
-    flags that change the model's numerics unless `allow_precision`."""
+    """Every server flag the model searches (`profkit.model.levers`) or a rule can change: the only flags tune may
+    ever apply. Benchmark-client flags (--max-concurrency, --request-rate) are left out: changing them changes the
+    workload, not the server; so are flags that change the model's numerics unless `allow_precision`."""
     from profkit.diagnose.rule_files import load_rules
 
     server = spec_for(["serve"])
     flags = {normalize_flag(c.flag) for r in load_rules(rules_dirs) for c in r.changes}
+    flags |= {lever.flag for lever in levers.LEVERS if lever.dest != "max_model_len"}
     return sorted(f for f in flags if (server is None or takes(server, f))
                   and (allow_precision or not changes_precision(f)))
 
@@ -234,6 +237,61 @@ def candidates(best: Config, history: list[dict[str, Any]], allowed: set[str]) -
     return out
 
 
+def model_candidates(best: Config, measured: list[Config], objective: str, slos: list[Condition],
+                     allow_precision: bool, allowed: set[str], noise: float) -> tuple[list[dict[str, Any]] | None, str]:
+    """The model's ranking of configurations from the best one, as candidates (best first; a candidate predicted to
+    gain less than `noise` marked `skip`), and how the model was fitted; None and why where the model cannot lead (an
+    objective it does not predict, a run it cannot be calibrated on or does not reproduce).
+
+    The model is calibrated on the best configuration's latest run with every other configuration measured so far
+    beside it (`profkit.model.predict.calibrate`), so a configuration that measured worse than predicted teaches
+    it. SLOs on metrics it predicts bound the search; every SLO is still checked on what is measured."""
+    from profkit.diagnose.prescription import unreproduced
+    from profkit.model.observe import Unobservable, observe
+    from profkit.model.predict import calibrate
+    from profkit.model.search import Bound, known_metrics, ranked
+
+    objective = m.canonical(objective)
+    if objective not in known_metrics():
+        return None, f"it does not predict {objective} (it predicts {', '.join(known_metrics())})"
+    reports = best.reports()
+    if not reports:
+        return None, "the best configuration has no report"
+    try:
+        obs = observe(reports[-1])
+        others = []
+        for config in measured:
+            if config is not best and config.reports():
+                try:
+                    others.append(observe(config.reports()[-1]))
+                except Unobservable:
+                    continue
+        cal = calibrate(obs, others)
+    except Unobservable as exc:
+        return None, f"it cannot be calibrated on the best configuration's run: {exc}"
+    if (miss := unreproduced(cal)) is not None:
+        return None, f"it does not reproduce the best configuration's run: {miss}"
+    bounds = [Bound(m.canonical(c.metric), c.op, c.value) for c in slos
+              if m.canonical(c.metric) in known_metrics() and c.op in ("<", "<=", ">", ">=")]
+    found = ranked(cal, allow_precision, noise, bounds, noise, objective,
+                   (m.direction(objective) or "higher") == "higher", top=MODEL_TOP)
+    fitted = f"calibrated on {1 + len(others)} measured configuration(s)"
+    out = []
+    for rank, f in enumerate(found, 1):
+        flags = [{"flag": levers.BY_DEST[d].flag, "to": v} for d, v in f.changes.items()]
+        if not flags or any(c["flag"] not in allowed for c in flags) or f.miss > 0:
+            continue
+        g = f.gain()
+        removed = [c["flag"] for c in flags if c["to"] is None]
+        out.append({"rule": "model", "severity": None, "changes": flags, "gain": g,
+                    "undoes": ", ".join(removed) if len(removed) == len(flags) else None,
+                    "order": f"the model's rank {rank} ({fitted}): {objective} predicted {g * 100:+.1f} %",
+                    "skip": g < noise,
+                    "predicted": {**f.prediction.metrics[objective], "gain": g,
+                                  "limit_after": f.prediction.limit_after}})
+    return out, fitted
+
+
 class Tuner:
     """The loop's state; `run()` drives it and always leaves tune.json describing what happened."""
 
@@ -257,6 +315,8 @@ class Tuner:
         self.started = time.time()
         self.pending: list[Run] = []  # the baseline's runs until its step is written
         self.sessions: list[Session] = []  # each configuration's runs: one server lifetime where they share one
+        self.measured: list[Config] = []  # every configuration measured: the model is calibrated on them all
+        self.model = ""  # how the model was fitted for the latest step, or why it could not lead
 
     # runs ----------------------------------------------------------------------------------------------
     def _session(self, user: UserCommand, label: str, profiled: bool) -> Session:
@@ -357,6 +417,7 @@ class Tuner:
                       "how": "(max - min) / mean of the baseline's runs; a candidate must move the objective "
                              "beyond it (or beyond 2 % when the replicates happen to agree closely)"}
         self.baseline = self.best = base
+        self.measured.append(base)
         self.pending = []
         self._step("baseline", base, base.runs, "baseline",
                    f"{len(values)} run(s); objective {opts.objective} = {mean:.4g}"
@@ -382,7 +443,7 @@ class Tuner:
                 return
             cand, user = self._next_candidate()
             if cand is None:
-                self.stopped = "no finding proposes an untried change"
+                self.stopped = self._stop_without_candidate()
                 return
             self.tried.add(tuple(tuple(c.argv()) for c in user.commands))
             config = Config(user)
@@ -402,6 +463,7 @@ class Tuner:
                            candidate=cand)
                 misses += 1
                 continue
+            self.measured.append(config)
             decision, why, comparison = self._judge(config, cand)
             if decision == "keep":
                 assert self.best is not None  # the baseline measured: there is a best
@@ -414,18 +476,28 @@ class Tuner:
             self._step("candidate", config, config.runs, decision, why, candidate=cand, comparison=comparison)
 
     def _next_candidate(self) -> tuple[dict[str, Any] | None, UserCommand]:
-        """The first candidate in order whose command is new and passes the checks; the ones passed over, and the
-        order of those still waiting, ride along into tune.json."""
+        """The first candidate in order whose command is new and passes the checks: the model's ranking, then the
+        findings' changes on levers it does not know (or, where the model cannot lead, the findings' changes by
+        their expected gain). The ones passed over, and the order of those still waiting, ride along into
+        tune.json."""
         assert self.best is not None
-        queue = candidates(self.best, self.history, self.allowed)
-        latest = self.best.reports()[-1] if self.best.reports() else None
-        if latest is not None:  # the model, re-calibrated on the best configuration's latest run, orders them
-            queue = rank_candidates(latest, queue, self.opts.objective, noise=self._threshold())
+        ranking, self.model = model_candidates(self.best, self.measured, self.opts.objective, self.opts.slos,
+                                               self.opts.allow_precision, self.allowed, self._threshold())
+        rules = candidates(self.best, self.history, self.allowed)
+        if ranking is None:
+            queue = rules
+        else:
+            unpredicted = [c for c in rules if not any(dest_of(ch["flag"]) in levers.MODELLED for ch in c["changes"])]
+            queue = ranking + [{**c, "order": f"unpredicted (the model does not know {c['changes'][0]['flag']}); "
+                                              + c["order"]} for c in unpredicted]
         passed: list[dict[str, Any]] = []
+        within_noise = False
         for i, cand in enumerate(queue):
             if cand.get("skip"):
-                passed.append({"rule": cand["rule"], "why": f"predicted {cand['predicted']['gain'] * 100:+.1f} % "
-                                                           f"{self.opts.objective}: within the noise"})
+                if not within_noise:  # the ranking is best first: the rest are within the noise too
+                    passed.append({"rule": cand["rule"], "why": f"predicted {cand['predicted']['gain'] * 100:+.1f} %"
+                                                                f" {self.opts.objective}: within the noise"})
+                within_noise = True
                 continue
             sug = suggest(self.best.user, cand["changes"])
             applied = [a for a in sug.applied if a.action != "none"]
@@ -441,9 +513,15 @@ class Tuner:
             cand = {**{k: v for k, v in cand.items() if k != "skip"},
                     "changes": [{"flag": a.flag, "to": a.to, "action": a.action} for a in applied],
                     "checked": [c.by for c in sug.checks][:1], "passed_over": passed,
-                    "waiting": [{"rule": c["rule"], "order": c["order"]} for c in queue[i + 1:]]}
+                    "waiting": [{"rule": c["rule"], "order": c["order"]} for c in queue[i + 1:] if not c.get("skip")]}
             return cand, user
         return None, self.best.user
+
+    def _stop_without_candidate(self) -> str:
+        if self.model.startswith("calibrated"):
+            return (f"no configuration the model knows is predicted to beat the best by more than the noise "
+                    f"({self._threshold() * 100:.1f} %), and no finding proposes an untried change it cannot predict")
+        return f"no finding proposes an untried change; the model does not lead here: {self.model}"
 
     def _judge(self, config: Config, cand: dict[str, Any] | None = None) -> tuple[str, str, dict[str, Any]]:
         """keep, revert or close (near the threshold: measure once more). A change that undoes the user's own
@@ -513,6 +591,7 @@ class Tuner:
             "allowed_flags": sorted(self.allowed), "allow_precision": opts.allow_precision,
             "baseline_commands": [c.shell() for c in opts.user.commands],
             "noise": self.noise,
+            "model": self.model or None,
             "steps": self.steps,
             "best": summary,
             "stopped": self.stopped or "running",
@@ -532,8 +611,8 @@ def _mean_metric(reports: list[dict[str, Any]], name: str) -> float | None:
 def dry_run_lines(opts: TuneOptions) -> list[str]:
     """What `--dry-run` prints: the baseline's exact commands, the loop's settings, the allow-list, and the order
     candidates will be tried in."""
-    from profkit.diagnose.priority import default_of
     from profkit.vllm.command import dest_of
+    from profkit.vllm.options import default_of
 
     per_candidate = opts.candidate_runs if opts.candidate_runs is not None else opts.replicates
     served = opts.user.role("server") is not None
@@ -563,12 +642,15 @@ def dry_run_lines(opts: TuneOptions) -> list[str]:
     engine = opts.user.role("server") or opts.user.role("offline")
     mine = [f"{flag} {value}" for flag, value in _given(engine, allowed)
             if default_of(dest_of(flag), None) != value]
-    lines.append("order: by the gain the model of the run predicts (re-calibrated after every kept run), the "
-                 "findings' changes together first where they are predicted to gain more than any alone; a change "
-                 "that undoes a flag you set away from vLLM's default"
+    lines.append("order: the model of the run's ranking, every lever it knows combined (re-calibrated after every "
+                 "measured configuration on all of them), the best configuration not yet measured next; flags you "
+                 "set away from vLLM's default"
                  + (f" (yours: {', '.join(mine)})" if mine else " (none in this command)")
-                 + " is undone fully, to the value the model picks; changes the model cannot predict come after, "
-                   "by each finding's expected gain; tune.json says why each candidate came when it did")
+                 + " are among its levers, vLLM's default one of their values; changes the model cannot predict "
+                   "come after, by each finding's expected gain (and lead where the model cannot be calibrated); "
+                   "the loop stops when the budget is spent, after --patience misses in a row, or when nothing is "
+                   "predicted to beat the best by more than the noise; tune.json says why each candidate came when "
+                   "it did")
     return lines
 
 

@@ -81,6 +81,24 @@ def default_max_num_seqs(gpu: str | None) -> int | None:
     return SMALL_GPU_MAX_NUM_SEQS
 
 
+# --max-num-batched-tokens when not given, by vLLM 0.26's entry point (its log: "Chunked prefill is enabled with
+# max_num_batched_tokens=..."): the OpenAI server's, and the offline LLM class's (`vllm bench throughput`).
+SERVER_MAX_NUM_BATCHED_TOKENS, OFFLINE_MAX_NUM_BATCHED_TOKENS = 8192, 16384
+
+
+def default_of(setting: str, gpu: str | None, offline: bool = False) -> Any:
+    """vLLM's value for a setting the command does not give (None: not known here): by the GPU where it depends on
+    it, by the entry point for the token budget."""
+    if setting == "max_num_seqs":
+        return default_max_num_seqs(gpu)
+    if setting == "max_cudagraph_capture_size":
+        seqs = default_max_num_seqs(gpu)
+        return min(2 * seqs, 512) if seqs else None
+    if setting == "max_num_batched_tokens":
+        return OFFLINE_MAX_NUM_BATCHED_TOKENS if offline else SERVER_MAX_NUM_BATCHED_TOKENS
+    return VLLM_DEFAULTS.get(setting)
+
+
 def coerce(value: Any) -> Any:
     """A value given as text, typed as vLLM reads it: 'false' -> False, '600000000' -> 600000000, 'none' -> None,
     'fp8' stays text. Values that are not text are returned as they are."""

@@ -14,12 +14,28 @@ def view(report: dict[str, Any], top: int) -> dict[str, Any] | None:
 
 
 def text(v: dict[str, Any]) -> list[str]:
-    out = [f"Verdict: the limit is {terminal(v['limit'] or 'not modelled')}"]
+    out = [f"Verdict: {terminal(v['headline'])}"]
     if v["note"]:
-        return [*out, f"  {terminal(v['note'])}"]
-    out.append("Prescription (the model of this run chose these values and predicts):")
-    out += [f"  {terminal(c['flag'])} {terminal(c['from'])} -> {terminal(c['to'])}"
-            + (f"  [{terminal(c['trades'])}]" if c["trades"] else "") for c in v["changes"]]
-    out += metric_table(v["rows"])
-    out.append(f"  then the limit: {terminal(v['limit_after'] or '?')}; answers {terminal(', '.join(v['answers']))}")
-    return out + [f"  - {terminal(r)}" for r in v["reasoning"]]
+        out.append(f"  {terminal(v['note'])}")
+    if v["changes"]:
+        out.append("Prescription (the model of this run searched every lever it knows, together, and predicts):")
+        out += [change_line(c) for c in v["changes"]]
+        out += metric_table(v["rows"])
+        out.append(f"  then the limit: {terminal(v['limit_after'] or '?')}")
+        out += [f"  - {terminal(r)}" for r in v["reasoning"]]
+    alt = v["alternative"]
+    if alt:
+        out.append(f"Without a change of precision ({terminal(alt['trade'])}):")
+        out += [change_line(c) for c in alt["changes"]]
+        out += metric_table(alt["rows"])
+    if v["unpredicted"]:
+        out.append("The findings also propose (the model does not know these levers: no prediction):")
+        out += [f"  {terminal(u['flag'])} -> {terminal(u['to'])} ({terminal(u['rule'])}: {terminal(u['why'])})"
+                for u in v["unpredicted"]]
+    return out
+
+
+def change_line(c: dict[str, Any]) -> str:
+    return (f"  {terminal(c['flag'])} {terminal(c['from'])} -> {terminal(c['to'])}"
+            + (f"  [{terminal(c['trades'])}]" if c["trades"] else "")
+            + (f"  (answers {terminal(c['answers'])})" if c["answers"] else ""))

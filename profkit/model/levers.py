@@ -1,0 +1,110 @@
+"""The levers the model of the run knows: one table, read by `predict` (what it can model), the search (the values it
+tries), the prescription (every lever, combined) and tune (the flags it may change).
+
+Each lever is a vLLM setting: its flag, the values the model may try besides the run's own and vLLM's default, whether
+a change of it changes the model's numerics, and what the simulation does with it (`profkit.model.predict` reads each
+one: the KV cache's size, the scheduler's caps, a step's costs, the host's ceilings, the GPUs' split). vLLM's defaults
+come from profkit's record of vLLM 0.26 (`profkit.vllm.options.default_of`), by GPU and entry point."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from profkit.model.observe import Observation
+from profkit.vllm.options import default_of, flag_for
+
+
+@dataclass(frozen=True)
+class Lever:
+    dest: str  # vLLM's setting (its argparse dest)
+    values: tuple[Any, ...]  # what the model may try, besides the run's own value and vLLM's default
+    precision: bool  # a change of it changes the model's numerics: only with the user's leave
+    reads: str  # what the simulation does with it, in words
+
+    @property
+    def flag(self) -> str:
+        return flag_for(self.dest)
+
+
+LEVERS: tuple[Lever, ...] = (
+    Lever("max_num_seqs", (64, 128, 256, 512, 1024), False, "the most requests a step runs (the batch's cap)"),
+    Lever("max_num_batched_tokens", (2048, 4096, 8192, 16384, 32768), False,
+          "the most tokens a step computes (prompt chunks per step)"),
+    Lever("gpu_memory_utilization", (0.85, 0.9, 0.92), False,
+          "the GPU's memory vLLM may use: what the weights and activations leave of it is the KV cache"),
+    Lever("kv_cache_memory_bytes", (), False, "the KV cache's size set by hand (removed: vLLM sizes it)"),
+    Lever("kv_cache_dtype", ("auto", "fp8"), True, "a cached token's bytes (the cache's capacity) and its read cost"),
+    Lever("quantization", (None, "fp8"), True,
+          "the weights' bytes (memory freed for the KV cache, a step's reads) and the GEMMs' rate"),
+    Lever("enforce_eager", (False,), False, "CUDA graphs: a step's launch overhead and the engine core's CPU"),
+    Lever("api_server_count", (1, 2, 4), False, "the API servers' ceiling on the tokens streamed"),
+    Lever("tensor_parallel_size", (), False, "the GPUs an engine spans: a GPU's share of the work, the all-reduces"),
+    Lever("data_parallel_size", (), False, "the engines the requests are spread over"),
+    Lever("max_model_len", (), False, "the longest request vLLM accepts (not searched: the workload sets it)"),
+)
+BY_DEST = {lever.dest: lever for lever in LEVERS}
+MODELLED = frozenset(BY_DEST)
+PRECISION = frozenset(lever.dest for lever in LEVERS if lever.precision)
+PARALLEL = ("tensor_parallel_size", "data_parallel_size")
+
+
+def vllm_default(dest: str, obs: Observation) -> Any:
+    """What vLLM uses for `dest` where the run's command does not set it (its GPU, its entry point)."""
+    if dest == "max_num_seqs":
+        return obs.default_max_num_seqs or default_of(dest, obs.gpu) or 256
+    if dest == "gpu_memory_utilization":
+        return default_of(dest, obs.gpu)
+    if dest == "kv_cache_memory_bytes":
+        return None
+    return default_of(dest, obs.gpu, offline=obs.offline)
+
+
+def with_defaults(changes: dict[str, Any], obs: Observation) -> dict[str, Any]:
+    """A setting removed (None) is vLLM's default for it (the batch cap by the GPU, the token budget by the entry
+    point, the memory share, CUDA graphs, one API server, the model's own precision)."""
+    out = {}
+    for dest, value in changes.items():
+        if value is None and dest in BY_DEST and dest not in ("quantization", "kv_cache_memory_bytes"):
+            value = vllm_default(dest, obs)
+        out[dest] = value
+    return out
+
+
+def space(obs: Observation, allow_precision: bool) -> dict[str, tuple[Any, ...]]:
+    """The values the search tries per lever for this run: the run's own first, vLLM's default, the lever's values
+    where the run's evidence lets the model read their effect (the GPU's memory, host samples, 16-bit weights on an
+    FP8-capable GPU), each once; levers that cannot move left out."""
+    config = obs.config
+    out: dict[str, tuple[Any, ...]] = {}
+    for lever in LEVERS:
+        dest = lever.dest
+        if lever.precision and not allow_precision or dest in PARALLEL or dest == "max_model_len":
+            continue
+        if dest == "gpu_memory_utilization" and not (obs.memory.total_bytes and obs.memory.utilization) \
+                or dest == "kv_cache_memory_bytes" and not obs.memory.kv_given \
+                or dest == "api_server_count" and obs.host.get("api_server_cpu") is None \
+                or dest == "quantization" and (obs.weight_bits <= 8 or not obs.fp8_flops) \
+                or dest == "kv_cache_dtype" and str(config.get("kv_cache_dtype") or "auto").startswith("fp8") \
+                or dest == "enforce_eager" and not config.get("enforce_eager"):
+            continue
+        own = config.get(dest)
+        default = None if dest in ("kv_cache_memory_bytes", "quantization") else vllm_default(dest, obs)
+        # vLLM's default is said once: as the flag removed (None) where the run set another value, else the run's own
+        values = [own, *([None] if own != default else []), *(v for v in lever.values if v != default)]
+        out[dest] = tuple(dict.fromkeys(values))
+    return out
+
+
+def layouts(obs: Observation) -> list[dict[str, Any]]:
+    """Every other split of the run's GPUs into engines of equal size (4 GPUs: 1x4, 2x2, 4x1), as changes: starts of
+    the search (the split is one unit, both flags together)."""
+    gpus = obs.tensor_parallel * obs.data_parallel
+    return [{"tensor_parallel_size": t, "data_parallel_size": gpus // t} for t in range(1, gpus + 1)
+            if gpus % t == 0 and (t, gpus // t) != (obs.tensor_parallel, obs.data_parallel)]
+
+
+def describe(changes: dict[str, Any]) -> str:
+    """Changes as flags: `--max-num-seqs 512 --kv-cache-dtype fp8`, a removed flag `--max-num-seqs (vLLM's
+    default)`."""
+    return " ".join(f"{flag_for(k)} {'(default)' if v is None else v}" for k, v in changes.items())
