@@ -481,3 +481,16 @@ def test_real_frontend_bound_capture_reports_cpu_steps_and_the_change(sqlite_pat
     assert "### Engine steps" in md and "### CPU from the trace's context switches" in md
     html = render_html(rep)
     assert 'id="sched"' in html and "Engine steps" in html and "--api-server-count" in html
+
+
+def test_samples_spanning_under_half_the_benchmark_describe_no_process(h100_tune: Path) -> None:
+    """A sampler that stopped early (or a benchmark result from another run) says nothing about the processes:
+    the same real samples read against a benchmark four times their length give no role and say why."""
+    path = h100_tune / "s1" / "runs" / "03-kv-preemption" / "host.json"
+    whole = host_section_of(path)
+    times = [t for p in read_samples(path).processes for t, _ in p.cpu]
+    span = max(times) - min(times)
+    assert whole["roles"] and "coverage_note" not in whole
+    short = host_section_of(path, bench_seconds=4 * span)
+    assert short["roles"] == {}
+    assert short["coverage_note"].startswith(f"the samples span {span:.1f} s of the benchmark's {4 * span:.1f} s")

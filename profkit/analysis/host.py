@@ -29,6 +29,9 @@ WINDOW_SLACK_S = 1.0  # the client prints and saves its results after the measur
 SERVING = 0.2  # cores: an API server above this is answering requests (an idle one reads 0-0.1)
 
 
+COVERAGE = 0.5  # the share of the benchmark's duration the samples must span to describe it
+
+
 def host_section(samples: HostSamples, bench_seconds: float | None = None) -> dict[str, Any]:
     """The report's `host` section: per role, CPU use (cores) and how often a process was saturated.
 
@@ -56,8 +59,14 @@ def host_section(samples: HostSamples, bench_seconds: float | None = None) -> di
     # NVML's GPU utilization is not used (it would count the client's preparation, half of a serve run's samples)
     unplaced = window is None and isinstance(bench_seconds, (int, float)) and bench_seconds > 0
     gpu = [] if unplaced else [v for t, v in samples.gpu_util if window is None or window[0] <= t <= window[1]]
+    # Samples that span less than half of the benchmark's measured duration (a sampler stopped early, a benchmark
+    # result from elsewhere) do not describe it: no role's figures then, said in the note.
+    times = [t for sampled in samples.processes for t, _ in sampled.cpu
+             if window is None or window[0] <= t <= window[1]]
+    span = max(times) - min(times) if times else 0.0
+    short = isinstance(bench_seconds, (int, float)) and bench_seconds > 0 and span < COVERAGE * bench_seconds
     roles: dict[str, Any] = {}
-    for role in ROLES:
+    for role in ROLES if not short else ():
         mine = [p for p in procs if p["role"] == role]
         if mine:
             top = max(mine, key=lambda p: p["cpu_mean"])
@@ -70,7 +79,9 @@ def host_section(samples: HostSamples, bench_seconds: float | None = None) -> di
             "skipped_samples": samples.skipped_samples, "gpus": samples.gpu_names,
             **({"left_out": dict(samples.left_out)} if samples.left_out else {}),
             **({"window_note": "no benchmark client was sampled to place the benchmark's window: CPU over every "
-                               "sample, NVML's GPU utilization not used"} if unplaced else {})}
+                               "sample, NVML's GPU utilization not used"} if unplaced else {}),
+            **({"coverage_note": f"the samples span {span:.1f} s of the benchmark's {bench_seconds:.1f} s: no "
+                                 "process's CPU is read off them"} if short else {})}
 
 
 def bench_window(processes: list[ProcessSamples], bench_seconds: float | None,

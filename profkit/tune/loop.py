@@ -273,6 +273,8 @@ def model_candidates(best: Config, measured: list[Config], objective: str, slos:
         return None, f"it does not reproduce the best configuration's run: {miss}"
     bounds = [Bound(m.canonical(c.metric), c.op, c.value) for c in slos
               if m.canonical(c.metric) in known_metrics() and c.op in ("<", "<=", ">", ">=")]
+    # pruned at the noise tune measured (the report, without replicates, prunes at DEFAULT_NOISE): a change kept
+    # in a candidate is one predicted to matter beyond what tune can tell apart
     found = ranked(cal, allow_precision, noise, bounds, noise, objective,
                    (m.direction(objective) or "higher") == "higher", top=MODEL_TOP)
     fitted = f"calibrated on {1 + len(others)} measured configuration(s)"
