@@ -293,6 +293,27 @@ def predict(cal: Calibrated, changes: dict[str, Any], noise: float | None = None
     return Prediction(changes, metrics, limit_before, limit_after, said.reasoning, unmodelled, said.trades)
 
 
+@dataclass(frozen=True)
+class Configured:
+    """The calibrated run under changes, as the simulation reads it (what a frontier simulates at each rate)."""
+
+    engine: Engine
+    costs: list[StepCost]  # the low, middle and high ends of what the change does to a step's costs (one: none)
+    engines: int  # data-parallel engines
+    caps: Callable[[SimResult], dict[str, float]]  # the host's ceilings, given the simulated run's batch
+
+
+def configured(cal: Calibrated, changes: dict[str, Any]) -> Configured:
+    """The engine, step costs, engines and host ceilings of the run under `changes` ({vLLM dest: value})."""
+    obs = cal.observation
+    changes = levers.with_defaults(changes, obs)
+    said = _Said([], [])
+    change = _changed(cal, changes, said)
+    costs = _step_costs(cal, change, said)
+    return Configured(change.engine, costs if change.moves_costs else costs[1:2], change.dp,
+                      lambda after: host_ceilings(obs, changes, cal.baseline, after))
+
+
 @dataclass
 class _Said:
     """What a prediction says beside its numbers, in order: its reasoning and what the change trades."""

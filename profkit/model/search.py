@@ -86,12 +86,27 @@ class Found:
         return (-self.miss, self.score, -len(self.changes))
 
 
+Memo = dict[tuple, Any]  # predictions already made for one calibration: (ends, changes) -> Prediction or None
+
+
+def _predicted(cal: Calibrated, changes: dict[str, Any], noise: float | None, ends: bool, memo: Memo) -> Any:
+    """predict(), once per configuration of one search (or of ranked()'s searches together); None: infeasible."""
+    key = (ends, *sorted((k, repr(v)) for k, v in changes.items()))
+    if key not in memo:
+        try:
+            memo[key] = predict(cal, changes, noise=noise, ends=ends)
+        except Infeasible:
+            memo[key] = None
+    return memo[key]
+
+
 def search(cal: Calibrated, allow_precision: bool = False, bounds: Sequence[Bound] = (), top: int = 5,
            noise: float | None = None, starts: Sequence[dict[str, Any]] = (), objective: str = OBJECTIVE,
-           higher: bool = True) -> list[Found]:
+           higher: bool = True, memo: Memo | None = None) -> list[Found]:
     """The `top` configurations the model predicts best for the run (best first), whole predictions; `starts`: more
     configurations to search from (changes from the run's own settings); `objective`: the predicted metric to
-    maximise (`higher`) or minimise."""
+    maximise (`higher`) or minimise; `memo`: predictions shared with other searches of the same calibration and
+    noise."""
     check_bounds(bounds)
     if objective not in known_metrics():
         raise ValueError(f"the model predicts no {objective!r} (it predicts {', '.join(known_metrics())})")
@@ -99,6 +114,7 @@ def search(cal: Calibrated, allow_precision: bool = False, bounds: Sequence[Boun
     sp = levers.space(obs, allow_precision)
     own = {dest: obs.config.get(dest) for dest in sp}
     seen: dict[tuple, Found | None] = {}
+    memo = {} if memo is None else memo
 
     def norm(changes: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in changes.items() if k not in own or v != own[k]}
@@ -107,13 +123,9 @@ def search(cal: Calibrated, allow_precision: bool = False, bounds: Sequence[Boun
         changes = norm(changes)
         key = (whole, *sorted((k, repr(v)) for k, v in changes.items()))
         if key not in seen:
-            try:
-                p = predict(cal, changes, noise=noise, ends=whole)
-            except Infeasible:
-                seen[key] = None
-            else:
-                seen[key] = Found(changes, p, sum(b.miss(p.metrics[b.metric]["predicted"]) for b in bounds),
-                                  objective, higher, tuple(bounds))
+            p = _predicted(cal, changes, noise, whole, memo)
+            seen[key] = None if p is None else Found(changes, p, sum(b.miss(p.metrics[b.metric]["predicted"])
+                                                                     for b in bounds), objective, higher, tuple(bounds))
         return seen[key]
 
     beam = _best([judged(s) for s in _starts(obs, sp, allow_precision, starts)], BEAM)
@@ -139,12 +151,14 @@ def ranked(cal: Calibrated, allow_precision: bool, threshold: float, bounds: Seq
     changes precision ranks above the best without only where it is predicted to gain more than `threshold` over
     it."""
     starts = levers.layouts(cal.observation)
-    found = search(cal, False, bounds, top, noise, starts, objective, higher)
+    memo: Memo = {}
+    found = search(cal, False, bounds, top, noise, starts, objective, higher, memo)
     if allow_precision:
-        found += search(cal, True, bounds, top, noise, [f.changes for f in found[:1]] + starts, objective, higher)
+        found += search(cal, True, bounds, top, noise, [f.changes for f in found[:1]] + starts, objective, higher,
+                        memo)
     out: dict[tuple, Found] = {}
     for f in sorted(found, key=lambda f: f.key(), reverse=True):
-        m = minimal(cal, f, threshold, noise)
+        m = minimal(cal, f, threshold, noise, memo)
         key = tuple(sorted((k, repr(v)) for k, v in m.changes.items()))
         out.setdefault(key, m)
     best = sorted(out.values(), key=lambda f: f.key(), reverse=True)
@@ -156,9 +170,10 @@ def ranked(cal: Calibrated, allow_precision: bool, threshold: float, bounds: Seq
     return best[:top]
 
 
-def minimal(cal: Calibrated, found: Found, threshold: float, noise: float | None) -> Found:
+def minimal(cal: Calibrated, found: Found, threshold: float, noise: float | None, memo: Memo | None = None) -> Found:
     """`found` less each change whose removal loses less than `threshold` of its predicted gain and misses the
     bounds no more (precision changes weighed first: the costly; the GPUs' split goes whole or not at all)."""
+    memo = {} if memo is None else memo
     changes = dict(found.changes)
     full = found.gain()
     current = found
@@ -167,9 +182,7 @@ def minimal(cal: Calibrated, found: Found, threshold: float, noise: float | None
             continue
         unit = levers.PARALLEL if dest in levers.PARALLEL else (dest,)
         rest = {k: v for k, v in changes.items() if k not in unit}
-        try:
-            p = predict(cal, rest, noise=noise, ends=False)
-        except Infeasible:
+        if (p := _predicted(cal, rest, noise, False, memo)) is None:
             continue
         f = Found(rest, p, 0.0, found.objective, found.higher)
         f.miss = sum(b.miss(p.metrics[b.metric]["predicted"]) for b in found.bounds)
@@ -179,9 +192,7 @@ def minimal(cal: Calibrated, found: Found, threshold: float, noise: float | None
         if value is None or dest in levers.PARALLEL or dest in levers.PRECISION \
                 or levers.vllm_default(dest, cal.observation) is None or dest not in cal.observation.config:
             continue
-        try:
-            p = predict(cal, {**changes, dest: None}, noise=noise, ends=False)
-        except Infeasible:
+        if (p := _predicted(cal, {**changes, dest: None}, noise, False, memo)) is None:
             continue
         f = Found({**changes, dest: None}, p, 0.0, found.objective, found.higher)
         f.miss = sum(b.miss(p.metrics[b.metric]["predicted"]) for b in found.bounds)
@@ -189,7 +200,8 @@ def minimal(cal: Calibrated, found: Found, threshold: float, noise: float | None
             changes, current = f.changes, f
     if current is found:
         return found
-    p = predict(cal, changes, noise=noise)
+    if (p := _predicted(cal, changes, noise, True, memo)) is None:
+        return found
     return Found(changes, p, sum(b.miss(p.metrics[b.metric]["predicted"]) for b in found.bounds), found.objective,
                  found.higher, found.bounds)
 

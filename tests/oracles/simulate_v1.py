@@ -8,7 +8,7 @@ from collections import deque
 
 import numpy as np
 
-from profkit.model.simulate import ARRIVAL_SEED, Engine, Infeasible, SimResult, StepCost, Workload
+from profkit.model.simulate import Engine, Infeasible, SimResult, StepCost, Workload, arrivals
 
 
 def simulate(work: Workload, engine: Engine, cost: StepCost, max_steps: int = 2_000_000) -> SimResult:
@@ -21,8 +21,7 @@ def simulate(work: Workload, engine: Engine, cost: StepCost, max_steps: int = 2_
                          f"{engine.kv_tokens:,}")
     # `vllm bench serve --request-rate R` sends a Poisson stream (its default burstiness 1): bursts fill the cache
     # that evenly spaced arrivals would not. A fixed seed: the same workload simulates the same way every time.
-    arrival = np.zeros(n) if not work.request_rate else \
-        np.cumsum(np.random.default_rng(ARRIVAL_SEED).exponential(1.0 / work.request_rate, n)) - 1.0 / work.request_rate
+    arrival = arrivals(work)  # the product's own (an input here: the steps are what this oracle checks)
     cap = work.max_concurrency or n
     # the client's free slots, by when each came free: a request held back by --max-concurrency is sent (and its
     # TTFT starts, as vllm bench measures it) when a slot frees, not when it was due
