@@ -158,21 +158,26 @@ def report(traces: tuple[Path, ...], window: str, fmt: str | None, output: Path 
 @evidence_options
 @click.option("--noise", default=None, help="the run-to-run spread to assume, e.g. 3% (default: 3%)")
 @click.option("--search", "do_search", is_flag=True, help="no CHANGES: the best values the model finds")
+@click.option("--frontier", "do_frontier", is_flag=True,
+              help="throughput against TTFT/TPOT/E2E percentiles over request rates (under CHANGES if given), and "
+                   "with --slo the largest rate that meets them (goodput)")
 @click.option("--slo", "slos", multiple=True, help="with --search: a bound a configuration must meet, e.g. "
-              "'mean_ttft_ms<=5000'")
+              "'mean_ttft_ms<=5000'; with --frontier a latency bound, e.g. 'p99_ttft_ms<=2000'")
 @click.option("--allow-precision-changes", is_flag=True, help="with --search: FP8 weights and KV cache may be tried")
 @click.option("--top", type=click.IntRange(min=1, max=100), default=5, show_default=True,
               help="with --search: configurations shown")
 def predict_cmd(run: str | None, changes: tuple[str, ...], fmt: str | None, output: Path | None, bench: Path | None,
                 vllm_log: Path | None, metrics: tuple[Path, ...], vllm_args: str | None, host_json: Path | None,
-                model_config: Path | None, gpu: str | None, noise: str | None, do_search: bool, slos: tuple[str, ...],
-                allow_precision_changes: bool, top: int) -> None:
+                model_config: Path | None, gpu: str | None, noise: str | None, do_search: bool, do_frontier: bool,
+                slos: tuple[str, ...], allow_precision_changes: bool, top: int) -> None:
     """Predict what CHANGES (vLLM flags, after --) do to RUN (a capture folder, a trace, or the evidence alone):
     request and output throughput, mean TTFT and TPOT, each with a range, the limit before and after, and why.
-    With --search, the best values the model finds for the levers it knows, within --slo.
+    With --search, the best values the model finds for the levers it knows, within --slo. With --frontier, the
+    throughput and latency percentiles over request rates and the largest rate within --slo.
 
     \b
-      profkit predict samples/vllm_14b_kv_bound -- --kv-cache-dtype fp8 --gpu-memory-utilization 0.95"""
+      profkit predict samples/vllm_14b_kv_bound -- --kv-cache-dtype fp8 --gpu-memory-utilization 0.95
+      profkit predict samples/vllm_14b_kv_bound --frontier --slo "p99_tpot_ms<=60"""
     from profkit.evidence.record import Evidence
     from profkit.report.predict import predict_run
 
@@ -182,9 +187,17 @@ def predict_cmd(run: str | None, changes: tuple[str, ...], fmt: str | None, outp
     evidence = Evidence.read(bench=bench, log=vllm_log, metrics=metrics, vllm_args=vllm_args,
                              model_config=model_config, host=host_json, gpu=gpu)
     spread = _parse_share(noise, "--noise") if noise else None
-    if slos and not do_search:
-        raise click.UsageError("--slo bounds a search: add --search")
-    if do_search:
+    if slos and not (do_search or do_frontier):
+        raise click.UsageError("--slo bounds a search or a frontier: add --search or --frontier")
+    if do_search and do_frontier:
+        raise click.UsageError("--search or --frontier, not both")
+    if do_frontier:
+        from profkit.report.predict import frontier_run
+        from profkit.tune.loop import parse_slo
+
+        bounds = [(c.metric, c.op, c.value) for c in (parse_slo(s) for s in slos)]
+        doc = frontier_run(run, shlex.join(changes) if changes else None, evidence, bounds, noise=spread)
+    elif do_search:
         from profkit.model.search import Bound
         from profkit.report.predict import search_run
         from profkit.tune.loop import parse_slo

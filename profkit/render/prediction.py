@@ -71,7 +71,69 @@ def _search_text(doc: dict[str, Any]) -> str:
     return document("\n".join(out) + "\n")
 
 
+FRONTIER_COLUMNS = (("rate (req/s)", None), ("req/s", "request_throughput"),
+                    ("tok/s per GPU", "output_throughput_per_gpu"), ("tok/s per user", "tokens_per_user"),
+                    ("TTFT p50", "p50_ttft_ms"), ("p90", "p90_ttft_ms"), ("p99", "p99_ttft_ms"),
+                    ("TPOT p50", "p50_tpot_ms"), ("p90", "p90_tpot_ms"), ("p99", "p99_tpot_ms"),
+                    ("E2E p50", "p50_e2el_ms"), ("p99", "p99_e2el_ms"))
+
+
+def _num(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.1f}" if abs(v) >= 10 else f"{v:.2f}"
+
+
+def _beyond(binding: str | None) -> str:
+    if binding is None:
+        return ""
+    return "; beyond it the queue grows (the capacity)" if binding == "capacity" else f"; beyond it {binding} fails"
+
+
+def frontier_view(doc: dict[str, Any]) -> dict[str, Any]:
+    """`--frontier`'s curve as rows (latencies in ms), its capacity and goodput in words."""
+    f = doc["frontier"]
+
+    def row(p: dict[str, Any]) -> list[str]:
+        m = p["metrics"]
+        return ["all at once" if p["rate"] is None else _num(p["rate"]),
+                *(_num(m[k]["predicted"]) for _, k in FRONTIER_COLUMNS[1:])]
+
+    cap = f["capacity"]["metrics"]
+    rt, out = cap["request_throughput"], cap["output_throughput_per_gpu"]
+    good = f.get("goodput")
+    bounds = ", ".join(f.get("bounds") or [])
+    goodput = None
+    if good:
+        goodput = (f"within {bounds}: {_num(good['rate'])} req/s (range {_num(good['low'])}-{_num(good['high'])})"
+                   + _beyond(good.get("binding")) if good["rate"] > 0
+                   else f"within {bounds}: none (at the lowest rate "
+                        + ("the queue grows)" if good.get("binding") == "capacity"
+                           else f"{good.get('binding')} fails)"))
+    return {"source": (doc.get("source") or {}).get("path") or "the evidence given",
+            "changes": doc.get("changes_text") or "", "header": [c for c, _ in FRONTIER_COLUMNS],
+            "rows": [row(p) for p in f["points"]] + [row(f["capacity"])],
+            "capacity": f"{_num(rt['predicted'])} req/s (range {_num(rt['low'])}-{_num(rt['high'])}), "
+                        f"{_num(out['predicted'])} output tok/s per GPU ({f['gpus']} GPU(s))",
+            "goodput": goodput}
+
+
+def _frontier_text(doc: dict[str, Any]) -> str:
+    v = frontier_view(doc)
+    widths = [max(len(h), *(len(r[i]) for r in v["rows"])) for i, h in enumerate(v["header"])]
+    out = [f"profkit predict --frontier: {terminal(v['source'])}", f"  changes: {terminal(v['changes'])}",
+           f"  capacity (every request at once): {v['capacity']}"]
+    if v["goodput"]:
+        out.append(f"  goodput {terminal(v['goodput'])}")
+    out += ["", "  latencies in ms; each rate's prompts sent over at least 30 s, as a sweep's run would", ""]
+    out.append("  " + "  ".join(h.rjust(w) for h, w in zip(v["header"], widths, strict=True)))
+    out += ["  " + "  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in v["rows"]]
+    return document("\n".join(out) + "\n")
+
+
 def render_prediction_text(doc: dict[str, Any]) -> str:
+    if "frontier" in doc:
+        return _frontier_text(doc)
     if "search" in doc:
         return _search_text(doc)
     v = prediction_view(doc)
@@ -91,6 +153,9 @@ def render_prediction_text(doc: dict[str, Any]) -> str:
 def render_prediction_markdown(doc: dict[str, Any]) -> str:
     from profkit.render import markdown
 
+    if "frontier" in doc:
+        return document(markdown.environment().get_template("prediction.md.j2").render(
+            v=None, f=frontier_view(doc)))
     if "search" in doc:
         return document(markdown.environment().get_template("prediction.md.j2").render(
             v=None, **_search_view(doc)))
@@ -101,6 +166,9 @@ def render_prediction_markdown(doc: dict[str, Any]) -> str:
 def render_prediction_html(doc: dict[str, Any]) -> str:
     from profkit.render import html
 
+    if "frontier" in doc:
+        return document(html.environment().get_template("prediction.html.j2").render(
+            v=None, f=frontier_view(doc)))
     if "search" in doc:
         return document(html.environment().get_template("prediction.html.j2").render(
             v=None, **_search_view(doc)))

@@ -97,3 +97,32 @@ def predict_run(run: str | os.PathLike | None, changes: str, evidence: Evidence 
                      "not calibrated: a frontend process set the pace, so the run's duration hides the engine's "
                      "speed (the hardware's peaks stand)"})
     return prediction
+
+
+def frontier_run(run: str | os.PathLike | None, changes: str | None = None, evidence: Evidence | None = None,
+                 slos: Sequence[tuple[str, str, float]] = (), noise: float | None = None) -> dict[str, Any]:
+    """The run's predicted SLO frontier (`profkit predict --frontier`), under `changes` where given: throughput and
+    the latency percentiles over request rates, and within `slos` ((metric, op, value): `p99_ttft_ms <= 2000`) the
+    largest rate that meets them all (`profkit.model.frontier`)."""
+    from profkit.diagnose.prescription import unreproduced
+    from profkit.model.frontier import canonical_metric, frontier
+
+    try:
+        bounds = [Bound(canonical_metric(m), op, v) for m, op, v in slos]
+    except ValueError as exc:
+        raise ProfkitError(f"--slo: {exc}") from None
+    asked = parse_changes(changes) if changes else {}
+    cal = _calibrated(run, evidence)
+    where = run or "the evidence"
+    if (miss := unreproduced(cal)) is not None:
+        raise ProfkitError(f"{where}: no frontier: the model does not reproduce this run ({miss})")
+    try:
+        f = frontier(cal, asked, bounds, noise=noise)
+    except Infeasible as exc:
+        raise ProfkitError(f"changes: {changes}: vLLM could not serve this workload so ({exc})") from None
+    except ValueError as exc:
+        raise ProfkitError(f"{where}: no frontier: {exc}") from None
+    return {"schema": "profkit.prediction/1", "source": {"path": None if run is None else str(run),
+                                                         "gpu": cal.observation.gpu},
+            "changes_text": " ".join((changes or "").split()) or "(the run's own settings)",
+            "frontier": f.document(), "calibration": {"fit_error": cal.fit_error, "scale": cal.memory_factor}}

@@ -1,0 +1,216 @@
+"""The SLO frontier of a calibrated run: throughput against latency percentiles over request rates, and the largest
+rate that meets every latency bound (the goodput), from the one run the model was calibrated on.
+
+Each point is the scheduler simulation of `vllm bench serve --request-rate R` (Poisson arrivals, the run's own
+prompt and output lengths and client cap) with the calibrated step costs, its requests' TTFT, TPOT and end-to-end
+latency read as `vllm bench` reads them (p50, p90, p99: numpy's linear interpolation). A request's time outside the
+engine's steps (HTTP, tokenising) is not known from a run at full load, where queueing sets TTFT: below the
+capacity TTFT is the engine's alone, and under-predicted (docs/prediction.md gives the measured errors). A rate's
+prompts span at least MIN_SECONDS, as a sweep's runs would. The rates are shares of the predicted capacity (the run
+at rate inf), dense near the knee. Ranges: the ends of what the change does to a step's cost, widened by the noise
+and the fit's error on the calibrated run, as `predict`'s are.
+
+What a vLLM sweep (`vllm bench sweep`, benchmarks/auto_tune) measures one restart and one run a point, this
+predicts in seconds; `profkit sweep` measures the points it chooses (around the knee and the bounds' edges)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from profkit.model.predict import DEFAULT_NOISE, Calibrated, Configured, configured
+from profkit.model.simulate import Infeasible, Latencies, SimResult, simulate_latencies
+
+LATENCIES = ("ttft", "tpot", "e2el")
+STATS = ("mean", "p50", "p90", "p99")
+SHARES = (0.1, 0.25, 0.4, 0.55, 0.7, 0.8, 0.9, 1.0, 1.1, 1.25)  # of the capacity
+MIN_SECONDS = 30.0  # a rate's prompts are sent over at least this long
+BISECT = 6  # simulations that place the goodput between two points (1/64 of their gap)
+ALIASES = {"median": "p50"}
+
+
+def frontier_metrics() -> tuple[str, ...]:
+    """The metrics a frontier point predicts: vLLM's bench names (`p99_ttft_ms`, `mean_tpot_ms`, ...)."""
+    return ("request_throughput", "output_throughput", "output_throughput_per_gpu", "tokens_per_user",
+            *(f"{s}_{m}_ms" for m in LATENCIES for s in STATS))
+
+
+def canonical_metric(name: str) -> str:
+    """`median_ttft_ms` -> `p50_ttft_ms`; ValueError naming the known metrics otherwise."""
+    head, _, rest = name.partition("_")
+    name = f"{ALIASES.get(head, head)}_{rest}" if rest else name
+    if name not in frontier_metrics():
+        raise ValueError(f"the frontier predicts no {name!r} (it predicts {', '.join(frontier_metrics())})")
+    return name
+
+
+@dataclass(frozen=True)
+class Point:
+    """One request rate's predicted outcome (rate None: every request at once, the capacity)."""
+
+    rate: float | None
+    prompts: int
+    predicted: dict[str, float]
+    low: dict[str, float]
+    high: dict[str, float]
+    queue_growth_s: float = 0.0  # the last quarter's median TTFT beyond what a steady queue allows (0: steady)
+
+    def document(self) -> dict[str, Any]:
+        return {"rate": self.rate, "prompts": self.prompts, "keeps_up": keeps_up(self),
+                "metrics": {k: {"predicted": v, "low": self.low[k], "high": self.high[k]}
+                            for k, v in self.predicted.items()}}
+
+
+@dataclass
+class Frontier:
+    changes: dict[str, Any]
+    gpus: int
+    capacity: Point
+    points: list[Point]
+    bounds: list[Any] = field(default_factory=list)  # profkit.model.search.Bound on frontier metrics
+    goodput: dict[str, Any] | None = None  # {"rate", "low", "high", "binding"}
+
+    def document(self) -> dict[str, Any]:
+        return {"changes": self.changes, "gpus": self.gpus, "capacity": self.capacity.document(),
+                "points": [p.document() for p in self.points],
+                "bounds": [f"{b.metric}{b.op}{b.value:g}" for b in self.bounds], "goodput": self.goodput}
+
+
+def frontier(cal: Calibrated, changes: dict[str, Any] | None = None, bounds: Sequence[Any] = (),
+             shares: Sequence[float] = SHARES, noise: float | None = None, prompts: int | None = None) -> Frontier:
+    """The run's predicted frontier under `changes` ({vLLM dest: value}): the capacity, a point at each share of it,
+    and with `bounds` (on `frontier_metrics()`) the goodput. `prompts`: every point's request count (default: the
+    run's own, or MIN_SECONDS of the rate). Raises Infeasible where the configuration cannot serve the workload."""
+    if cal.observation.offline:
+        raise ValueError("a frontier needs a served run (vllm bench serve): an offline run has no request rate")
+    changes = dict(changes or {})
+    conf = configured(cal, changes)
+    spread = (noise if noise is not None else DEFAULT_NOISE) + max(cal.fit_error.values(), default=0.0)
+    capacity = point_at(cal, conf, None, prompts or cal.workload.requests, spread)
+    top = capacity.predicted["request_throughput"]
+    points = [point_at(cal, conf, top * s, prompts or _prompts(cal, top * s), spread) for s in shares]
+    gpus = cal.observation.tensor_parallel * int(changes.get("data_parallel_size") or cal.observation.data_parallel)
+    out = Frontier(changes, gpus, capacity, points, list(bounds))
+    if bounds:
+        out.goodput = _goodput(cal, conf, points, list(bounds), spread, prompts)
+    return out
+
+
+def point_at(cal: Calibrated, conf: Configured, rate: float | None, prompts: int, spread: float) -> Point:
+    """The predicted outcome of `prompts` requests sent at `rate` (None: all at once)."""
+    work = replace(cal.workload, requests=prompts, request_rate=rate)
+    sims = [simulate_latencies(work, conf.engine, cost, conf.engines) for cost in conf.costs]
+    runs = [_metrics(cal, conf, r, lat, rate) for r, lat in sims]
+    mid = runs[len(runs) // 2]
+    low = {k: min(r[k] for r in runs) * math.exp(-spread) for k in mid}
+    high = {k: max(r[k] for r in runs) * math.exp(spread) for k in mid}
+    ttft = sims[len(sims) // 2][1].ttft_s  # in the order the requests were sent
+    quarter = max(1, len(ttft) // 4)
+    growth = float(np.median(ttft[-quarter:])) - QUEUE_GROWTH[0] * float(np.median(ttft[:quarter])) - QUEUE_GROWTH[1]
+    return Point(rate, prompts, mid, low, high, max(growth, 0.0) if rate is not None else 0.0)
+
+
+def _prompts(cal: Calibrated, rate: float) -> int:
+    return max(cal.workload.requests, math.ceil(rate * MIN_SECONDS))
+
+
+def _metrics(cal: Calibrated, conf: Configured, r: SimResult, lat: Latencies, rate: float | None) -> dict[str, float]:
+    """One simulated run's metrics under the host's ceilings (past one, every time stretches alike)."""
+    cap = min(conf.caps(r).values(), default=math.inf)
+    scale = cap / r.output_throughput if r.output_throughput > cap else 1.0
+    # the latency fitted outside the engine's steps is what the run's mean TTFT exceeded the simulated one by at
+    # full load, where queueing sets TTFT: it stands for that run alone (added to a rate's, it put 0-200 ms on a
+    # 45 ms TTFT across the 8B's three replicates)
+    latency = cal.request_latency_s if rate is None else 0.0
+    extra = {"ttft": latency, "tpot": 0.0, "e2el": latency}
+    out = {"request_throughput": r.request_throughput * scale, "output_throughput": r.output_throughput * scale}
+    gpus = cal.observation.tensor_parallel * conf.engines
+    out["output_throughput_per_gpu"] = out["output_throughput"] / gpus
+    for m in LATENCIES:
+        values = getattr(lat, f"{m}_s") / scale + extra[m]
+        out[f"mean_{m}_ms"] = float(values.mean()) * 1e3
+        for q, v in zip((50, 90, 99), np.percentile(values, (50, 90, 99)), strict=True):
+            out[f"p{q}_{m}_ms"] = float(v) * 1e3
+    out["tokens_per_user"] = 1e3 / out["mean_tpot_ms"] if out["mean_tpot_ms"] > 0 else math.inf
+    return out
+
+
+QUEUE_GROWTH = 2.0, 0.1  # a queue grows where the last quarter's median TTFT exceeds the first's x2 + 0.1 s
+
+
+def keeps_up(p: Point) -> bool:
+    """Whether the server keeps up with the rate: past its capacity the queue grows through the run, and what a
+    finite run's percentiles say then depends on how long it was."""
+    return p.queue_growth_s <= 0.0
+
+def _meets(values: dict[str, float], bounds: list[Any]) -> bool:
+    return all(b.holds(values[b.metric]) for b in bounds)
+
+
+def _goodput(cal: Calibrated, conf: Configured, points: list[Point], bounds: list[Any], spread: float,
+             prompts: int | None) -> dict[str, Any]:
+    """The largest rate the server keeps up with while meeting every bound: on the predicted curve (bisected between
+    the last point that does and the next), and on the curves of the ranges' pessimistic and optimistic ends
+    (interpolated between points)."""
+    rates = [p.rate or 0.0 for p in points]
+
+    def good(p: Point) -> bool:
+        return keeps_up(p) and _meets(p.predicted, bounds)
+
+    def edge(values: list[dict[str, float]]) -> float:
+        ok = [i for i, (p, v) in enumerate(zip(points, values, strict=True)) if keeps_up(p) and _meets(v, bounds)]
+        if not ok:
+            return 0.0
+        i = ok[-1]
+        if i + 1 >= len(values) or not keeps_up(points[i + 1]):
+            return rates[i]
+        # where the first bound to fail crosses, linearly between the two rates
+        f = min((_crossing(b, values[i][b.metric], values[i + 1][b.metric]) for b in bounds
+                 if not b.holds(values[i + 1][b.metric])), default=1.0)
+        return rates[i] + f * (rates[i + 1] - rates[i])
+
+    ok = [i for i, p in enumerate(points) if good(p)]
+    if not ok:
+        first = points[0]
+        failed = next((f"{b.metric}{b.op}{b.value:g}" for b in bounds if not b.holds(first.predicted[b.metric])),
+                      "capacity")
+        return {"rate": 0.0, "low": 0.0, "high": edge([_optimistic(p, bounds) for p in points]), "binding": failed}
+    if ok[-1] + 1 >= len(points):
+        rate, failing = rates[ok[-1]], None
+    else:
+        lo, hi, failing = rates[ok[-1]], rates[ok[-1] + 1], points[ok[-1] + 1]
+        for _ in range(BISECT):
+            mid = (lo + hi) / 2
+            try:
+                p = point_at(cal, conf, mid, prompts or _prompts(cal, mid), spread)
+            except Infeasible:
+                hi = mid
+                continue
+            if good(p):
+                lo = mid
+            else:
+                hi, failing = mid, p
+        rate = lo
+    binding = None if failing is None else next(
+        (f"{b.metric}{b.op}{b.value:g}" for b in bounds if not b.holds(failing.predicted[b.metric])),
+        "capacity")
+    return {"rate": rate, "low": min(edge([_pessimistic(p, bounds) for p in points]), rate),
+            "high": max(edge([_optimistic(p, bounds) for p in points]), rate), "binding": binding}
+
+
+def _crossing(bound: Any, a: float, b: float) -> float:
+    """Where between two points (0-1) a metric moving from `a` (holds) to `b` (does not) crosses the bound."""
+    return min(max((bound.value - a) / (b - a), 0.0), 1.0) if b != a else 0.0
+
+
+def _pessimistic(p: Point, bounds: list[Any]) -> dict[str, float]:
+    """Each bounded metric at the end of its range that meets its bound last (upper bounds: the high end)."""
+    return {b.metric: (p.high if b.op in ("<", "<=") else p.low)[b.metric] for b in bounds}
+
+
+def _optimistic(p: Point, bounds: list[Any]) -> dict[str, float]:
+    return {b.metric: (p.low if b.op in ("<", "<=") else p.high)[b.metric] for b in bounds}

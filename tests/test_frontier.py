@@ -1,0 +1,136 @@
+"""The SLO frontier from one run, held against sweeps measured on H200s that it never saw
+(tests/data/h200_model_led.tar.xz: an 8B at 1,024/256 and a 14B at 512/512, each captured at full load, then
+`vllm bench serve` at 5-6 request rates against one server; the 8B's FP8 pair swept as well).
+
+What holds and what does not is measured here (scripts/validate_frontier.py prints every point): the throughput
+the server keeps up with is predicted within 5 % (the FP8 pair's, from the bf16 run, up to +15 %); the 8B's goodput
+under TPOT and end-to-end bounds within 10 %. Below the knee latencies are under-predicted (TTFT by up to 50 %: a
+request's time outside the engine's steps is not known from a run at full load; the 14B's TPOT by 16-40 %, the FP8
+pair's by 45-60 %), so the 14B's and the FP8 pair's goodputs are over-predicted (+20 % to +47 %): docs/prediction.md
+says so."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from profkit.model.frontier import canonical_metric, frontier, keeps_up, point_at
+from profkit.model.observe import observe
+from profkit.model.predict import DEFAULT_NOISE, calibrate, configured
+from profkit.model.search import Bound
+from tests.cli import one_error_line, profkit
+from tests.conftest import unpack
+
+SWEEPS = {  # the sweep: the full-load capture it is predicted from, the changes from it, the throughput's error
+    "8b_defaults": ("sweep/capture", "sweep/defaults", {}, 0.05),
+    # the FP8 pair predicted from the bf16 run over-predicts its capacity: at 33.27 and 39.92 req/s offered it
+    # served 30.16 and 30.98 (a queue growing), predicted 32.34 and 35.51
+    "8b_fp8pair": ("sweep/capture", "sweep/fp8pair", {"quantization": "fp8", "kv_cache_dtype": "fp8"}, 0.15),
+    "14b_defaults": ("sweep14/capture", "sweep14/defaults", {}, 0.05),
+}
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return unpack(tmp_path_factory, "h200_model_led")
+
+
+def calibrated(folder: Path):
+    from profkit.report import build_report
+
+    return calibrate(observe(build_report(folder).document()))
+
+
+def sweep_points(folder: Path) -> list[dict]:
+    return sorted((json.loads(f.read_text()) for f in folder.glob("rate-*.json")), key=lambda m: m["request_rate"])
+
+
+def measured_goodput(points: list[dict], bound: Bound) -> float:
+    """The largest rate whose measured value meets the bound, linearly between the last that does and the next."""
+    last = None
+    for m in points:
+        if not bound.holds(m[bound.metric]):
+            if last is None:
+                return 0.0
+            f = (bound.value - last[bound.metric]) / (m[bound.metric] - last[bound.metric])
+            return last["request_rate"] + f * (m["request_rate"] - last["request_rate"])
+        last = m
+    return last["request_rate"] if last else 0.0
+
+
+@pytest.mark.parametrize("name", sorted(SWEEPS))
+def test_the_throughput_each_rate_is_served_at_is_predicted(recorded: Path, name: str) -> None:
+    capture, sweep, changes, error = SWEEPS[name]
+    cal = calibrated(recorded / capture / "r2")
+    conf = configured(cal, changes)
+    spread = DEFAULT_NOISE + max(cal.fit_error.values())
+    served = 0
+    for m in sweep_points(recorded / sweep):
+        p = point_at(cal, conf, m["request_rate"], m["num_prompts"], spread)
+        # served where both kept up: a finite run at the rate lasts its sending time and about one request more
+        kept = m["request_throughput"] >= 0.9 * m["num_prompts"] / (m["num_prompts"] / m["request_rate"]
+                                                                    + m["mean_e2el_ms"] / 1e3)
+        if keeps_up(p) and kept:
+            served += 1
+            assert p.predicted["request_throughput"] == pytest.approx(m["request_throughput"], rel=error)
+    assert served >= 3
+
+
+@pytest.mark.parametrize("bound", [Bound("p99_tpot_ms", "<=", 15), Bound("p99_tpot_ms", "<=", 30),
+                                   Bound("p99_e2el_ms", "<=", 5000)])
+def test_the_8bs_goodput_under_tpot_and_end_to_end_bounds_is_within_10_percent(recorded: Path, bound: Bound) -> None:
+    """Measured 17.35, 21.27 and 19.28 req/s; predicted from the one full-load run +5 %, +3 %, +5 %."""
+    cal = calibrated(recorded / "sweep" / "capture" / "r2")
+    f = frontier(cal, {}, [bound])
+    measured = measured_goodput(sweep_points(recorded / "sweep" / "defaults"), bound)
+    assert f.goodput["rate"] == pytest.approx(measured, rel=0.10)
+    assert f.goodput["low"] <= f.goodput["rate"] <= f.goodput["high"]
+
+
+def test_what_the_frontier_misses_is_measured_not_hidden(recorded: Path) -> None:
+    """The 8B's p99 TTFT at every rate below the knee is under-predicted (measured 91-430 ms, predicted 20-55 %
+    less), and so the goodput under a TTFT bound is over-predicted: the request's time outside the engine's steps
+    cannot be fitted on a run at full load, where queueing hides it."""
+    cal = calibrated(recorded / "sweep" / "capture" / "r2")
+    conf = configured(cal, {})
+    spread = DEFAULT_NOISE + max(cal.fit_error.values())
+    for m in sweep_points(recorded / "sweep" / "defaults")[:-1]:
+        p = point_at(cal, conf, m["request_rate"], m["num_prompts"], spread)
+        assert 0.45 < p.predicted["p99_ttft_ms"] / m["p99_ttft_ms"] < 0.8
+    bound = Bound("p99_ttft_ms", "<=", 200)
+    over = frontier(cal, {}, [bound]).goodput["rate"] / measured_goodput(sweep_points(recorded / "sweep" / "defaults"),
+                                                                         bound)
+    assert 1.15 < over < 1.35
+
+
+def test_predict_frontier_on_the_readme_sample(tmp_path: Path) -> None:
+    r = profkit("predict", "samples/vllm_14b_kv_bound", "--frontier", "--slo", "p99_tpot_ms<=20")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "profkit predict --frontier: samples/vllm_14b_kv_bound"
+    assert lines[3].startswith("  goodput within p99_tpot_ms<=20: ") and "beyond it p99_tpot_ms<=20 fails" in lines[3]
+    doc = json.loads(profkit("predict", "samples/vllm_14b_kv_bound", "--frontier", "--slo", "median_tpot_ms<=20",
+                             "--format", "json").stdout)
+    f = doc["frontier"]
+    assert f["bounds"] == ["p50_tpot_ms<=20"]
+    rates = [p["rate"] for p in f["points"]]
+    assert rates == sorted(rates) and f["capacity"]["rate"] is None
+    cap = f["capacity"]["metrics"]["request_throughput"]["predicted"]
+    assert rates[0] == pytest.approx(0.1 * cap) and rates[-1] == pytest.approx(1.25 * cap)
+    for p in f["points"]:
+        m = p["metrics"]
+        assert m["p50_ttft_ms"]["predicted"] <= m["p90_ttft_ms"]["predicted"] <= m["p99_ttft_ms"]["predicted"]
+        assert m["p99_tpot_ms"]["low"] <= m["p99_tpot_ms"]["predicted"] <= m["p99_tpot_ms"]["high"]
+    md = profkit("predict", "samples/vllm_14b_kv_bound", "--frontier", "-o", tmp_path / "f.md")
+    assert md.returncode == 0 and "| rate (req/s) |" in (tmp_path / "f.md").read_text()
+
+
+def test_a_frontier_bound_on_a_metric_it_does_not_predict_is_one_line() -> None:
+    line = one_error_line(profkit("predict", "samples/vllm_14b_kv_bound", "--frontier", "--slo", "p95_ttft_ms<=9"),
+                          "p95_ttft_ms")
+    assert "p99_ttft_ms" in line  # the known ones named
+    assert canonical_metric("median_e2el_ms") == "p50_e2el_ms"
+    with pytest.raises(ValueError):
+        canonical_metric("p95_ttft_ms")
