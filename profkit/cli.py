@@ -177,7 +177,8 @@ def predict_cmd(run: str | None, changes: tuple[str, ...], fmt: str | None, outp
 
     \b
       profkit predict samples/vllm_14b_kv_bound -- --kv-cache-dtype fp8 --gpu-memory-utilization 0.95
-      profkit predict samples/vllm_14b_kv_bound --frontier --slo "p99_tpot_ms<=60"""
+      profkit predict samples/vllm_14b_kv_bound --frontier --slo "p99_tpot_ms<=60"
+    """
     from profkit.evidence.record import Evidence
     from profkit.report.predict import predict_run
 
@@ -195,8 +196,8 @@ def predict_cmd(run: str | None, changes: tuple[str, ...], fmt: str | None, outp
         from profkit.report.predict import frontier_run
         from profkit.tune.loop import parse_slo
 
-        bounds = [(c.metric, c.op, c.value) for c in (parse_slo(s) for s in slos)]
-        doc = frontier_run(run, shlex.join(changes) if changes else None, evidence, bounds, noise=spread)
+        latency_bounds = [(c.metric, c.op, c.value) for c in (parse_slo(s) for s in slos)]
+        doc = frontier_run(run, shlex.join(changes) if changes else None, evidence, latency_bounds, noise=spread)
     elif do_search:
         from profkit.model.search import Bound
         from profkit.report.predict import search_run
