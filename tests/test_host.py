@@ -41,14 +41,14 @@ def report_of(folder: Path) -> dict:
     return json.loads(rep.stdout)
 
 
-def saturate(folder: Path, role: str) -> None:
-    """The capture's own samples, with every sample of its `role` processes at a full core: what a saturated
-    process reads, whatever this machine gave the stand-in."""
+def saturate(folder: Path, role: str, cores: float = 1.0) -> None:
+    """The capture's own samples, with every sample of its `role` processes at `cores` (a full core: what a saturated
+    process reads), whatever this machine gave the stand-in."""
     path = folder / "host.json"
     host = json.loads(path.read_text())
     for p in host["processes"]:
         if p["role"] == role:
-            p["cpu"] = [[t, 1.0] for t, _ in p["cpu"]]
+            p["cpu"] = [[t, cores] for t, _ in p["cpu"]]
     path.write_text(json.dumps(host))
 
 
@@ -211,8 +211,8 @@ def test_the_benchmark_window_leaves_out_the_clients_preparation(env, tmp_path: 
 
 def test_quiet_without_a_busy_host_or_without_gpu_evidence(env, tmp_path: Path) -> None:
     folder = capture_folder(env, tmp_path / "c")
-    for p in json.loads((folder / "host.json").read_text())["processes"]:
-        assert max(c for _, c in p["cpu"]) < 0.9 or p["role"] == "profiler"  # the stand-ins sleep
+    for role in ("api_server", "engine_core", "bench_client"):  # quiet, whatever this machine's load made them read
+        saturate(folder, role, cores=0.3)
     doc = report_of(folder)
     assert not {"frontend-bound", "engine-core-bound", "client-bound"} & {x["rule"] for x in doc["findings"]}
     # unprofiled and no NVML: how busy the GPU was is unknown, so the host rules cannot judge

@@ -10,7 +10,6 @@ verdict."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +17,7 @@ from profkit.diagnose.engine import Finding
 from profkit.model import levers
 from profkit.model.observe import Unobservable, observe
 from profkit.model.predict import DEFAULT_NOISE, Calibrated, Prediction, calibrate, predict
+from profkit.model.refusals import unreproduced
 from profkit.model.search import ranked
 from profkit.vllm.command import dest_of
 from profkit.vllm.options import flag_for
@@ -27,7 +27,6 @@ PRECISION_TRADE = "changes model precision (FP8): check accuracy before shipping
 # The simulated run's duration or time per output token this far (log) from the measured: the model has not
 # reproduced the run, and what it predicts for a change is not worth a range (a live window that opens on a backlog,
 # traffic the simulation does not have).
-FIT_LIMIT = 0.25
 
 
 @dataclass
@@ -45,15 +44,6 @@ class Prescription:
         return {"limit": self.limit, "changes": self.changes, "predicted": self.predicted,
                 "reasoning": self.reasoning, "answers": self.answers, "note": self.note,
                 "unpredicted": self.unpredicted, "alternative": self.alternative}
-
-
-def unreproduced(cal: Calibrated) -> str | None:
-    """What the fitted model misses by more than FIT_LIMIT, in words; None when it reproduces the run."""
-    for key, words in (("elapsed", "duration"), ("tpot", "time per output token")):
-        err = cal.fit_error.get(key, 0.0)
-        if err > FIT_LIMIT:
-            return f"its simulated {words} is off by x{math.exp(err):.2f}"
-    return None
 
 
 def gain(p: Prediction) -> float:

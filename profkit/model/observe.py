@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from profkit.analysis.efficiency import gpu_memory_bytes
+from profkit.model.refusals import run_refusal
 from profkit.numbers import json_number
 
 GIB = 1 << 30
@@ -114,6 +115,8 @@ def observe(doc: dict[str, Any]) -> Observation:
     params, bits = _num(model.get("matmul_params")), prec.get("weight_bits")
     if not params or not bits:
         raise Unobservable("the model's shape or precision is unknown (the model's config.json: --model-config)")
+    if (refused := run_refusal(doc)) is not None:
+        raise Unobservable(refused)
     bandwidth, bf16 = _num(gpu.get("bandwidth_tbs")), _num(gpu.get("bf16_tflops"))
     if not bandwidth or not bf16:
         raise Unobservable(f"the GPU's peaks are unknown: {gpu['name']} is not in profkit's peak table (give --gpu "

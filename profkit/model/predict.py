@@ -22,6 +22,7 @@ from typing import Any
 
 from profkit.model import levers
 from profkit.model.observe import Observation, Unobservable
+from profkit.model.refusals import Refused, change_refusal
 from profkit.model.simulate import Engine, Infeasible, SimResult, StepCost, Workload, simulate_engines
 
 SCHEMA = "profkit.prediction/1"
@@ -269,6 +270,8 @@ def predict(cal: Calibrated, changes: dict[str, Any], noise: float | None = None
     simulate the low and high ends of what the change does to a step's costs (False: the middle alone, a search's
     quick look; its range then holds the noise and the fit's error only)."""
     obs = cal.observation
+    if (refused := change_refusal(obs, changes)) is not None:
+        raise Refused(refused)
     changes = levers.with_defaults(changes, obs)
     unmodelled = sorted(k for k in changes if k not in MODELLED)
     if "gpu_memory_utilization" in changes and not (obs.memory.total_bytes and obs.memory.utilization):
@@ -306,6 +309,8 @@ class Configured:
 def configured(cal: Calibrated, changes: dict[str, Any]) -> Configured:
     """The engine, step costs, engines and host ceilings of the run under `changes` ({vLLM dest: value})."""
     obs = cal.observation
+    if (refused := change_refusal(obs, changes)) is not None:
+        raise Refused(refused)
     changes = levers.with_defaults(changes, obs)
     said = _Said([], [])
     change = _changed(cal, changes, said)
@@ -371,10 +376,6 @@ def _changed(cal: Calibrated, changes: dict[str, Any], said: _Said) -> _Change:
     if batched != engine.max_num_batched_tokens:
         said.reasoning.append(f"--max-num-batched-tokens {engine.max_num_batched_tokens} → {batched}: prompt "
                               "chunks per step")
-    limit_len = changes.get("max_model_len")
-    if limit_len is not None and obs.prompt_tokens + obs.output_tokens > int(limit_len):
-        said.reasoning.append(f"--max-model-len {limit_len} is shorter than the workload's requests "
-                              f"({obs.prompt_tokens + obs.output_tokens} tokens): vLLM would refuse them")
     eager_before = bool(obs.config.get("enforce_eager"))
     return _Change(Engine(max(kv_tokens, 1), seqs, batched, reserve=engine.reserve), tp0, tp1, dp1, share,
                    fp8_weights, fp8_kv, eager_before, bool(changes.get("enforce_eager", eager_before)))

@@ -17,6 +17,7 @@ from profkit.evidence.record import Evidence
 from profkit.model import levers
 from profkit.model.observe import Unobservable, observe
 from profkit.model.predict import MODELLED, calibrate, host_bound, predict
+from profkit.model.refusals import Refused, unreproduced
 from profkit.model.search import Bound, check_bounds, search
 from profkit.model.simulate import Infeasible
 from profkit.report.build import build_report
@@ -42,6 +43,12 @@ def _calibrated(run: str | os.PathLike | None, evidence: Evidence | None) -> Any
         raise ProfkitError(f"{run or 'the evidence'}: cannot model this run: {exc}") from None
 
 
+def _refuse_unreproduced(cal: Any, run: str | os.PathLike | None) -> None:
+    """The report's rule: no prediction from a model that does not reproduce the run it was calibrated on."""
+    if (miss := unreproduced(cal)) is not None:
+        raise ProfkitError(f"{run or 'the evidence'}: not predicted: the model does not reproduce this run ({miss})")
+
+
 def search_run(run: str | os.PathLike | None, evidence: Evidence | None = None, allow_precision: bool = False,
                bounds: Sequence[Bound] = (), top: int = 5, noise: float | None = None) -> dict[str, Any]:
     """The `top` configurations the model predicts best for the run (`profkit predict --search`), within `bounds`
@@ -51,6 +58,7 @@ def search_run(run: str | os.PathLike | None, evidence: Evidence | None = None, 
     except ValueError as exc:
         raise ProfkitError(f"--slo: {exc}") from None
     cal = _calibrated(run, evidence)
+    _refuse_unreproduced(cal, run)
     found = search(cal, allow_precision=allow_precision, bounds=bounds, top=top, noise=noise)
 
     def listed(f: Any) -> dict[str, Any]:
@@ -82,9 +90,12 @@ def predict_run(run: str | os.PathLike | None, changes: str, evidence: Evidence 
                            f"{', '.join('--' + m.replace('_', '-') for m in sorted(MODELLED))})")
     try:
         cal = calibrate(obs)
+        _refuse_unreproduced(cal, run)
         prediction = predict(cal, asked, noise=noise).document()
     except Unobservable as exc:
         raise ProfkitError(f"{run or 'the evidence'}: cannot model this run: {exc}") from None
+    except Refused as exc:
+        raise ProfkitError(f"changes: not predicted: {exc}") from None
     except Infeasible as exc:
         raise ProfkitError(f"changes: {changes}: vLLM could not serve this workload so ({exc})") from None
     bound = host_bound(obs)
@@ -104,7 +115,6 @@ def frontier_run(run: str | os.PathLike | None, changes: str | None = None, evid
     """The run's predicted SLO frontier (`profkit predict --frontier`), under `changes` where given: throughput and
     the latency percentiles over request rates, and within `slos` ((metric, op, value): `p99_ttft_ms <= 2000`) the
     largest rate that meets them all (`profkit.model.frontier`)."""
-    from profkit.diagnose.prescription import unreproduced
     from profkit.model.frontier import canonical_metric, frontier
 
     try:
@@ -114,10 +124,11 @@ def frontier_run(run: str | os.PathLike | None, changes: str | None = None, evid
     asked = parse_changes(changes) if changes else {}
     cal = _calibrated(run, evidence)
     where = run or "the evidence"
-    if (miss := unreproduced(cal)) is not None:
-        raise ProfkitError(f"{where}: no frontier: the model does not reproduce this run ({miss})")
+    _refuse_unreproduced(cal, run)
     try:
         f = frontier(cal, asked, bounds, noise=noise)
+    except Refused as exc:
+        raise ProfkitError(f"changes: not predicted: {exc}") from None
     except Infeasible as exc:
         raise ProfkitError(f"changes: {changes}: vLLM could not serve this workload so ({exc})") from None
     except ValueError as exc:

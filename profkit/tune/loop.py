@@ -246,9 +246,9 @@ def model_candidates(best: Config, measured: list[Config], objective: str, slos:
     The model is calibrated on the best configuration's latest run with every other configuration measured so far
     beside it (`profkit.model.predict.calibrate`), so a configuration that measured worse than predicted teaches
     it. SLOs on metrics it predicts bound the search; every SLO is still checked on what is measured."""
-    from profkit.diagnose.prescription import unreproduced
     from profkit.model.observe import Unobservable, observe
     from profkit.model.predict import calibrate
+    from profkit.model.refusals import unreproduced
     from profkit.model.search import Bound, known_metrics, ranked
 
     objective = m.canonical(objective)

@@ -1,0 +1,82 @@
+"""What the model refuses to predict, in one line each: a run it was not built for, or a change it has no grounds
+for. `predict`, `--search`, `--frontier`, the prescription and tune share these (a refused change is never
+prescribed or tried; a refused run gets no prediction at all).
+
+A run: a mixture-of-experts model (the simulation's layers are dense), a config.json that is not the model that ran
+(its weights or KV bytes per token against what vLLM's log says it allocated). A change: a quantization other than
+FP8, a KV cache dtype other than FP8, a --max-model-len shorter than the workload's requests, and a parallel layout
+past what was validated (the run's own GPUs split between tensor and data parallelism, tensor parallel 1-2: a TP=2
+run predicted for TP=4 said 54.5 req/s where the TP=4 capture measured 31.05)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from profkit.model.simulate import Infeasible
+
+GIB = float(1 << 30)
+WEIGHTS_AGREE = (0.67, 1.5)  # config.json's weights over vLLM's "Model loading took" (recordings: 0.90-0.99)
+KV_AGREE = (0.8, 1.25)  # config.json's KV bytes per token over the log's (recordings: 1.00)
+FIT_LIMIT = 0.25  # |log(simulated / measured)| past which the model does not reproduce its own run (x1.28)
+SIXTEEN_BIT = ("auto", "bfloat16", "float16", "half")  # KV cache dtypes that keep the model's 16 bits
+VALIDATED_TP = 2  # tensor parallel sizes measured against the model's prediction (tests/data/h200_tp2)
+
+
+class Refused(Infeasible):
+    """A change the model does not predict (the search passes over it as it does an infeasible one)."""
+
+
+def run_refusal(doc: dict[str, Any]) -> str | None:
+    """Why the model refuses the report document's run, or None."""
+    model = (doc.get("efficiency") or {}).get("model") or {}
+    facts = doc.get("facts") or {}
+    if model.get("dense") is False:
+        return "a mixture-of-experts model (its config.json names experts): the model simulates dense layers only"
+    weights, logged = model.get("weight_bytes"), facts.get("vllm.model_memory_bytes")
+    if weights and logged and not WEIGHTS_AGREE[0] <= weights / logged <= WEIGHTS_AGREE[1]:
+        return (f"the model's config.json gives {weights / GIB:.1f} GiB of weights a GPU where vLLM's log says "
+                f"{logged / GIB:.1f} GiB: not the model that ran (give its config.json with --model-config)")
+    per_token = model.get("kv_bytes_per_token")
+    kv_bytes, kv_tokens = facts.get("vllm.kv_cache_memory_bytes"), facts.get("vllm.kv_cache_tokens")
+    if per_token and kv_bytes and kv_tokens:
+        logged_per_token = kv_bytes / kv_tokens
+        if not KV_AGREE[0] <= per_token / logged_per_token <= KV_AGREE[1]:
+            return (f"the model's config.json gives {per_token:,.0f} KV bytes a token where vLLM's log gives "
+                    f"{logged_per_token:,.0f}: not the model that ran (give its config.json with --model-config)")
+    return None
+
+
+def change_refusal(obs: Any, changes: dict[str, Any]) -> str | None:
+    """Why the model refuses `changes` ({vLLM dest: value}) on the observed run, or None."""
+    quant = changes.get("quantization")
+    if quant is not None and str(quant).lower() != "fp8":
+        return f"--quantization {quant}: the model knows FP8 weights only"
+    kv = changes.get("kv_cache_dtype")
+    if kv is not None and str(kv) not in SIXTEEN_BIT and not str(kv).startswith("fp8"):
+        return f"--kv-cache-dtype {kv}: the model knows the 16-bit and FP8 KV caches only"
+    limit = changes.get("max_model_len")
+    if limit is not None and obs.prompt_tokens + obs.output_tokens > int(limit):
+        return (f"--max-model-len {limit} is shorter than the workload's requests ({obs.prompt_tokens:,} + "
+                f"{obs.output_tokens:,} tokens): vLLM would refuse them")
+    tp0, dp0 = obs.tensor_parallel, obs.data_parallel
+    tp1 = int(changes.get("tensor_parallel_size") or tp0)
+    dp1 = int(changes.get("data_parallel_size") or dp0)
+    if (tp1, dp1) != (tp0, dp0):
+        if tp1 * dp1 != tp0 * dp0:
+            return (f"{tp1 * dp1} GPUs where the run used {tp0 * dp0}: the model predicts only splits of the run's "
+                    "own GPUs")
+        if max(tp0, tp1) > VALIDATED_TP:
+            return (f"--tensor-parallel-size {tp0} -> {tp1}: validated up to {VALIDATED_TP} (a TP=2 run predicted "
+                    "TP=4 76 % above what it measured)")
+    return None
+
+
+def unreproduced(cal: Any) -> str | None:
+    """What the calibrated model misses of its own run by more than FIT_LIMIT, in words; None when it reproduces
+    it (a live window whose arrivals the fit cannot follow, a workload of lengths it does not simulate)."""
+    for key, words in (("elapsed", "duration"), ("tpot", "time per output token")):
+        err = cal.fit_error.get(key, 0.0)
+        if err > FIT_LIMIT:
+            return f"its simulated {words} is off by x{math.exp(err):.2f}"
+    return None

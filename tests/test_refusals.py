@@ -1,0 +1,83 @@
+"""What the model does not know it refuses, in one line, through the CLI: `predict`, `--search`, `--frontier` and
+the report's prescription alike (profkit/model/refusals.py). Each case was answered with a confident prediction
+before (issue 51): a mixture-of-experts or 70B config.json for a 14B run, AWQ, bitsandbytes and an int8 KV cache
+"no change", a --max-model-len below the workload "unchanged", 1 GPU -> 8, TP=2 -> TP=4 (+76 % against its capture),
+and a live window the fit does not reproduce."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.cli import one_error_line, profkit
+from tests.conftest import unpack
+
+SAMPLE = "samples/vllm_14b_kv_bound"
+
+
+@pytest.mark.parametrize("change, says", [
+    ("--quantization awq", "--quantization awq: the model knows FP8 weights only"),
+    ("--quantization bitsandbytes", "--quantization bitsandbytes: the model knows FP8 weights only"),
+    ("--kv-cache-dtype int8", "--kv-cache-dtype int8: the model knows the 16-bit and FP8 KV caches only"),
+    ("--max-model-len 1024", "--max-model-len 1024 is shorter than the workload's requests (1,024 + 256 tokens)"),
+    ("-tp 8", "8 GPUs where the run used 1: the model predicts only splits of the run's own GPUs"),
+])
+def test_a_change_the_model_has_no_grounds_for_is_refused(change: str, says: str) -> None:
+    line = one_error_line(profkit("predict", SAMPLE, "--", *change.split()), says)
+    assert line == f"profkit: error: changes: not predicted: {says}" + line.split(says, 1)[1]
+    # the same change on the frontier
+    one_error_line(profkit("predict", SAMPLE, "--frontier", "--", *change.split()), says)
+
+
+def test_a_change_it_knows_still_predicts() -> None:
+    r = profkit("predict", SAMPLE, "--", "--kv-cache-dtype", "bfloat16", "--max-model-len", "1280")
+    assert r.returncode == 0, r.stderr
+
+
+def test_tp2_to_tp4_is_refused_and_the_split_of_the_same_gpus_is_not(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The TP=2 capture: its TP=4 prediction (54.5 req/s) missed the TP=4 capture's 31.05 by 76 %; the split of its
+    own 2 GPUs (DP=2) was measured against the model and stays predicted."""
+    run = unpack(tmp_path_factory, "h200_tp2") / "ab" / "tp2" / "T_s11"
+    one_error_line(profkit("predict", run, "--", "-tp", "4"),
+                   "4 GPUs where the run used 2: the model predicts only splits of the run's own GPUs")
+    r = profkit("predict", run, "--", "-tp", "1", "--data-parallel-size", "2")
+    assert r.returncode == 0, r.stderr
+
+
+def _config(tmp_path: Path, **edits: object) -> Path:
+    cfg = json.loads(Path(SAMPLE, "model-config.json").read_text())
+    cfg.update(edits)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    return path
+
+
+def test_a_mixture_of_experts_config_is_refused_everywhere(tmp_path: Path) -> None:
+    """Mixtral-8x7B's experts on the sample's shape: predict, search and frontier refuse it in one line, and the
+    report's prescription says the same."""
+    moe = _config(tmp_path, num_local_experts=8, num_experts_per_tok=2)
+    says = "a mixture-of-experts model (its config.json names experts): the model simulates dense layers only"
+    for args in (["--", "--kv-cache-dtype", "fp8"], ["--search"], ["--frontier"]):
+        one_error_line(profkit("predict", SAMPLE, "--model-config", moe, *args), says)
+    doc = json.loads(profkit("report", SAMPLE, "--model-config", moe, "--format", "json").stdout)
+    assert doc["prescription"]["note"] == f"no prescription: the model cannot be calibrated on this run ({says})"
+
+
+def test_a_config_json_that_is_not_the_model_that_ran_is_refused(tmp_path: Path) -> None:
+    """A 70B's shape (hidden 8192, 80 layers, MLP 28672) for the sample's 14B: 131 GiB of weights against the log's
+    25.6 GiB."""
+    big = _config(tmp_path, hidden_size=8192, num_hidden_layers=80, intermediate_size=28672, num_attention_heads=64)
+    line = one_error_line(profkit("predict", SAMPLE, "--model-config", big, "--", "--kv-cache-dtype", "fp8"),
+                          "not the model that ran (give its config.json with --model-config)")
+    assert "GiB of weights a GPU where vLLM's log says" in line
+
+
+def test_a_live_window_the_fit_does_not_reproduce_gets_no_prediction(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The report withholds its prescription on this window (a backlog the simulation does not have); predict,
+    search and frontier withhold theirs with the same reason."""
+    live = unpack(tmp_path_factory, "h200_live") / "live_tight2"
+    for args in (["--", "--max-num-seqs", "512"], ["--search"], ["--frontier"]):
+        one_error_line(profkit("predict", live, *args),
+                       "not predicted: the model does not reproduce this run (its simulated duration")
