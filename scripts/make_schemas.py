@@ -32,7 +32,8 @@ MAPS = {
                "vllm.log.non_default_args", "facts", "host.roles", "gap_classes", "environment",
                "prescription.predicted", "efficiency.gpu_metrics", "efficiency.phases", "vllm.bench",
                "ranks[].facts"},
-    "prediction": {"metrics", "predicted", "before"},
+    "prediction": {"metrics", "predicted", "before", "search[].metrics", "search[].changes", "closest.metrics",
+                   "frontier.changes", "frontier.capacity.metrics", "frontier.points[].metrics"},
     "diff": {"before.flags", "after.flags", "noise", "before.config", "after.config"},
     "tune": {"baseline.flags", "best.flags", "settings"},
     "history": set(),
@@ -86,6 +87,8 @@ def infer(values: list[Any], kind: str, path: str = "") -> dict[str, Any]:
 def documents() -> dict[str, list[dict[str, Any]]]:
     from profkit.api import diff, predict, report
     from profkit.compare.history import history_document, list_runs, save_run
+    from profkit.model.search import Bound
+    from profkit.report.predict import frontier_run, search_run
 
     fixtures_tmp = tempfile.TemporaryDirectory()
     tmp = Path(fixtures_tmp.name)
@@ -103,7 +106,11 @@ def documents() -> dict[str, list[dict[str, Any]]]:
              diff(SAMPLES / "hostgap_b16.sqlite", SAMPLES / "capture_thr_torch")]
     predictions = [predict(SAMPLES / "vllm_14b_kv_bound", "--kv-cache-dtype fp8"),
                    predict(SAMPLES / "vllm_14b_kv_bound", "--max-num-seqs 64 --gpu-memory-utilization 0.95"),
-                   predict(SAMPLES / "vllm_14b_prescribed", "--enforce-eager")]
+                   predict(SAMPLES / "vllm_14b_prescribed", "--enforce-eager"),
+                   search_run(SAMPLES / "vllm_14b_kv_bound", allow_precision=True,
+                              bounds=[Bound("mean_ttft_ms", "<=", 9000)]),
+                   frontier_run(SAMPLES / "vllm_14b_kv_bound", "--kv-cache-dtype fp8",
+                                slos=[("p99_tpot_ms", "<=", 60)])]
     tunes = []
     for archive, member in (("h100_tune_model.tar.xz", "h100_tune_model/tune/tune.json"),
                             ("h100_tune.tar.xz", None)):

@@ -81,3 +81,21 @@ def test_a_live_window_the_fit_does_not_reproduce_gets_no_prediction(tmp_path_fa
     for args in (["--", "--max-num-seqs", "512"], ["--search"], ["--frontier"]):
         one_error_line(profkit("predict", live, *args),
                        "not predicted: the model does not reproduce this run (its simulated duration")
+
+
+def test_a_run_of_another_vllm_version_says_whose_defaults_it_assumes(tmp_path: Path) -> None:
+    """The version is read off the run's own log (the engine's start-up line); where it is not 0.26.0, whose options,
+    defaults and validation profkit recorded, the prediction says so beside its figures."""
+    import shutil
+
+    doc = json.loads(profkit("report", SAMPLE, "--format", "json").stdout)
+    assert doc["vllm"]["log"]["vllm_version"] == "0.26.0"
+    run = tmp_path / "run"
+    shutil.copytree(SAMPLE, run)
+    log = run / "server.log"
+    log.write_text(log.read_text().replace("LLM engine (v0.26.0)", "LLM engine (v0.27.1)"))
+    pred = json.loads(profkit("predict", run, "--format", "json", "--", "--max-num-seqs", "512").stdout)
+    assert pred["reasoning"][0] == ("the run is vLLM 0.27.1's: the defaults assumed and the model's validation are "
+                                    "vLLM 0.26.0's")
+    same = json.loads(profkit("predict", SAMPLE, "--format", "json", "--", "--max-num-seqs", "512").stdout)
+    assert not any("vLLM 0.26.0's" in r for r in same["reasoning"])

@@ -48,7 +48,9 @@ _STARTUP_NUMBERS = {"kv_cache_tokens": _KV_TOKENS, "max_concurrency": _MAX_CONCU
 # "non-default args: {'tokenizer': '/tmp/tiny', 'max_model_len': 2048, ...}": the flags the run set.
 _NON_DEFAULT = re.compile(r"non-default args: (\{.*\})")
 _STARTUP_KEYS = ("GPU KV cache size", "Maximum concurrency", "max_num_batched_tokens=", "Desired GPU memory",
-                 "Initial free memory", "Available KV cache memory", "Model loading took", "non-default args")
+                 "Initial free memory", "Available KV cache memory", "Model loading took", "non-default args",
+                 "LLM engine (v")
+_VERSION = re.compile(r"Initializing a V\d+ LLM engine \(v([0-9][\w.+-]{0,40})\)")
 _LITERAL_ARG = re.compile(r"'(\w+)': ('[^']*'|-?[\d.]+(?:e-?\d+)?|True|False|None)(?=[,}])")
 MAX_LINE = 16384
 
@@ -84,6 +86,7 @@ class VllmLog(msgspec.Struct, omit_defaults=True, frozen=True):
     kv_cache_memory_bytes: int | None = None
     model_memory_bytes: int | None = None
     non_default_args: dict[str, Any] | None = None  # literal values only, never evaluated
+    vllm_version: str | None = None  # "Initializing a V1 LLM engine (v0.26.0)"
 
 
 def parse_log(text: str) -> VllmLog:
@@ -125,6 +128,8 @@ def parse_log(text: str) -> VllmLog:
     for key in ("gpu_free_memory_bytes", "kv_cache_memory_bytes", "model_memory_bytes"):
         if (m := found[key]) and (f := parse_float(m.group(1) or m.group(m.lastindex or 1))) is not None:
             out[key] = int(f * GIB)
+    if m := _VERSION.search(text):
+        out["vllm_version"] = m.group(1)
     if m := _NON_DEFAULT.search(text):
         # Only literal values (objects such as ProfilerConfig(...) are skipped).
         out["non_default_args"] = {k: _literal(v) for k, v in _LITERAL_ARG.findall(m.group(1))}

@@ -80,6 +80,7 @@ class Observation:
     allreduce_s: float | None = None  # the trace's mean all-reduce kernel time on the first GPU (tensor parallel)
     notes: list[str] = field(default_factory=list)
     offline: bool = False  # `vllm bench throughput`: every request handed to the engine at once, no client
+    vllm_version: str | None = None  # what the run's log says it was
 
 
 def _num(value: Any) -> float | None:
@@ -161,7 +162,8 @@ def observe(doc: dict[str, Any]) -> Observation:
         hidden=_attention_width(eff, doc) / layers if (layers := int(_num(model.get("layers")) or 0)) else None,
         allreduce_s=_allreduce_s(doc) if tp > 1 else None,
         offline=not vllm.get("live") and bench.get("ttft_mean_ms") is None
-        and bench.get("tokens_per_second") is not None)
+        and bench.get("tokens_per_second") is not None,
+        vllm_version=(vllm.get("log") or {}).get("vllm_version"))
 
 
 def _live_as_bench(live: dict[str, Any]) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from profkit.model import levers
 from profkit.model.observe import Observation, Unobservable
 from profkit.model.refusals import Refused, change_refusal
 from profkit.model.simulate import Engine, Infeasible, SimResult, StepCost, Workload, simulate_engines
+from profkit.vllm.options import RECORDED_VERSION
 
 SCHEMA = "profkit.prediction/1"
 METRICS = (("request_throughput", "req/s"), ("output_throughput", "tok/s"), ("mean_ttft_ms", "ms"),
@@ -277,6 +278,9 @@ def predict(cal: Calibrated, changes: dict[str, Any], noise: float | None = None
     if "gpu_memory_utilization" in changes and not (obs.memory.total_bytes and obs.memory.utilization):
         unmodelled.append("gpu_memory_utilization (the GPU's memory is unknown)")
     said = _Said([], [])
+    if obs.vllm_version and obs.vllm_version != RECORDED_VERSION:
+        said.reasoning.append(f"the run is vLLM {obs.vllm_version}'s: the defaults assumed and the model's validation "
+                              f"are vLLM {RECORDED_VERSION}'s")
     change = _changed(cal, changes, said)
     costs = _step_costs(cal, change, said)
     if not change.moves_costs or not ends:
