@@ -134,3 +134,29 @@ def test_a_frontier_bound_on_a_metric_it_does_not_predict_is_one_line() -> None:
     assert canonical_metric("median_e2el_ms") == "p50_e2el_ms"
     with pytest.raises(ValueError):
         canonical_metric("p95_ttft_ms")
+
+
+def test_the_report_shows_the_frontier_before_and_after_its_prescription(tmp_path: Path) -> None:
+    """The README sample's prescription (more KV cache, FP8) predicted to move the whole curve: at each share of
+    capacity the prescribed configuration serves more at a lower p99 TPOT; every format shows it, HTML as a chart."""
+    doc = json.loads(profkit("report", "samples/vllm_14b_kv_bound", "--format", "json").stdout)
+    f = doc["prescription"]["frontier"]
+    before, after = f["before"], f["after"]
+    assert before["changes"] == {} and after["changes"] == {
+        k.lstrip("-").replace("-", "_"): v for k, v in ((c["flag"], c["to"]) for c in doc["prescription"]["changes"])}
+    cap = [side["capacity"]["metrics"]["request_throughput"]["predicted"] for side in (before, after)]
+    assert cap[0] == pytest.approx(doc["prescription"]["predicted"]["request_throughput"]["before"], rel=0.05)
+    assert cap[1] == pytest.approx(doc["prescription"]["predicted"]["request_throughput"]["predicted"], rel=0.05)
+    for side, c in ((before, cap[0]), (after, cap[1])):
+        assert [p["rate"] for p in side["points"]] == pytest.approx([s * c for s in (0.25, 0.5, 0.75, 0.9)])
+    for b, a in zip(before["points"], after["points"], strict=True):
+        assert a["rate"] > b["rate"]
+        assert a["metrics"]["p99_tpot_ms"]["predicted"] < b["metrics"]["p99_tpot_ms"]["predicted"]
+    text = profkit("report", "samples/vllm_14b_kv_bound").stdout
+    assert "The frontier, as run and prescribed (predicted; capacity 9.15 → 19.3 req/s" in text
+    profkit("report", "samples/vllm_14b_kv_bound", "-o", tmp_path / "r.html")
+    html = (tmp_path / "r.html").read_text()
+    section = html[html.index('<section id="frontier">'):]
+    assert section.index("<svg") < section.index("</section>")
+    md = profkit("report", "samples/vllm_14b_kv_bound", "--format", "md").stdout
+    assert "| prescribed | all at once | 19.3 |" in md

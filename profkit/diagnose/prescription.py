@@ -15,6 +15,7 @@ from typing import Any
 
 from profkit.diagnose.engine import Finding
 from profkit.model import levers
+from profkit.model.frontier import REPORT_SHARES, frontier
 from profkit.model.observe import Unobservable, observe
 from profkit.model.predict import DEFAULT_NOISE, Calibrated, Prediction, calibrate, predict
 from profkit.model.refusals import unreproduced
@@ -39,11 +40,12 @@ class Prescription:
     note: str | None = None  # why there is none, or what holds it back
     unpredicted: list[dict[str, Any]] = field(default_factory=list)  # rules' changes on levers the model lacks
     alternative: dict[str, Any] | None = None  # the best without a precision change, where the best has one
+    frontier: dict[str, Any] | None = None  # {"before", "after"}: profkit.model.frontier documents
 
     def document(self) -> dict[str, Any]:
         return {"limit": self.limit, "changes": self.changes, "predicted": self.predicted,
                 "reasoning": self.reasoning, "answers": self.answers, "note": self.note,
-                "unpredicted": self.unpredicted, "alternative": self.alternative}
+                "unpredicted": self.unpredicted, "alternative": self.alternative, "frontier": self.frontier}
 
 
 def gain(p: Prediction) -> float:
@@ -86,7 +88,18 @@ def prescribe(doc: dict[str, Any], findings: list[Finding], noise: float | None 
     return Prescription(
         limit=p.limit_before, changes=described, predicted={**p.metrics, "limit_after": p.limit_after},
         reasoning=p.reasoning, answers=sorted({r for c in described for r in c["answers"]}),
-        unpredicted=_unpredicted(findings, set(chosen.changes)), alternative=alternative)
+        unpredicted=_unpredicted(findings, set(chosen.changes)), alternative=alternative,
+        frontier=_frontiers(cal, chosen.changes, noise))
+
+
+def _frontiers(cal: Calibrated, changes: dict[str, Any], noise: float | None) -> dict[str, Any] | None:
+    """The run's frontier before and after the prescription, at a few shares of each capacity (None: an offline
+    run, which has no request rate)."""
+    try:
+        return {side: frontier(cal, c, shares=REPORT_SHARES, noise=noise).document()
+                for side, c in (("before", {}), ("after", changes))}
+    except ValueError:  # Infeasible too: a configuration the frontier's rates cannot serve
+        return None
 
 
 def _described(changes: dict[str, Any], cal: Calibrated, doc: dict[str, Any],

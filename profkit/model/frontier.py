@@ -28,6 +28,7 @@ from profkit.model.simulate import Infeasible, Latencies, SimResult, simulate_la
 LATENCIES = ("ttft", "tpot", "e2el")
 STATS = ("mean", "p50", "p90", "p99")
 SHARES = (0.1, 0.25, 0.4, 0.55, 0.7, 0.8, 0.9, 1.0, 1.1, 1.25)  # of the capacity
+REPORT_SHARES = (0.25, 0.5, 0.75, 0.9)  # the report's frontier before and after its prescription: fewer points
 MIN_SECONDS = 30.0  # a rate's prompts are sent over at least this long
 BISECT = 6  # simulations that place the goodput between two points (1/64 of their gap)
 ALIASES = {"median": "p50"}

@@ -201,3 +201,19 @@ def roofline_chart(chart: dict[str, Any]) -> str:
     ax.set_ylabel("TFLOP/s")
     ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False, fontsize=7)  # beside: off the roofs
     return _svg(fig)
+
+
+def frontier_chart(curves: dict[str, list[dict[str, Any]]]) -> str:
+    """p99 TPOT and p99 TTFT against the request rate served, as run and prescribed (the predicted frontier)."""
+    fig, axes = plt.subplots(1, 2, figsize=(9, 2.8))
+    for side, color, label in (("before", IDLE, "as run"), ("after", BUSY, "prescribed")):
+        points = [p for p in curves[side] if p["rate"] is not None]
+        xs = [p["served"] for p in points]
+        for ax, key in zip(axes, ("tpot_p99", "ttft_p99"), strict=True):
+            ax.plot(xs, [p[key] for p in points], marker="o", color=color, label=label, linewidth=1.2)
+    for ax, title in zip(axes, ("p99 TPOT (ms)", "p99 TTFT (ms)"), strict=True):
+        ax.set_xlabel("requests/s served")
+        ax.set_ylabel(title)
+    axes[0].legend(loc="upper left", frameon=False)
+    fig.tight_layout()
+    return _svg(fig)

@@ -45,7 +45,9 @@ def render_html(report: dict[str, Any], top: int = 10) -> str:
     charts drawn here (a template never computes anything)."""
     sections = views(report, top)
     eff = dict(sections).get("efficiency")
-    svgs = {"roofline": charts.roofline_chart(eff["chart"]) if eff and eff["chart"] else ""}
+    front = dict(sections).get("frontier")
+    svgs = {"roofline": charts.roofline_chart(eff["chart"]) if eff and eff["chart"] else "",
+            "frontier": charts.frontier_chart(front["curves"]) if front else ""}
     if report.get("gpu") is not None:  # evidence only: no trace, no charts but the roofline
         svgs.update({
             "timeline": charts.timeline_chart(report),

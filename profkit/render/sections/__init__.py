@@ -18,6 +18,7 @@ from profkit.render.sections import (
     efficiency,
     facts,
     findings,
+    frontier,
     gaps,
     header,
     host,
@@ -33,10 +34,11 @@ from profkit.render.sections import (
 )
 
 ORDER: tuple[tuple[str, ModuleType], ...] = (
-    ("header", header), ("prescription", prescription), ("findings", findings), ("command", command),
-    ("efficiency", efficiency), ("ranks", ranks), ("steps", steps), ("host", host), ("sched", sched),
-    ("skipped", skipped), ("categories", categories), ("kernels", kernels), ("timeline", timeline), ("gaps", gaps),
-    ("memops", memops), ("api", api), ("nvtx", nvtx), ("cpu_ops", cpu_ops), ("facts", facts),
+    ("header", header), ("prescription", prescription), ("frontier", frontier), ("findings", findings),
+    ("command", command), ("efficiency", efficiency), ("ranks", ranks), ("steps", steps), ("host", host),
+    ("sched", sched), ("skipped", skipped), ("categories", categories), ("kernels", kernels),
+    ("timeline", timeline), ("gaps", gaps), ("memops", memops), ("api", api), ("nvtx", nvtx), ("cpu_ops", cpu_ops),
+    ("facts", facts),
 )
 SECTIONS = dict(ORDER)
 

@@ -1,0 +1,56 @@
+"""The SLO frontier before and after the prescription: at a few shares of each configuration's predicted capacity,
+the request rate it serves and its TTFT and TPOT percentiles (`profkit.model.frontier`; the measured errors of such
+predictions are in docs/prediction.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from profkit.render.sections.table import text_table
+
+LATENCY_NOTE = ("below the knee the model under-predicts latencies (TTFT by 20-55 % on measured sweeps): "
+                "read the curves' shapes, and measure the rate you need")
+
+
+def _num(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.1f}" if abs(v) >= 10 else f"{v:.2f}"
+
+
+def _side(f: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for p in [*f["points"], f["capacity"]]:
+        m = {k: v["predicted"] for k, v in p["metrics"].items()}
+        out.append({"rate": p["rate"], "served": m["request_throughput"], "ttft_p50": m["p50_ttft_ms"],
+                    "ttft_p99": m["p99_ttft_ms"], "tpot_p50": m["p50_tpot_ms"], "tpot_p99": m["p99_tpot_ms"],
+                    "keeps_up": p.get("keeps_up", True)})
+    return out
+
+
+def view(report: dict[str, Any], top: int) -> dict[str, Any] | None:
+    f = (report.get("prescription") or {}).get("frontier")
+    if not f:
+        return None
+    rows = []
+    for side in ("before", "after"):
+        for p in _side(f[side]):
+            rows.append({"side": "prescribed" if side == "after" else "as run",
+                         "rate": "all at once" if p["rate"] is None else _num(p["rate"]),
+                         **{k: _num(p[k]) for k in ("served", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99")},
+                         "note": "" if p["keeps_up"] else "queue grows"})
+    caps = {side: f[side]["capacity"]["metrics"]["request_throughput"] for side in ("before", "after")}
+    return {"rows": rows, "note": LATENCY_NOTE,
+            "capacity": f"{_num(caps['before']['predicted'])} → {_num(caps['after']['predicted'])} req/s "
+                        f"(range {_num(caps['after']['low'])}-{_num(caps['after']['high'])})",
+            "curves": {side: _side(f[side]) for side in ("before", "after")}}
+
+
+def text(v: dict[str, Any]) -> list[str]:
+    out = [f"The frontier, as run and prescribed (predicted; capacity {v['capacity']}); latencies in ms, "
+           f"{v['note']}"]
+    out.append(text_table(v["rows"], {
+        "config": lambda r: r["side"], "rate (req/s)": lambda r: r["rate"], "served": lambda r: r["served"],
+        "TTFT p50": lambda r: r["ttft_p50"], "TTFT p99": lambda r: r["ttft_p99"], "TPOT p50": lambda r: r["tpot_p50"],
+        "TPOT p99": lambda r: r["tpot_p99"], "": lambda r: r["note"]}, len(v["rows"])))
+    return out
