@@ -162,7 +162,8 @@ def report(traces: tuple[Path, ...], window: str, fmt: str | None, output: Path 
               help="throughput against TTFT/TPOT/E2E percentiles over request rates (under CHANGES if given), and "
                    "with --slo the largest rate that meets them (goodput)")
 @click.option("--slo", "slos", multiple=True, help="with --search: a bound a configuration must meet, e.g. "
-              "'mean_ttft_ms<=5000'; with --frontier a latency bound, e.g. 'p99_ttft_ms<=2000'")
+              "'mean_ttft_ms<=5000' (a percentile, 'p99_ttft_ms<=2000', ranks by goodput); with --frontier a "
+              "latency bound, e.g. 'p99_ttft_ms<=2000'")
 @click.option("--allow-precision-changes", is_flag=True, help="with --search: FP8 weights and KV cache may be tried")
 @click.option("--top", type=click.IntRange(min=1, max=100), default=5, show_default=True,
               help="with --search: configurations shown")

@@ -23,6 +23,8 @@ from profkit.model.search import Bound
 from tests.cli import one_error_line, profkit
 from tests.conftest import unpack
 
+SAMPLE_RUN = "samples/vllm_14b_kv_bound"
+
 SWEEPS = {  # the sweep: the full-load capture it is predicted from, the changes from it, the throughput's error
     "8b_defaults": ("sweep/capture", "sweep/defaults", {}, 0.05),
     # the FP8 pair predicted from the bf16 run over-predicts its capacity: at 33.27 and 39.92 req/s offered it
@@ -160,3 +162,17 @@ def test_the_report_shows_the_frontier_before_and_after_its_prescription(tmp_pat
     assert section.index("<svg") < section.index("</section>")
     md = profkit("report", "samples/vllm_14b_kv_bound", "--format", "md").stdout
     assert "| prescribed | all at once | 19.3 |" in md
+
+
+def test_search_with_a_percentile_bound_ranks_by_goodput() -> None:
+    """A bound on a latency percentile is the frontier's: the search's best configurations are ranked by the largest
+    rate each serves within it; a mean's bound still bounds the search itself."""
+    doc = json.loads(profkit("predict", SAMPLE_RUN, "--search", "--slo", "p99_tpot_ms<=25", "--top", "5",
+                             "--format", "json").stdout)
+    assert doc["ranked_by"] == "goodput" and doc["bounds"] == ["p99_tpot_ms<=25"]
+    rates = [r["goodput"]["rate"] for r in doc["search"]]
+    assert rates and rates == sorted(rates, reverse=True) and rates[-1] > 0
+    plain = json.loads(profkit("predict", SAMPLE_RUN, "--search", "--format", "json").stdout)
+    assert plain["ranked_by"] == "request_throughput" and "goodput" not in plain["search"][0]
+    one_error_line(profkit("predict", SAMPLE_RUN, "--search", "--slo", "p95_tpot_ms<=25"),
+                   "--slo: the frontier predicts no 'p95_tpot_ms'")

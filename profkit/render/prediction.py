@@ -41,14 +41,26 @@ def search_rows(doc: dict[str, Any]) -> list[dict[str, str]]:
                      "mean TTFT (ms)": fmt_metric("mean_ttft_ms", ttft.get("predicted")),
                      "mean TPOT (ms)": fmt_metric("mean_tpot_ms", tpot.get("predicted")),
                      "limit after": (p.get("limit") or {}).get("after") or "",
-                     "trades": "; ".join(p.get("trades") or [])})
+                     "trades": "; ".join(p.get("trades") or []),
+                     "goodput": _goodput_cell(p.get("goodput"))})
     return rows
+
+
+def _goodput_cell(good: dict[str, Any] | None) -> str:
+    if good is None:
+        return ""
+    return f"{_num(good['rate'])} ({_num(good['low'])}-{_num(good['high'])})" if good["rate"] > 0 else "none"
 
 
 def _search_view(doc: dict[str, Any]) -> dict[str, Any]:
     closest = search_rows({"search": [doc["closest"]]})[0] if doc.get("closest") else None
     return {"rows": search_rows(doc), "source": (doc.get("source") or {}).get("path"),
-            "bounds": ", ".join(doc.get("bounds") or []), "closest": closest}
+            "bounds": ", ".join(doc.get("bounds") or []), "closest": closest, "order": _order(doc)}
+
+
+def _order(doc: dict[str, Any]) -> str:
+    return ("best predicted goodput first (the largest request rate served within the latency bounds)"
+            if doc.get("ranked_by") == "goodput" else "best predicted request throughput first")
 
 
 def _search_text(doc: dict[str, Any]) -> str:
@@ -56,10 +68,11 @@ def _search_text(doc: dict[str, Any]) -> str:
     bounds = ", ".join(doc.get("bounds") or [])
     out = [f"profkit predict --search: {terminal((doc.get('source') or {}).get('path') or '')}",
            f"  {len(rows)} configuration(s)" + (f" within {terminal(bounds)}" if bounds else "")
-           + ", best predicted request throughput first:", ""]
+           + f", {_order(doc)}:", ""]
     for r in rows:
         out.append(f"  {r['rank']}. {terminal(r['changes'])}")
-        out.append(f"     requests/s {r['requests/s']}; mean TTFT {r['mean TTFT (ms)']} ms; mean TPOT "
+        out.append((f"     goodput {r['goodput']} req/s; " if r["goodput"] else "     ")
+                   + f"requests/s {r['requests/s']}; mean TTFT {r['mean TTFT (ms)']} ms; mean TPOT "
                    f"{r['mean TPOT (ms)']} ms; limit: {terminal(r['limit after'])}"
                    + (f"; {terminal(r['trades'])}" if r["trades"] else ""))
     if not rows:

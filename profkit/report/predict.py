@@ -18,7 +18,7 @@ from profkit.model import levers
 from profkit.model.observe import Unobservable, observe
 from profkit.model.predict import MODELLED, calibrate, host_bound, predict
 from profkit.model.refusals import Refused, unreproduced
-from profkit.model.search import Bound, check_bounds, search
+from profkit.model.search import Bound, check_bounds, known_metrics, search
 from profkit.model.simulate import Infeasible
 from profkit.report.build import build_report
 from profkit.vllm.command import VllmCommand
@@ -43,6 +43,9 @@ def _calibrated(run: str | os.PathLike | None, evidence: Evidence | None) -> Any
         raise ProfkitError(f"{run or 'the evidence'}: cannot model this run: {exc}") from None
 
 
+GOODPUT_CANDIDATES = 8  # the search's best configurations whose frontiers a goodput ranking compares
+
+
 def _refuse_unreproduced(cal: Any, run: str | os.PathLike | None) -> None:
     """The report's rule: no prediction from a model that does not reproduce the run it was calibrated on."""
     if (miss := unreproduced(cal)) is not None:
@@ -52,26 +55,48 @@ def _refuse_unreproduced(cal: Any, run: str | os.PathLike | None) -> None:
 def search_run(run: str | os.PathLike | None, evidence: Evidence | None = None, allow_precision: bool = False,
                bounds: Sequence[Bound] = (), top: int = 5, noise: float | None = None) -> dict[str, Any]:
     """The `top` configurations the model predicts best for the run (`profkit predict --search`), within `bounds`
-    (the user's SLOs: those that meet them first)."""
+    (the user's SLOs: those that meet them first). Bounds on latency percentiles (`p99_ttft_ms<=2000`) are the
+    frontier's: the search's best configurations are then ranked by their goodput under them (the largest request
+    rate each serves within every such bound, `profkit.model.frontier`)."""
+    from profkit.model.frontier import canonical_metric, frontier
+
+    means = [b for b in bounds if b.metric in known_metrics()]
     try:
-        check_bounds(bounds)
+        percentiles = [Bound(canonical_metric(b.metric), b.op, b.value) for b in bounds if b not in means]
+        check_bounds(means)
     except ValueError as exc:
-        raise ProfkitError(f"--slo: {exc}") from None
+        raise ProfkitError(f"--slo: {exc.args[0].split(' (it predicts')[0]} (it predicts "
+                           f"{', '.join(known_metrics())}; by goodput: p50, p90, p99 and mean of ttft, tpot, "
+                           "e2el, e.g. p99_ttft_ms)") from None
     cal = _calibrated(run, evidence)
     _refuse_unreproduced(cal, run)
-    found = search(cal, allow_precision=allow_precision, bounds=bounds, top=top, noise=noise)
+    found = search(cal, allow_precision=allow_precision, bounds=means, top=max(top, GOODPUT_CANDIDATES) if
+                   percentiles else top, noise=noise)
+    goodputs: dict[int, dict[str, Any]] = {}
+    if percentiles:
+        for i, f in enumerate(found):
+            try:
+                goodputs[i] = frontier(cal, f.changes, percentiles, noise=noise).goodput or {}
+            except ValueError:  # Infeasible included: no frontier for it
+                goodputs[i] = {"rate": 0.0, "low": 0.0, "high": 0.0, "binding": None}
+        order = sorted(range(len(found)), key=lambda i: (found[i].miss, -goodputs[i]["rate"]))
+        found, goodputs = [found[i] for i in order][:top], {k: goodputs[i] for k, i in enumerate(order[:top])}
 
-    def listed(f: Any) -> dict[str, Any]:
-        return {**f.prediction.document(), "meets_bounds": f.miss == 0,
-                "changes_text": levers.describe(f.changes) or "(the run's own settings)"}
+    def listed(i: int, f: Any) -> dict[str, Any]:
+        good = goodputs.get(i)
+        return {**f.prediction.document(), "meets_bounds": f.miss == 0 and (good is None or good["rate"] > 0),
+                "changes_text": levers.describe(f.changes) or "(the run's own settings)",
+                **({"goodput": good} if good is not None else {})}
 
-    meets = [f for f in found if f.miss == 0]
+    rows = [listed(i, f) for i, f in enumerate(found)]
+    meets = [r for r in rows if r["meets_bounds"]]
     return {"schema": "profkit.prediction/1", "source": {"path": None if run is None else str(run),
                                                          "gpu": cal.observation.gpu},
-            "search": [listed(f) for f in meets],
+            "search": meets,
             # where none meets the bounds: the one that misses them least, said as such
-            "closest": listed(found[0]) if found and not meets else None,
-            "bounds": [f"{b.metric}{b.op}{b.value:g}" for b in bounds],
+            "closest": rows[0] if rows and not meets else None,
+            "bounds": [f"{b.metric}{b.op}{b.value:g}" for b in [*means, *percentiles]],
+            "ranked_by": "goodput" if percentiles else "request_throughput",
             "calibration": {"fit_error": cal.fit_error, "scale": cal.memory_factor}}
 
 
