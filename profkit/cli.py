@@ -4,6 +4,7 @@ profkit.render.render)."""
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
 import shlex
@@ -429,6 +430,74 @@ def capture(tool: str, out: Path | None, dry_run: bool, capture_range: bool, del
     else:
         click.echo(f"profkit: {len(done)} runs against one server in {terminal(folder)} (profkit report {first}; "
                    f"profkit diff {where} OTHER)", err=True)
+
+
+@cli.command(context_settings={"ignore_unknown_options": True})
+@click.option("--rates", help="request rates to measure, comma-separated, e.g. 5,10,15 (default: chosen from --from's "
+                               "predicted frontier: its knee and the --slo bounds' edge)")
+@click.option("--from", "from_run", help="a full-load run of this configuration: the model calibrated on it predicts "
+                                         "each point, shown beside the measurement (and chooses the rates)")
+@click.option("--slo", "slos", multiple=True, help='with --from: a latency bound whose edge is measured, e.g. '
+                                                   '"p99_ttft_ms<=2000"')
+@click.option("--replicates", type=click.IntRange(min=1, max=20), default=1, show_default=True,
+              help="runs at each rate (each its own --seed)")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="sweep folder (default: sweep-YYYYmmdd-HHMMSS)")
+@click.option("--dry-run", is_flag=True, help="print the rates and every command it would run, and stop")
+@click.option("--vllm", "vllm_exe", default="vllm", show_default=True, help="vllm executable")
+@serve_run_options
+def sweep(rates: str | None, from_run: str | None, slos: tuple[str, ...], replicates: int, out: Path | None,
+          dry_run: bool, vllm_exe: str, timeout: float, model: str | None, server_args: str, bench_args: str,
+          port: int, health_timeout: float, command: tuple[str, ...]) -> None:
+    """Measure a served configuration at a few request rates against one server (the measured frontier).
+
+    \b
+    profkit sweep --from RUN [--slo "p99_ttft_ms<=2000"] serve --model M [--server-args ".."] [--bench-args ".."]
+    profkit sweep --rates 5,10,15 serve --model M ...
+    """
+    import time
+
+    from profkit.capture.plan import CaptureOptions, commands_from_cli
+    from profkit.capture.plan import plan as make_plan
+    from profkit.capture.run import main_interrupt_safe
+    from profkit.compare.sweep import chosen_rates, folder_name, predictor, prompts_for, run_sweep
+    from profkit.render.sweep import sweep_text
+    from profkit.tune.loop import parse_slo
+
+    if slos and not from_run:
+        raise click.UsageError("--slo chooses rates from a predicted frontier: add --from RUN")
+    predicted, front = (predictor(from_run, [(c.metric, c.op, c.value) for c in map(parse_slo, slos)])
+                        if from_run else (None, None))
+    if rates:
+        try:
+            chosen = sorted({float(r) for r in rates.split(",") if r.strip()})
+        except ValueError:
+            raise click.BadParameter(f"{rates!r}: request rates, e.g. 5,10,15", param_hint="--rates") from None
+        if not chosen or chosen[0] <= 0 or not all(map(math.isfinite, chosen)):
+            raise click.BadParameter(f"{rates!r}: positive request rates, e.g. 5,10,15", param_hint="--rates")
+    elif front is not None:
+        chosen = chosen_rates(front)
+    else:
+        raise click.UsageError("give --rates, or --from RUN to choose them from its predicted frontier")
+    folder = out or Path(time.strftime("sweep-%Y%m%d-%H%M%S"))
+    user = commands_from_cli(list(command), model, server_args, bench_args, port, vllm=vllm_exe, verb="sweep")
+    plan = make_plan(CaptureOptions(out=folder, user=user, tool="none", timeout_s=timeout,
+                                    health_timeout_s=health_timeout))
+    if plan.kind != "serve":
+        raise click.UsageError("a sweep measures a server: profkit sweep ... serve --model M ...")
+    if dry_run:
+        click.echo(f"rates: {', '.join(f'{r:g}' for r in chosen)} req/s")
+        assert plan.server is not None
+        click.echo(terminal(plan.server.shell()))
+        click.echo(terminal(plan.warmup_step().shell()))
+        for i, (r, k) in enumerate((r, k) for r in chosen for k in range(replicates)):
+            click.echo(terminal(plan.bench_step(folder / folder_name(r) / f"r{k + 1}", seed=plan.seed() + i,
+                                                prompts=prompts_for(r), rate=r).shell()))
+        return
+    doc = main_interrupt_safe(lambda: run_sweep(plan, chosen, replicates,
+                                                say=lambda m: click.echo(f"profkit: {terminal(m)}", err=True),
+                                                predicted=predicted))
+    click.echo(sweep_text(doc), nl=False)
 
 
 @cli.command(context_settings={"ignore_unknown_options": True})

@@ -99,16 +99,13 @@ class Plan:
         return CaptureFolder(self.out)
 
     def bench_step(self, folder: Path, seed: int | None = None, prompts: int | None = None,
-                   name: str = "vllm bench serve", result: str = files.BENCH, log: str = files.BENCH_LOG) -> Step:
+                   name: str = "vllm bench serve", result: str = files.BENCH, log: str = files.BENCH_LOG,
+                   rate: float | None = None) -> Step:
         """A `vllm bench serve` run against this plan's server, its result in `folder`: the user's client command,
         with its own `--seed` (replicates against one server must not send the same prompts twice: the prefix
-        cache would serve them) and `--num-prompts` where given."""
+        cache would serve them), and `--num-prompts` and `--request-rate` where given (a sweep's point)."""
         assert self.client is not None
-        client = self.client
-        if seed is not None:
-            client = client.apply("--seed", seed)[0]
-        if prompts is not None:
-            client = client.apply("--num-prompts", prompts)[0]
+        client = self.client_for(seed, prompts, rate)
         argv = [*client.argv(), "--save-result", "--result-dir", str(folder), "--result-filename", result]
         if self.vllm_profiler:
             argv.append("--profile")  # asks the server to start/stop its profiler around the run
@@ -116,6 +113,16 @@ class Plan:
             argv = [self.gpu_metrics, "profile", "-t", "none", "--sample=none", "--cpuctxsw=none", *GPU_METRICS_FLAGS,
                     "--force-overwrite=true", "-o", str(Path(folder) / files.GPU_METRICS_BASE), *argv]
         return Step(name, argv, log=log, timeout_s=self.timeout_s)
+
+    def client_for(self, seed: int | None = None, prompts: int | None = None,
+                   rate: float | None = None) -> VllmCommand:
+        """The user's benchmark client with this run's seed, prompt count and request rate, where given."""
+        assert self.client is not None
+        client = self.client
+        for flag, value in (("--seed", seed), ("--num-prompts", prompts), ("--request-rate", rate)):
+            if value is not None:
+                client = client.apply(flag, value)[0]
+        return client
 
     def gpu_metrics_export(self, folder: Path) -> Step | None:
         """The export of a benchmark's GPU metrics to SQLite (None when the plan samples none)."""

@@ -170,9 +170,10 @@ class ServerSession:
             raise
         return self
 
-    def run(self, name: str) -> Path:
-        """One benchmark run into the capture folder `name` (its own --seed); raises CaptureError when it fails
-        (the folder and its manifest say how), KeyboardInterrupt on Ctrl-C."""
+    def run(self, name: str, rate: float | None = None, prompts: int | None = None) -> Path:
+        """One benchmark run into the capture folder `name` (its own --seed; `rate` and `prompts`: a sweep's
+        point); raises CaptureError when it fails (the folder and its manifest say how), KeyboardInterrupt on
+        Ctrl-C."""
         plan, server = self.plan, self.server
         assert server is not None and self.manifest is not None and plan.server is not None
         if server.poll() is not None:
@@ -182,8 +183,8 @@ class ServerSession:
         folder = CaptureFolder(plan.out / name)
         folder.path.mkdir(parents=True, exist_ok=False)
         seed = self.seed + len(self.runs)
-        step = plan.bench_step(folder.path, seed=seed)
-        client = plan.client.apply("--seed", seed)[0] if plan.client else None
+        step = plan.bench_step(folder.path, seed=seed, prompts=prompts, rate=rate)
+        client = plan.client_for(seed, prompts, rate) if plan.client else None
         server_cmd = plan.user.role("server")
         manifest = Manifest.begin(folder.file(files.MANIFEST), {
             "kind": "serve", "commands": [plan.server.shell() + "   # shared: see ../" + files.SESSION, step.shell()],

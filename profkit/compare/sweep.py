@@ -1,0 +1,117 @@
+"""`profkit sweep`: the measured counterpart of the predicted frontier. `vllm bench serve` at a few request rates
+against one server (one start-up; a warm-up; each run its own --seed and 40 s of prompts), each rate's replicates in
+OUT/rate-R/r1, r2, ..., and sweep.json: each point's measured throughput and latency percentiles (the mean over its
+replicates, and their spread), beside what the model calibrated on a full-load run (`--from RUN`) predicted for it.
+
+The rates come from the user (`--rates`) or from the predicted frontier of `--from RUN`: around its knee and, with
+`--slo`, the bounds' edge (where the goodput is decided), not a uniform grid: each point costs a benchmark run."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from profkit.capture.plan import Plan
+from profkit.capture.run import CaptureError, ServerSession
+
+SCHEMA = "profkit.sweep/1"
+SECONDS = 40.0  # a point's prompts are sent over this long at its rate
+MIN_PROMPTS = 60
+METRICS = ("request_throughput", "output_throughput", "p50_ttft_ms", "p90_ttft_ms", "p99_ttft_ms", "p50_tpot_ms",
+           "p90_tpot_ms", "p99_tpot_ms", "p50_e2el_ms", "p99_e2el_ms")
+KNEE = (0.5, 0.75, 0.9, 1.0)  # shares of the predicted capacity measured without bounds
+EDGE = (0.9, 1.1)  # around a bound's edge: shares of the predicted goodput
+
+
+def prompts_for(rate: float) -> int:
+    """A point's prompt count: SECONDS of its rate (at least MIN_PROMPTS)."""
+    return max(MIN_PROMPTS, int(rate * SECONDS))
+
+
+def chosen_rates(front: dict[str, Any]) -> list[float]:
+    """The rates worth measuring on a predicted frontier (`Frontier.document()`): its knee, and around the goodput
+    where it has one; rounded to 0.01 req/s, ascending."""
+    capacity = front["capacity"]["metrics"]["request_throughput"]["predicted"]
+    rates = {round(capacity * s, 2) for s in KNEE}
+    good = (front.get("goodput") or {}).get("rate") or 0.0
+    if good > 0:
+        rates |= {round(good * s, 2) for s in EDGE} | {round(good, 2)}
+    return sorted(r for r in rates if r > 0)
+
+
+def folder_name(rate: float) -> str:
+    return f"rate-{rate:g}"
+
+
+def run_sweep(plan: Plan, rates: Sequence[float], replicates: int = 1, say: Callable[[str], None] = lambda _m: None,
+              predicted: Callable[[float, int], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Each rate's `replicates` runs against one server; sweep.json in the plan's folder, returned. `predicted(rate,
+    prompts)`: the model's point for it (`profkit.model.frontier.Point.document()`), put beside the measurement."""
+    started = time.time()
+    try:
+        with ServerSession(plan, say) as session:
+            for rate in rates:
+                for k in range(replicates):
+                    say(f"rate {rate:g} req/s, run {k + 1} of {replicates}")
+                    session.run(f"{folder_name(rate)}/r{k + 1}", rate=rate, prompts=prompts_for(rate))
+            startup_s = session.startup_s
+    except KeyboardInterrupt:
+        raise CaptureError(f"interrupted; partial sweep kept in {plan.out}", interrupted=True) from None
+    doc = sweep_document(plan.out, rates, predicted)
+    doc.update(seconds=round(time.time() - started, 1), startup_s=startup_s)
+    (plan.out / "sweep.json").write_text(json.dumps(doc, indent=2))
+    return doc
+
+
+def sweep_document(out: Path, rates: Sequence[float],
+                   predicted: Callable[[float, int], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The measured points of a sweep folder, each beside its prediction where one is given."""
+    points = []
+    for rate in rates:
+        runs = [json.loads(p.read_text()) for p in sorted((out / folder_name(rate)).glob("r*/bench.json"))]
+        measured = {k: statistics.mean(r[k] for r in runs) for k in METRICS if runs and all(k in r for r in runs)}
+        spread = {k: (max(r[k] for r in runs) - min(r[k] for r in runs)) / measured[k]
+                  for k in measured if len(runs) > 1 and measured[k]}
+        point: dict[str, Any] = {"rate": rate, "prompts": prompts_for(rate), "replicates": len(runs),
+                                 "measured": measured, "spread": spread}
+        if predicted is not None:
+            p = predicted(rate, prompts_for(rate))
+            point["predicted"] = {k: v for k, v in p["metrics"].items() if k in METRICS}
+            point["error"] = {k: point["predicted"][k]["predicted"] / measured[k] - 1
+                              for k in point["predicted"] if measured.get(k)}
+            point["inside_range"] = {k: point["predicted"][k]["low"] <= measured[k] <= point["predicted"][k]["high"]
+                                     for k in point["predicted"] if k in measured}
+        points.append(point)
+    errors = [abs(e) for p in points for e in (p.get("error") or {}).values() if not math.isnan(e)]
+    return {"schema": SCHEMA, "folder": str(out), "points": points,
+            "median_abs_error": statistics.median(errors) if errors else None}
+
+
+def predictor(run: str | Path, bounds: Sequence[tuple[str, str, float]] = ()) \
+        -> tuple[Callable[[float, int], dict[str, Any]], dict[str, Any]]:
+    """The model calibrated on `run` (a full-load run of the swept configuration): its prediction of a point
+    (rate, prompts), and its frontier within `bounds` (which chooses the rates)."""
+    from profkit.errors import ProfkitError
+    from profkit.model.frontier import canonical_metric, frontier, point_at
+    from profkit.model.observe import Unobservable, observe
+    from profkit.model.predict import DEFAULT_NOISE, calibrate, configured
+    from profkit.model.refusals import unreproduced
+    from profkit.model.search import Bound
+    from profkit.report.build import build_report
+
+    try:
+        cal = calibrate(observe(build_report(run).document()))
+        checked = [Bound(canonical_metric(m), op, v) for m, op, v in bounds]
+    except (Unobservable, ValueError) as exc:
+        raise ProfkitError(f"--from {run}: {exc}") from None
+    if (miss := unreproduced(cal)) is not None:
+        raise ProfkitError(f"--from {run}: the model does not reproduce this run ({miss})")
+    conf = configured(cal, {})
+    spread = DEFAULT_NOISE + max(cal.fit_error.values(), default=0.0)
+    return (lambda rate, prompts: point_at(cal, conf, rate, prompts, spread).document(),
+            frontier(cal, {}, checked).document())

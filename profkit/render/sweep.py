@@ -1,0 +1,41 @@
+"""`profkit sweep`'s result (`profkit.sweep/1`) in the terminal: each rate's measured figures beside the model's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from profkit.escape import document, terminal
+
+COLUMNS = (("req/s", "request_throughput"), ("TTFT p50", "p50_ttft_ms"), ("TTFT p99", "p99_ttft_ms"),
+           ("TPOT p50", "p50_tpot_ms"), ("TPOT p99", "p99_tpot_ms"), ("E2E p99", "p99_e2el_ms"))
+
+
+def _num(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.1f}" if abs(v) >= 10 else f"{v:.2f}"
+
+
+def _cell(p: dict[str, Any], key: str) -> str:
+    measured = _num(p["measured"].get(key))
+    pred = (p.get("predicted") or {}).get(key)
+    if pred is None:
+        return measured
+    inside = "" if (p.get("inside_range") or {}).get(key) else "!"
+    return f"{measured} / {_num(pred['predicted'])}{inside} ({p['error'][key] * 100:+.0f}%)"
+
+
+def sweep_text(doc: dict[str, Any]) -> str:
+    predicted = any("predicted" in p for p in doc["points"])
+    out = [f"profkit sweep: {terminal(doc['folder'])}: {len(doc['points'])} rate(s), "
+           f"{doc.get('seconds', 0):.0f} s with the server's start-up ({doc.get('startup_s', 0):.0f} s)"]
+    if predicted:
+        err = doc.get("median_abs_error")
+        out.append("  measured / predicted (error; ! outside the predicted range); latencies in ms"
+                   + (f"; median |error| {err * 100:.0f} %" if err is not None else ""))
+    header = ["rate", "runs", *(c for c, _ in COLUMNS)]
+    rows = [[f"{p['rate']:g}", str(p["replicates"]), *(_cell(p, k) for _, k in COLUMNS)] for p in doc["points"]]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
+    out.append("  " + "  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True)))
+    out += ["  " + "  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    return document("\n".join(out) + "\n")

@@ -1,0 +1,100 @@
+"""`profkit sweep`, the measured frontier, run through the CLI against the stand-in `vllm` replaying the 8B's recorded
+sweep on an H200 (tests/data/h200_model_led: `vllm bench serve` at six request rates against one server): the
+stand-in serves a recorded point for a rate it was recorded at and refuses any other, so each run's flags (rate,
+prompts, seed) are the code's under test."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from pathlib import Path
+
+import pytest
+
+from profkit.compare.sweep import chosen_rates, prompts_for
+from tests.cli import one_error_line, profkit
+from tests.conftest import unpack
+from tests.test_capture import FAKES, free_port
+
+RATES = (6.65, 11.09, 15.52, 18.85, 22.18, 26.61)  # as recorded
+BENCH = ("--dataset-name random --random-input-len 1024 --random-output-len 256 --ignore-eos "
+         "--percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,90,99")
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return unpack(tmp_path_factory, "h200_model_led")
+
+
+def sweep(recorded: Path, tmp: Path, *options: object) -> tuple:
+    model = tmp / "model"
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text((recorded / "sweep" / "capture" / "r1" / "model-config.json").read_text())
+    env = {**os.environ, "PATH": f"{FAKES}:{os.environ['PATH']}", "FAKE_VLLM_RECORDED": str(recorded / "sweep"),
+           "FAKE_VLLM_STATE": str(tmp), "FAKE_GPU": "NVIDIA H200, 580.159.04"}
+    return profkit("sweep", *options, "--out", tmp / "out", "--port", free_port(), "serve", "--model", model,
+                   "--server-args", "--max-model-len 2048 --load-format dummy", "--bench-args", BENCH, env=env,
+                   timeout=300)
+
+
+def test_the_sweep_measures_each_rate_and_puts_the_prediction_beside_it(recorded: Path, tmp_path: Path) -> None:
+    r = sweep(recorded, tmp_path, "--rates", ",".join(map(str, RATES)),
+              "--from", recorded / "sweep" / "capture" / "r2")
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = json.loads((tmp_path / "out" / "sweep.json").read_text())
+    assert [p["rate"] for p in doc["points"]] == list(RATES)
+    for p in doc["points"]:
+        rec = json.loads((recorded / "sweep" / "defaults" / f"rate-{p['rate']}.json").read_text())
+        assert p["prompts"] == rec["num_prompts"] == prompts_for(p["rate"])  # 40 s of prompts, as recorded
+        assert p["measured"]["p99_ttft_ms"] == rec["p99_ttft_ms"] and p["replicates"] == 1
+        assert p["error"]["request_throughput"] == pytest.approx(
+            p["predicted"]["request_throughput"]["predicted"] / rec["request_throughput"] - 1)
+        run = tmp_path / "out" / f"rate-{p['rate']:g}" / "r1"
+        words = json.loads((run / "manifest.json").read_text())["user_commands"][1]
+        assert words[words.index("--request-rate") + 1] == f"{p['rate']}"
+    seeds = [json.loads((tmp_path / "out" / f"rate-{r:g}" / "r1" / "manifest.json").read_text())["session"]["seed"]
+             for r in RATES]
+    assert len(set(seeds)) == len(RATES)  # each run its own prompts
+    # the throughput served below the knee is predicted within 5 % (tests/test_frontier.py says what is not)
+    assert all(abs(p["error"]["request_throughput"]) < 0.05 for p in doc["points"][:-1])
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith(f"profkit sweep: {tmp_path / 'out'}: 6 rate(s), ")
+    assert lines[3].split()[:4] == ["6.65", "1", "6.44", "/"]
+
+
+def test_a_rate_that_was_not_recorded_is_refused_by_the_stand_in(recorded: Path, tmp_path: Path) -> None:
+    r = sweep(recorded, tmp_path, "--rates", "7")
+    line = one_error_line(r, "vllm bench serve", progress=True)
+    assert r.returncode != 0 and "see" in line
+
+
+def test_the_rates_come_from_the_predicted_frontier_around_its_knee_and_the_bounds_edge(recorded: Path,
+                                                                                       tmp_path: Path) -> None:
+    from profkit.model.frontier import frontier
+    from profkit.model.observe import observe
+    from profkit.model.predict import calibrate
+    from profkit.model.search import Bound
+    from profkit.report import build_report
+
+    cal = calibrate(observe(build_report(recorded / "sweep" / "capture" / "r2").document()))
+    front = frontier(cal, {}, [Bound("p99_tpot_ms", "<=", 15)]).document()
+    rates = chosen_rates(front)
+    capacity = front["capacity"]["metrics"]["request_throughput"]["predicted"]
+    good = front["goodput"]["rate"]
+    assert {round(capacity * s, 2) for s in (0.5, 0.75, 0.9, 1.0)} <= set(rates)
+    assert {round(good * s, 2) for s in (0.9, 1.0, 1.1)} <= set(rates) and rates == sorted(rates)
+    r = sweep(recorded, tmp_path, "--from", recorded / "sweep" / "capture" / "r2", "--slo", "p99_tpot_ms<=15",
+              "--dry-run")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == f"rates: {', '.join(f'{x:g}' for x in rates)} req/s"
+    benches = [shlex.split(line) for line in lines[3:]]
+    assert [float(b[b.index("--request-rate") + 1]) for b in benches] == rates
+    assert [int(b[b.index("--num-prompts") + 1]) for b in benches] == [prompts_for(x) for x in rates]
+
+
+def test_a_sweep_needs_its_rates_or_a_run_to_choose_them(recorded: Path, tmp_path: Path) -> None:
+    one_error_line(sweep(recorded, tmp_path), "give --rates, or --from RUN")
+    one_error_line(sweep(recorded, tmp_path, "--rates", "5,x"), "request rates, e.g. 5,10,15")
+    one_error_line(sweep(recorded, tmp_path, "--slo", "p99_ttft_ms<=9"), "add --from RUN")
