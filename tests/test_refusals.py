@@ -99,3 +99,15 @@ def test_a_run_of_another_vllm_version_says_whose_defaults_it_assumes(tmp_path: 
                                     "vLLM 0.26.0's")
     same = json.loads(profkit("predict", SAMPLE, "--format", "json", "--", "--max-num-seqs", "512").stdout)
     assert not any("vLLM 0.26.0's" in r for r in same["reasoning"])
+
+
+def test_a_flag_taken_back_to_vllms_default_is_said_default_and_a_bad_value_is_one_line() -> None:
+    """`--gpu-memory-utilization default` is the flag removed (what the prescription writes `not set`): the same
+    prediction as `None`, vLLM's 0.92 in force; a value the flag does not take is one line, never an internal error."""
+    said, same = (json.loads(profkit("predict", SAMPLE, "--format", "json", "--", "--gpu-memory-utilization",
+                                     value).stdout) for value in ("default", "0.92"))
+    assert said["changes"] == {"gpu_memory_utilization": 0.92}  # vLLM's default, said
+    assert said["changes_text"] == "--gpu-memory-utilization default"
+    assert said["metrics"]["request_throughput"] == same["metrics"]["request_throughput"]
+    one_error_line(profkit("predict", SAMPLE, "--", "--max-num-seqs", "many"),
+                   "changes: --max-num-seqs many: a value vLLM would not take")

@@ -32,7 +32,8 @@ def parse_changes(text: str) -> dict[str, Any]:
         raise ProfkitError(f"changes: {exc}") from None
     if not flags:
         raise ProfkitError(f"changes: no vLLM flag in {text!r} (give them after --, e.g. -- --max-num-seqs 256)")
-    return flags
+    # `--flag default`: the flag removed, vLLM's default in force (what the prescription writes as "not set")
+    return {k: None if isinstance(v, str) and v.lower() in ("default", "none") else v for k, v in flags.items()}
 
 
 def _calibrated(run: str | os.PathLike | None, evidence: Evidence | None) -> Any:
@@ -123,6 +124,9 @@ def predict_run(run: str | os.PathLike | None, changes: str, evidence: Evidence 
         raise ProfkitError(f"changes: not predicted: {exc}") from None
     except Infeasible as exc:
         raise ProfkitError(f"changes: {changes}: vLLM could not serve this workload so ({exc})") from None
+    except (ValueError, TypeError) as exc:  # a value the flag does not take ('--max-num-seqs many')
+        raise ProfkitError(f"changes: {changes}: a value vLLM would not take ({exc}; `--flag default` removes a "
+                           "flag)") from None
     bound = host_bound(obs)
     prediction.update(
         source={"path": None if run is None else str(run), "gpu": obs.gpu},
