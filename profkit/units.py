@@ -148,6 +148,13 @@ def parse_duration(text: str) -> int:
     return value
 
 
+def figure(value: float | None) -> str:
+    """A predicted or measured figure at the precision it deserves: 3 significant digits, thousands separated."""
+    if value is None:
+        return "-"
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.1f}" if abs(value) >= 10 else f"{value:.2f}"
+
+
 def number(value: float | int | None, decimals: int = 0) -> str:
     """A count or measurement the same way in every format: thousands separated, `decimals` places."""
     return "-" if value is None else f"{value:,.{decimals}f}"

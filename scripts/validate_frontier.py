@@ -28,19 +28,8 @@ SWEEPS = [  # name, the capture it is predicted from, the sweep, the changes fro
 KEYS = ["request_throughput", "p50_ttft_ms", "p99_ttft_ms", "p50_tpot_ms", "p99_tpot_ms", "p99_e2el_ms"]
 
 
-def measured_goodput(points: list[dict], bound) -> float:
-    last = None
-    for m in points:
-        if not bound.holds(m[bound.metric]):
-            if last is None:
-                return 0.0
-            f = (bound.value - last[bound.metric]) / (m[bound.metric] - last[bound.metric])
-            return last["request_rate"] + f * (m["request_rate"] - last["request_rate"])
-        last = m
-    return last["request_rate"] if last else 0.0
-
-
 def main() -> None:
+    from profkit.compare.sweep import measured_goodput
     from profkit.model.frontier import frontier, point_at
     from profkit.model.observe import observe
     from profkit.model.predict import DEFAULT_NOISE, calibrate, configured

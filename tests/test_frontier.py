@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from profkit.compare.sweep import measured_goodput
 from profkit.model.frontier import canonical_metric, frontier, keeps_up, point_at
 from profkit.model.observe import observe
 from profkit.model.predict import DEFAULT_NOISE, calibrate, configured
@@ -47,19 +48,6 @@ def calibrated(folder: Path):
 
 def sweep_points(folder: Path) -> list[dict]:
     return sorted((json.loads(f.read_text()) for f in folder.glob("rate-*.json")), key=lambda m: m["request_rate"])
-
-
-def measured_goodput(points: list[dict], bound: Bound) -> float:
-    """The largest rate whose measured value meets the bound, linearly between the last that does and the next."""
-    last = None
-    for m in points:
-        if not bound.holds(m[bound.metric]):
-            if last is None:
-                return 0.0
-            f = (bound.value - last[bound.metric]) / (m[bound.metric] - last[bound.metric])
-            return last["request_rate"] + f * (m["request_rate"] - last["request_rate"])
-        last = m
-    return last["request_rate"] if last else 0.0
 
 
 @pytest.mark.parametrize("name", sorted(SWEEPS))

@@ -28,6 +28,20 @@ KNEE = (0.5, 0.75, 0.9, 1.0)  # shares of the predicted capacity measured withou
 EDGE = (0.9, 1.1)  # around a bound's edge: shares of the predicted goodput
 
 
+def measured_goodput(points: Sequence[dict[str, Any]], bound: Any) -> float:
+    """The largest request rate whose measured value meets `bound` (a `profkit.model.search.Bound`), linearly between
+    the last point that does and the next; `points`: `vllm bench serve` results, ascending by request rate."""
+    last = None
+    for m in points:
+        if not bound.holds(m[bound.metric]):
+            if last is None:
+                return 0.0
+            f = (bound.value - last[bound.metric]) / (m[bound.metric] - last[bound.metric])
+            return last["request_rate"] + f * (m["request_rate"] - last["request_rate"])
+        last = m
+    return last["request_rate"] if last else 0.0
+
+
 def prompts_for(rate: float) -> int:
     """A point's prompt count: SECONDS of its rate (at least MIN_PROMPTS)."""
     return max(MIN_PROMPTS, int(rate * SECONDS))

@@ -9,6 +9,7 @@ from typing import Any
 
 from profkit.escape import document, terminal
 from profkit.render.prescription import fmt_metric, metric_rows, metric_table
+from profkit.units import figure
 
 
 def prediction_view(doc: dict[str, Any]) -> dict[str, Any]:
@@ -49,7 +50,7 @@ def search_rows(doc: dict[str, Any]) -> list[dict[str, str]]:
 def _goodput_cell(good: dict[str, Any] | None) -> str:
     if good is None:
         return ""
-    return f"{_num(good['rate'])} ({_num(good['low'])}-{_num(good['high'])})" if good["rate"] > 0 else "none"
+    return f"{figure(good['rate'])} ({figure(good['low'])}-{figure(good['high'])})" if good["rate"] > 0 else "none"
 
 
 def _search_view(doc: dict[str, Any]) -> dict[str, Any]:
@@ -91,11 +92,6 @@ FRONTIER_COLUMNS = (("rate (req/s)", None), ("req/s", "request_throughput"),
                     ("E2E p50", "p50_e2el_ms"), ("p99", "p99_e2el_ms"))
 
 
-def _num(v: float | None) -> str:
-    if v is None:
-        return "-"
-    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.1f}" if abs(v) >= 10 else f"{v:.2f}"
-
 
 def _beyond(binding: str | None) -> str:
     if binding is None:
@@ -109,8 +105,8 @@ def frontier_view(doc: dict[str, Any]) -> dict[str, Any]:
 
     def row(p: dict[str, Any]) -> list[str]:
         m = p["metrics"]
-        return ["all at once" if p["rate"] is None else _num(p["rate"]),
-                *(_num(m[k]["predicted"]) for _, k in FRONTIER_COLUMNS[1:])]
+        return ["all at once" if p["rate"] is None else figure(p["rate"]),
+                *(figure(m[k]["predicted"]) for _, k in FRONTIER_COLUMNS[1:])]
 
     cap = f["capacity"]["metrics"]
     rt, out = cap["request_throughput"], cap["output_throughput_per_gpu"]
@@ -118,7 +114,7 @@ def frontier_view(doc: dict[str, Any]) -> dict[str, Any]:
     bounds = ", ".join(f.get("bounds") or [])
     goodput = None
     if good:
-        goodput = (f"within {bounds}: {_num(good['rate'])} req/s (range {_num(good['low'])}-{_num(good['high'])})"
+        goodput = (f"within {bounds}: {figure(good['rate'])} req/s (range {figure(good['low'])}-{figure(good['high'])})"
                    + _beyond(good.get("binding")) if good["rate"] > 0
                    else f"within {bounds}: none (at the lowest rate "
                         + ("the queue grows)" if good.get("binding") == "capacity"
@@ -126,8 +122,8 @@ def frontier_view(doc: dict[str, Any]) -> dict[str, Any]:
     return {"source": (doc.get("source") or {}).get("path") or "the evidence given",
             "changes": doc.get("changes_text") or "", "header": [c for c, _ in FRONTIER_COLUMNS],
             "rows": [row(p) for p in f["points"]] + [row(f["capacity"])],
-            "capacity": f"{_num(rt['predicted'])} req/s (range {_num(rt['low'])}-{_num(rt['high'])}), "
-                        f"{_num(out['predicted'])} output tok/s per GPU ({f['gpus']} GPU(s))",
+            "capacity": f"{figure(rt['predicted'])} req/s (range {figure(rt['low'])}-{figure(rt['high'])}), "
+                        f"{figure(out['predicted'])} output tok/s per GPU ({f['gpus']} GPU(s))",
             "goodput": goodput}
 
 

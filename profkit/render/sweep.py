@@ -5,24 +5,20 @@ from __future__ import annotations
 from typing import Any
 
 from profkit.escape import document, terminal
+from profkit.units import figure
 
 COLUMNS = (("req/s", "request_throughput"), ("TTFT p50", "p50_ttft_ms"), ("TTFT p99", "p99_ttft_ms"),
            ("TPOT p50", "p50_tpot_ms"), ("TPOT p99", "p99_tpot_ms"), ("E2E p99", "p99_e2el_ms"))
 
 
-def _num(v: float | None) -> str:
-    if v is None:
-        return "-"
-    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.1f}" if abs(v) >= 10 else f"{v:.2f}"
-
 
 def _cell(p: dict[str, Any], key: str) -> str:
-    measured = _num(p["measured"].get(key))
+    measured = figure(p["measured"].get(key))
     pred = (p.get("predicted") or {}).get(key)
     if pred is None:
         return measured
     inside = "" if (p.get("inside_range") or {}).get(key) else "!"
-    return f"{measured} / {_num(pred['predicted'])}{inside} ({p['error'][key] * 100:+.0f}%)"
+    return f"{measured} / {figure(pred['predicted'])}{inside} ({p['error'][key] * 100:+.0f}%)"
 
 
 def sweep_text(doc: dict[str, Any]) -> str:

@@ -9,7 +9,8 @@ flags as the user writes them) would do. The library entry behind the command:
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from profkit.errors import ProfkitError
@@ -45,6 +46,17 @@ def _calibrated(run: str | os.PathLike | None, evidence: Evidence | None) -> Any
 
 
 GOODPUT_CANDIDATES = 8  # the search's best configurations whose frontiers a goodput ranking compares
+
+
+@contextmanager
+def _said_of(changes: str | None) -> Iterator[None]:
+    """The model's refusal of `changes`, or a configuration vLLM could not serve the workload with: one line."""
+    try:
+        yield
+    except Refused as exc:
+        raise ProfkitError(f"changes: not predicted: {exc}") from None
+    except Infeasible as exc:
+        raise ProfkitError(f"changes: {changes}: vLLM could not serve this workload so ({exc})") from None
 
 
 def _refuse_unreproduced(cal: Any, run: str | os.PathLike | None) -> None:
@@ -117,13 +129,10 @@ def predict_run(run: str | os.PathLike | None, changes: str, evidence: Evidence 
     try:
         cal = calibrate(obs)
         _refuse_unreproduced(cal, run)
-        prediction = predict(cal, asked, noise=noise).document()
+        with _said_of(changes):
+            prediction = predict(cal, asked, noise=noise).document()
     except Unobservable as exc:
         raise ProfkitError(f"{run or 'the evidence'}: cannot model this run: {exc}") from None
-    except Refused as exc:
-        raise ProfkitError(f"changes: not predicted: {exc}") from None
-    except Infeasible as exc:
-        raise ProfkitError(f"changes: {changes}: vLLM could not serve this workload so ({exc})") from None
     except (ValueError, TypeError) as exc:  # a value the flag does not take ('--max-num-seqs many')
         raise ProfkitError(f"changes: {changes}: a value vLLM would not take ({exc}; `--flag default` removes a "
                            "flag)") from None
@@ -155,11 +164,8 @@ def frontier_run(run: str | os.PathLike | None, changes: str | None = None, evid
     where = run or "the evidence"
     _refuse_unreproduced(cal, run)
     try:
-        f = frontier(cal, asked, bounds, noise=noise)
-    except Refused as exc:
-        raise ProfkitError(f"changes: not predicted: {exc}") from None
-    except Infeasible as exc:
-        raise ProfkitError(f"changes: {changes}: vLLM could not serve this workload so ({exc})") from None
+        with _said_of(changes):
+            f = frontier(cal, asked, bounds, noise=noise)
     except ValueError as exc:
         raise ProfkitError(f"{where}: no frontier: {exc}") from None
     return {"schema": "profkit.prediction/1", "source": {"path": None if run is None else str(run),

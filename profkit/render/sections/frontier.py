@@ -7,15 +7,11 @@ from __future__ import annotations
 from typing import Any
 
 from profkit.render.sections.table import text_table
+from profkit.units import figure
 
 LATENCY_NOTE = ("below the knee the model under-predicts latencies (TTFT by 20-55 % on measured sweeps): "
                 "read the curves' shapes, and measure the rate you need")
 
-
-def _num(v: float | None) -> str:
-    if v is None:
-        return "-"
-    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.1f}" if abs(v) >= 10 else f"{v:.2f}"
 
 
 def _side(f: dict[str, Any]) -> list[dict[str, Any]]:
@@ -36,13 +32,13 @@ def view(report: dict[str, Any], top: int) -> dict[str, Any] | None:
     for side in ("before", "after"):
         for p in _side(f[side]):
             rows.append({"side": "prescribed" if side == "after" else "as run",
-                         "rate": "all at once" if p["rate"] is None else _num(p["rate"]),
-                         **{k: _num(p[k]) for k in ("served", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99")},
+                         "rate": "all at once" if p["rate"] is None else figure(p["rate"]),
+                         **{k: figure(p[k]) for k in ("served", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99")},
                          "note": "" if p["keeps_up"] else "queue grows"})
     caps = {side: f[side]["capacity"]["metrics"]["request_throughput"] for side in ("before", "after")}
     return {"rows": rows, "note": LATENCY_NOTE,
-            "capacity": f"{_num(caps['before']['predicted'])} → {_num(caps['after']['predicted'])} req/s "
-                        f"(range {_num(caps['after']['low'])}-{_num(caps['after']['high'])})",
+            "capacity": f"{figure(caps['before']['predicted'])} → {figure(caps['after']['predicted'])} req/s "
+                        f"(range {figure(caps['after']['low'])}-{figure(caps['after']['high'])})",
             "curves": {side: _side(f[side]) for side in ("before", "after")}}
 
 
