@@ -432,6 +432,9 @@ def capture(tool: str, out: Path | None, dry_run: bool, capture_range: bool, del
                    f"profkit diff {where} OTHER)", err=True)
 
 
+MAX_SWEEP_RATE = 10_000  # req/s: each rate sends 40 s of prompts; past this a typo, not a load
+
+
 @cli.command(context_settings={"ignore_unknown_options": True})
 @click.option("--rates", help="request rates to measure, comma-separated, e.g. 5,10,15 (default: chosen from --from's "
                                "predicted frontier: its knee and the --slo bounds' edge)")
@@ -473,8 +476,9 @@ def sweep(rates: str | None, from_run: str | None, slos: tuple[str, ...], replic
             chosen = sorted({float(r) for r in rates.split(",") if r.strip()})
         except ValueError:
             raise click.BadParameter(f"{rates!r}: request rates, e.g. 5,10,15", param_hint="--rates") from None
-        if not chosen or chosen[0] <= 0 or not all(map(math.isfinite, chosen)):
-            raise click.BadParameter(f"{rates!r}: positive request rates, e.g. 5,10,15", param_hint="--rates")
+        if not chosen or chosen[0] <= 0 or not all(map(math.isfinite, chosen)) or chosen[-1] > MAX_SWEEP_RATE:
+            raise click.BadParameter(f"{rates!r}: positive request rates up to {MAX_SWEEP_RATE:,} req/s, e.g. "
+                                     "5,10,15", param_hint="--rates")
     elif front is not None:
         chosen = chosen_rates(front)
     else:

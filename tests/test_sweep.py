@@ -98,3 +98,12 @@ def test_a_sweep_needs_its_rates_or_a_run_to_choose_them(recorded: Path, tmp_pat
     one_error_line(sweep(recorded, tmp_path), "give --rates, or --from RUN")
     one_error_line(sweep(recorded, tmp_path, "--rates", "5,x"), "request rates, e.g. 5,10,15")
     one_error_line(sweep(recorded, tmp_path, "--slo", "p99_ttft_ms<=9"), "add --from RUN")
+
+
+def test_a_rate_past_any_load_and_a_malformed_bound_are_one_line(recorded: Path, tmp_path: Path) -> None:
+    """1e9 req/s would send 40 billion prompts: refused before anything starts; a bound that is not METRIC<OP>VALUE
+    names the flag it came with (--slo, not diff's --fail-on)."""
+    one_error_line(sweep(recorded, tmp_path, "--rates", "1e9", "--dry-run"), "up to 10,000 req/s")
+    line = one_error_line(profkit("predict", "samples/vllm_14b_kv_bound", "--frontier", "--slo", "p99_ttft_ms<=1e400"),
+                          "--slo 'p99_ttft_ms<=1e400': expected METRIC<OP>VALUE, e.g. 'p99_ttft_ms<=2000'")
+    assert "--fail-on" not in line

@@ -38,11 +38,14 @@ class Condition:
         return actual is not None and _OPS[self.op](actual, self.value)
 
 
-def parse_condition(text: str) -> Condition:
+FAIL_ON_EXAMPLES = "'request_throughput<-5%', 'p99_ttft_ms>+10%', 'gpu.utilization<-0.05', 'p99_ttft_ms>2000'"
+
+
+def parse_condition(text: str, option: str = "--fail-on", examples: str = FAIL_ON_EXAMPLES) -> Condition:
+    """`METRIC<OP>VALUE`; a text that is not one is a line naming `option` (the flag it came with) and `examples`."""
     m = _COND.fullmatch(text)
     if not m:
-        raise ProfkitError(f"--fail-on {text!r}: expected METRIC<OP>VALUE, e.g. 'request_throughput<-5%', "
-                           "'p99_ttft_ms>+10%', 'gpu.utilization<-0.05', 'p99_ttft_ms>2000'")
+        raise ProfkitError(f"{option} {text!r}: expected METRIC<OP>VALUE, e.g. {examples}")
     name, op, sign, number, percent = m.groups()
     value = float(sign + number)
     kind = "relative" if percent else "absolute" if sign else "value"

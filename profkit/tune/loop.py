@@ -88,7 +88,7 @@ class Run:
 
 def parse_slo(text: str) -> Condition:
     """`p99_ttft_ms<=2000`: a bound on a metric's value (the mean of a configuration's runs)."""
-    cond = parse_condition(text)
+    cond = parse_condition(text, "--slo", "'p99_ttft_ms<=2000', 'request_throughput>=10'")
     if cond.kind != "value":
         raise ProfkitError(f"--slo {text!r}: an SLO bounds a value, e.g. 'p99_ttft_ms<=2000' (no sign, no %)")
     return cond
