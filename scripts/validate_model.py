@@ -1,9 +1,14 @@
-"""The model of the run against measured (run, change) pairs: every pair recorded on the H100 in tests/data, each
-baseline replicate's report calibrating the model, its prediction of the changed configuration compared with what
-the changed configuration measured (the mean of its replicates).
+"""The model of the run against measured (run, change) pairs: every pair recorded in tests/data (H100s and H200s),
+each baseline replicate's report calibrating the model, its prediction of the changed configuration compared with
+what the changed configuration measured (the mean of its replicates).
 
     python scripts/validate_model.py            # the table, Markdown, on stdout
-    python scripts/validate_model.py --json     # one row per (pair, baseline replicate)
+    python scripts/validate_model.py --json     # one row per (pair, baseline replicate, metric)
+    python scripts/validate_model.py --write    # the rows profkit ships (profkit/model/validation.json): each
+                                                # prediction's range takes the held-out errors of its classes
+
+Provenance: a pair is in-sample where a constant of the model was read off its recordings (P1-P9: the FP8 factors,
+the host's CPU constants; P19: the eager launch cost), held-out otherwise.
 
 The tiny model's folders and h100_host/ctl have no config.json: make_model.py's shapes are written here (the
 fixtures' README names them).
@@ -42,12 +47,60 @@ def _layout_pair(pid: str, load: str, before: str, after: str) -> tuple:
     return (pid, f"{before.upper()[:2]}=2 -> {after.upper()[:2]}=2", limit, "h200_tp2.tar.xz", *runs, LAYOUTS[after])
 
 
+# replicates of a configuration of tests/data/h200_model_led where not 3 (B's FP8 pair: the third did not finish;
+# lease 3 ran 2 a configuration; its api1 ran out of device time after 1)
+REPLICATES = {"B/fp8pair": 2, "A3/tune/runs/01-baseline": 2, "A3/tune/runs/03-model": 2, "A3/tune/runs/05-model": 2,
+              "api1": 1}
+
+
+def _led_pair(pid: str, change: str, limit: str, before: str, after: str, changes: dict) -> tuple:
+    """A pair of tests/data/h200_model_led: a start or configuration against another, every replicate of each."""
+    runs = [[f"h200_model_led/{side}/r{i}" for i in range(1, REPLICATES.get(side, 3) + 1)] for side in (before, after)]
+    return (pid, change, limit, "h200_model_led.tar.xz", *runs, changes)
+
+
+FP8 = {"quantization": "fp8", "kv_cache_dtype": "fp8"}
+# recorded on H200s after the model led the decisions (tests/data/h200_model_led.README.md): held-out
+LED = [
+    ("Q1", "A: caps and eager undone, FP8 weights, 2 API servers", "API-server-bound (8B, 256/768)",
+     "A/tune/runs/01-baseline", "A/tune/runs/04-model",
+     {"max_num_seqs": None, "enforce_eager": False, "quantization": "fp8", "api_server_count": 2}),
+    ("Q2", "A: as Q1, 4 API servers, FP8 KV cache", "API-server-bound (8B, 256/768)", "A/tune/runs/01-baseline",
+     "A/tune/runs/07-model", {"max_num_seqs": None, "enforce_eager": False, "api_server_count": 4, **FP8}),
+    ("Q3", "A2: FP8 weights, 2 API servers", "API-server-bound (8B, 256/768)", "A2/defaults", "A2/prescribed",
+     {"api_server_count": 2, "quantization": "fp8"}),
+    ("Q4", "A2: FP8 weights and KV cache", "API-server-bound (8B, 256/768)", "A2/defaults", "A2/fp8pair", FP8),
+    ("Q5", "B: 32,768 batched tokens, memory to the default, FP8 pair", "KV capacity (8B, 3,072/128)",
+     "B/tune/runs/01-baseline", "B/tune/runs/04-model",
+     {"max_num_batched_tokens": 32768, "gpu_memory_utilization": None, **FP8}),
+    ("Q6", "B: FP8 weights and KV cache", "KV capacity (8B, 3,072/128)", "B/tune/runs/01-baseline", "B/prescribed",
+     FP8),
+    ("Q7", "B defaults: FP8 weights and KV cache", "GPU-bound (8B, 3,072/128)", "B/defaults", "B/fp8pair", FP8),
+    ("Q8", "B: memory and batched tokens to the defaults", "KV capacity (8B, 3,072/128)", "B/tune/runs/01-baseline",
+     "B/defaults", {"gpu_memory_utilization": None, "max_num_batched_tokens": None}),
+    ("Q9", "C: cap lifted, FP8 pair", "batch cap at 30 req/s (14B, 512/512 mixed)", "C/tune/runs/01-baseline",
+     "C/tune/runs/04-model", {"max_num_seqs": None, **FP8}),
+    ("Q10", "C: caps to the defaults", "batch cap at 30 req/s (14B, 512/512 mixed)", "C/tune/runs/01-baseline",
+     "C/defaults", {"max_num_seqs": None, "max_num_batched_tokens": None}),
+    # lease 3 (one H200, 16 cores): start A at 800 prompts, tuned; FP8 weights at one API server
+    ("Q11", "A3: caps and eager undone, FP8 weights, 2 API servers", "API-server-bound (8B, 256/768, 800)",
+     "A3/tune/runs/01-baseline", "A3/tune/runs/03-model",
+     {"max_num_seqs": None, "enforce_eager": False, "quantization": "fp8", "api_server_count": 2}),
+    ("Q12", "A3's best + FP8 KV cache", "API-server-bound (8B, 256/768, 800)", "A3/tune/runs/03-model",
+     "A3/tune/runs/05-model", {"kv_cache_dtype": "fp8"}),
+    ("Q13", "FP8 weights: 1 -> 2 API servers", "API-server-bound (8B, 256/768, 800)", "api1",
+     "A3/tune/runs/03-model", {"api_server_count": 2}),
+    ("Q14", "FP8 weights: 2 -> 1 API server", "API-server-bound (8B, 256/768, 800)", "A3/tune/runs/03-model",
+     "api1", {"api_server_count": 1}),
+]
+IN_SAMPLE = {"P1", "P2", "P3", "P4", "P5", "P6", "P8", "P9", "P19"}
+
 PAIRS = [
     ("P1", "--kv-cache-memory-bytes 3e8 removed", "KV capacity (tiny)", "h100_tune.tar.xz",
      ["h100_tune/s1/runs/01-baseline", "h100_tune/s1/runs/02-baseline-replicate-1"],
-     ["h100_tune/s1/runs/03-kv-preemption", "h100_tune/def_serve"], {"kv_cache_memory_bytes": "default"}),
+     ["h100_tune/s1/runs/03-kv-preemption", "h100_tune/def_serve"], {"kv_cache_memory_bytes": None}),
     ("P2", "--kv-cache-memory-bytes 3e8 removed", "KV capacity (tiny, no host samples)", "vllm_serve_pair.tar.xz",
-     ["before/r1", "before/r2", "before/r3"], ["after/r1"], {"kv_cache_memory_bytes": "default"}),
+     ["before/r1", "before/r2", "before/r3"], ["after/r1"], {"kv_cache_memory_bytes": None}),
     ("P3", "--max-num-batched-tokens 16384", "frontend-bound (tiny)", "h100_tune.tar.xz",
      ["h100_tune/s1/runs/03-kv-preemption", "h100_tune/def_serve"], ["h100_tune/s1/runs/04-engine-core-bound"],
      {"max_num_batched_tokens": 16384}),
@@ -105,6 +158,7 @@ PAIRS = [
     *(_layout_pair(pid, load, before, after) for pid, load, before, after in (
         ("P20", "T", "tp2", "dp2"), ("P21", "T", "dp2", "tp2"),
         ("P22", "L", "tp2", "dp2"), ("P23", "L", "dp2", "tp2"))),
+    *(_led_pair(*pair) for pair in LED),
     ("P9", "KV cache squeezed to 2.32 GiB", "KV capacity, GPU-bound (14B)", "h100_host.tar.xz",
      ["h100_host/ctl"], [("h100_gpu_bound.tar.xz", "h100_gpu_bound/small_kv")],
      {"kv_cache_memory_bytes": 2.32 * GIB}),
@@ -128,10 +182,13 @@ def _bench(folder: Path) -> dict[str, float]:
             "mean_tpot_ms": b.tpot_mean_ms}
 
 
-def validate(work: Path) -> list[dict]:
+def validate(work: Path, only: set[str] | None = None) -> list[dict]:
+    """Every pair's rows (`only`: those pairs alone)."""
     from profkit.evidence.record import Evidence
+    from profkit.model.levers import families
     from profkit.model.observe import observe
     from profkit.model.predict import calibrate, predict
+    from profkit.model.validation import HELD_OUT
     from profkit.report import build_report
 
     tiny, big = work / "tiny-config.json", work / "big-config.json"
@@ -139,8 +196,12 @@ def validate(work: Path) -> list[dict]:
     big.write_text(json.dumps(BIG))
     rows = []
     for pid, change, limit, archive, bases, changed, changes in PAIRS:
+        if only is not None and pid not in only:
+            continue
         root = _unpacked(archive, work)
         measured: dict[str, list[float]] = {}
+        recordings = [f"{archive}:{b}" for b in bases] + [f"{c[0]}:{c[1]}" if isinstance(c, tuple) else
+                                                         f"{archive}:{c}" for c in changed]
         for c in changed:
             folder = _unpacked(c[0], work) / c[1] if isinstance(c, tuple) else root / c
             for k, v in _bench(folder).items():
@@ -151,17 +212,13 @@ def validate(work: Path) -> list[dict]:
             config = None if (folder / "model-config.json").is_file() else big if "14B" in limit else tiny
             doc = build_report(folder, Evidence.read(model_config=config)).document()
             cal = calibrate(observe(doc))
-            asked = dict(changes)
-            if asked.get("kv_cache_memory_bytes") == "default":
-                # the flag removed: vLLM's default budget (0.92 of the GPU's 79.18 GiB) less the weights and the
-                # start-up's activations (this model: ~1.5 GiB)
-                asked["kv_cache_memory_bytes"] = 0.92 * 79.18 * GIB - (cal.observation.memory.weights_bytes or 0) \
-                    - 1.5 * GIB
-            p = predict(cal, asked)
+            p = predict(cal, dict(changes), held_out=False)  # the model's own range: the band is built from these
             for metric, values in measured.items():
                 m = p.metrics[metric]
                 truth = statistics.fmean(values)
                 rows.append({"pair": pid, "change": change, "limit": limit, "baseline": base, "metric": metric,
+                             "families": list(families(changes)), "recordings": recordings,
+                             "provenance": "in-sample" if pid in IN_SAMPLE else HELD_OUT,
                              "before": m["before"], "predicted": m["predicted"], "low": m["low"], "high": m["high"],
                              "measured": truth, "replicates": len(values),
                              "error": m["predicted"] / truth - 1, "inside": m["low"] <= truth <= m["high"],
@@ -169,7 +226,30 @@ def validate(work: Path) -> list[dict]:
     return rows
 
 
+def with_coverage(rows: list[dict]) -> list[dict]:
+    """Each row with whether its measurement fell inside the range built without its own recordings."""
+    from profkit.model.validation import inside_held_out
+
+    for r in rows:
+        r["inside_held_out"] = inside_held_out(r, rows)
+    return rows
+
+
+def _summary(rows: list[dict], metric: str) -> str:
+    errors = [abs(r["error"]) for r in rows if r["metric"] == metric]
+    if not errors:
+        return "none"
+    inside = [r for r in rows if r["metric"] == metric]
+    return (f"{len({r['pair'] for r in inside})} pairs, {len(errors)} predictions: median |error| "
+            f"{statistics.median(errors) * 100:.1f}%, worst {max(errors) * 100:.1f}%; inside the model's own range "
+            f"{sum(r['inside'] for r in inside)}/{len(inside)}, inside the held-out range "
+            f"{sum(r['inside_held_out'] for r in inside)}/{len(inside)}")
+
+
 def table(rows: list[dict]) -> str:
+    from profkit.model.levers import LEVERS
+    from profkit.model.validation import HELD_OUT
+
     out = ["| pair | change | limit class | baseline | metric | before | predicted (range) | measured (n) | error |",
            "|---|---|---|---|---|---:|---:|---:|---:|"]
     for r in rows:
@@ -177,21 +257,41 @@ def table(rows: list[dict]) -> str:
                    f"{r['before']:.4g} | {r['predicted']:.4g} ({r['low']:.4g}-{r['high']:.4g}) | "
                    f"{r['measured']:.4g} ({r['replicates']}) | {r['error'] * 100:+.1f}%"
                    f"{'' if r['inside'] else ' (outside)'} |")
-    thr = [abs(r["error"]) for r in rows if r["metric"] == "request_throughput"]
-    inside = sum(r["inside"] for r in rows if r["metric"] == "request_throughput")
-    every = [abs(r["error"]) for r in rows]
-    out += ["", f"request throughput: median |error| {statistics.median(thr) * 100:.1f}%, worst "
-                f"{max(thr) * 100:.1f}%, inside the range {inside}/{len(thr)}; every metric: median "
-                f"{statistics.median(every) * 100:.1f}%, worst {max(every) * 100:.1f}%"]
+    out.append("")
+    for provenance in (HELD_OUT, "in-sample"):
+        for metric in ("request_throughput", "mean_ttft_ms", "mean_tpot_ms"):
+            chosen = [r for r in rows if r["provenance"] == provenance]
+            out.append(f"- {provenance}, {metric}: {_summary(chosen, metric)}")
+    out.append("")
+    out.append("| class of change | held-out pairs | request throughput: median error | worst | inside the held-out "
+               "range |")
+    out.append("|---|---:|---:|---:|---:|")
+    for family in dict.fromkeys(lever.family for lever in LEVERS):
+        held = [r for r in rows if r["provenance"] == HELD_OUT and family in r["families"]
+                and r["metric"] == "request_throughput"]
+        if not held:
+            out.append(f"| {family} | 0 | - | - | extrapolated |")
+            continue
+        errors = [abs(r["error"]) for r in held]
+        out.append(f"| {family} | {len({r['pair'] for r in held})} | {statistics.median(errors) * 100:.1f}% | "
+                   f"{max(errors) * 100:.1f}% | {sum(r['inside_held_out'] for r in held)}/{len(held)} |")
     return "\n".join(out)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--write", action="store_true", help="write profkit/model/validation.json")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        rows = validate(Path(tmp))
+        rows = with_coverage(validate(Path(tmp)))
+    if args.write:
+        from profkit.model.validation import ROWS
+
+        keep = ("pair", "change", "metric", "baseline", "families", "recordings", "provenance", "predicted", "low",
+                "high", "measured", "replicates", "inside_held_out")
+        ROWS.write_text(json.dumps({"schema": "profkit.validation/1", "rows": [{k: r[k] for k in keep} for r in rows]},
+                                   indent=1) + "\n")
     print(json.dumps(rows, indent=1, default=str) if args.json else table(rows))
     return 0
 

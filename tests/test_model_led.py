@@ -103,6 +103,24 @@ def test_the_recorded_tune_from_the_eager_capped_start(recorded: Path) -> None:
     assert rec["runs_used"] == rec["budget"] == 9
 
 
+def test_the_recorded_tune_from_the_eager_capped_start_at_800_prompts(recorded: Path) -> None:
+    """A again with runs of 35-154 s (800 prompts; lease 3, another host: 16 cores), tune with 2 replicates and a
+    budget of 6: its first candidate, the same as A's, measured 21.01 in runs 3-4: 98 % of the best of A2's grid at
+    800 prompts (its prescription, 21.44; lease 2's host had 32 cores). The second (the FP8 KV cache added) measured
+    16.44, far below its range (19.99-33.64), and was reverted."""
+    rec = json.loads((recorded / "A3" / "tune" / "tune.json").read_text())
+    assert [s["decision"] for s in rec["steps"]] == ["baseline", "keep", "revert"]
+    first, second = (rec["steps"][i]["candidate"] for i in (1, 2))
+    assert {c["flag"]: c["to"] for c in first["changes"]} == {
+        "--max-num-seqs": None, "--enforce-eager": None, "--quantization": "fp8", "--api-server-count": 2}
+    runs = recorded / "A3" / "tune" / "runs"
+    one, two = measured(runs / "03-model"), measured(runs / "05-model")
+    assert one >= 0.95 * grid_best(recorded / "A2") and rec["steps"][1]["runs"][-1]["seed"] == 1  # runs 3 and 4
+    assert {c["flag"]: c["to"] for c in second["changes"]} == {"--kv-cache-dtype": "fp8"}
+    assert two < second["predicted"]["low"]
+    assert all(json.loads(b.read_text())["duration"] >= 30 for b in runs.glob("*/r*/bench.json"))
+
+
 def prescribed(replicate: Path) -> tuple[dict, dict]:
     """Today's report on a recorded run: its prescription's changes ({flag: to}) and predicted request throughput."""
     from profkit.report import build_report
@@ -133,4 +151,7 @@ def test_the_reports_prescription_applied_in_one_restart_reaches_the_grids_best(
                        "--api-server-count": 2}
     a = measured(recorded / "A2" / "prescribed")
     assert a >= 0.95 * grid_best(recorded / "A2")
-    assert measured(recorded / "A" / "tune" / "runs" / "04-model") < rt["low"]  # the API servers over-predicted
+    # the API servers over-predicted (+22.5 % from this replicate): below the range even once widened to the
+    # held-out errors of the pairs sharing its classes of change (their 10th percentile: -16 %)
+    a320 = measured(recorded / "A" / "tune" / "runs" / "04-model")
+    assert a320 < 0.85 * rt["predicted"] and a320 < rt["low"]

@@ -81,12 +81,13 @@ def prescribe(doc: dict[str, Any], findings: list[Finding], noise: float | None 
     if set(chosen.changes) & levers.PRECISION and safe is not None and safe.gain() >= threshold:
         ap = safe.prediction
         alternative = {"changes": _described(safe.changes, cal, doc, findings),
-                       "predicted": {**ap.metrics, "limit_after": ap.limit_after},
+                       "predicted": {**ap.metrics, "limit_after": ap.limit_after, "validation": ap.validation},
                        "trade": f"{(chosen.gain() - safe.gain()) * 100:+.0f}% request throughput for a change of "
                                 "the model's precision"}
     described = _described(chosen.changes, cal, doc, findings)
     return Prescription(
-        limit=p.limit_before, changes=described, predicted={**p.metrics, "limit_after": p.limit_after},
+        limit=p.limit_before, changes=described,
+        predicted={**p.metrics, "limit_after": p.limit_after, "validation": p.validation},
         reasoning=p.reasoning, answers=sorted({r for c in described for r in c["answers"]}),
         unpredicted=_unpredicted(findings, set(chosen.changes)), alternative=alternative,
         frontier=_frontiers(cal, chosen.changes, noise))

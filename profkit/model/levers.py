@@ -21,6 +21,7 @@ class Lever:
     values: tuple[Any, ...]  # what the model may try, besides the run's own value and vLLM's default
     precision: bool  # a change of it changes the model's numerics: only with the user's leave
     reads: str  # what the simulation does with it, in words
+    family: str  # the class of change it makes: a prediction's range comes from that class's held-out errors
 
     @property
     def flag(self) -> str:
@@ -28,25 +29,38 @@ class Lever:
 
 
 LEVERS: tuple[Lever, ...] = (
-    Lever("max_num_seqs", (64, 128, 256, 512, 1024), False, "the most requests a step runs (the batch's cap)"),
+    Lever("max_num_seqs", (64, 128, 256, 512, 1024), False, "the most requests a step runs (the batch's cap)",
+          "scheduler caps"),
     Lever("max_num_batched_tokens", (2048, 4096, 8192, 16384, 32768), False,
-          "the most tokens a step computes (prompt chunks per step)"),
+          "the most tokens a step computes (prompt chunks per step)", "scheduler caps"),
     Lever("gpu_memory_utilization", (0.85, 0.9, 0.92), False,
-          "the GPU's memory vLLM may use: what the weights and activations leave of it is the KV cache"),
-    Lever("kv_cache_memory_bytes", (), False, "the KV cache's size set by hand (removed: vLLM sizes it)"),
-    Lever("kv_cache_dtype", ("auto", "fp8"), True, "a cached token's bytes (the cache's capacity) and its read cost"),
+          "the GPU's memory vLLM may use: what the weights and activations leave of it is the KV cache",
+          "KV cache size"),
+    Lever("kv_cache_memory_bytes", (), False, "the KV cache's size set by hand (removed: vLLM sizes it)",
+          "KV cache size"),
+    Lever("kv_cache_dtype", ("auto", "fp8"), True, "a cached token's bytes (the cache's capacity) and its read cost",
+          "precision"),
     Lever("quantization", (None, "fp8"), True,
-          "the weights' bytes (memory freed for the KV cache, a step's reads) and the GEMMs' rate"),
-    Lever("enforce_eager", (False,), False, "CUDA graphs: a step's launch overhead and the engine core's CPU"),
-    Lever("api_server_count", (1, 2, 4), False, "the API servers' ceiling on the tokens streamed"),
-    Lever("tensor_parallel_size", (), False, "the GPUs an engine spans: a GPU's share of the work, the all-reduces"),
-    Lever("data_parallel_size", (), False, "the engines the requests are spread over"),
-    Lever("max_model_len", (), False, "the longest request vLLM accepts (not searched: the workload sets it)"),
+          "the weights' bytes (memory freed for the KV cache, a step's reads) and the GEMMs' rate", "precision"),
+    Lever("enforce_eager", (False,), False, "CUDA graphs: a step's launch overhead and the engine core's CPU",
+          "CUDA graphs"),
+    Lever("api_server_count", (1, 2, 4), False, "the API servers' ceiling on the tokens streamed", "API servers"),
+    Lever("tensor_parallel_size", (), False, "the GPUs an engine spans: a GPU's share of the work, the all-reduces",
+          "GPU layout"),
+    Lever("data_parallel_size", (), False, "the engines the requests are spread over", "GPU layout"),
+    Lever("max_model_len", (), False, "the longest request vLLM accepts (not searched: the workload sets it)",
+          "workload"),
 )
 BY_DEST = {lever.dest: lever for lever in LEVERS}
 MODELLED = frozenset(BY_DEST)
 PRECISION = frozenset(lever.dest for lever in LEVERS if lever.precision)
 PARALLEL = ("tensor_parallel_size", "data_parallel_size")
+
+
+def families(changes: dict[str, Any]) -> tuple[str, ...]:
+    """The classes of change a configuration change makes (its levers' families), each once, in the table's order;
+    a flag the model does not know has none."""
+    return tuple(dict.fromkeys(lever.family for lever in LEVERS if lever.dest in changes))
 
 
 def vllm_default(dest: str, obs: Observation) -> Any:

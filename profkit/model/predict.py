@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from profkit.model import levers
+from profkit.model import levers, validation
 from profkit.model.observe import Observation, Unobservable
 from profkit.model.refusals import Refused, change_refusal
 from profkit.model.simulate import Engine, Infeasible, SimResult, StepCost, Workload, simulate_engines
@@ -107,11 +107,12 @@ class Prediction:
     reasoning: list[str]
     unmodelled: list[str]
     trades: list[str] = field(default_factory=list)
+    validation: dict[str, Any] | None = None  # the held-out errors the ranges carry (validation.Band.document)
 
     def document(self) -> dict[str, Any]:
         return {"schema": SCHEMA, "changes": self.changes, "metrics": self.metrics, "limit": {
             "before": self.limit_before, "after": self.limit_after}, "reasoning": self.reasoning,
-            "unmodelled": self.unmodelled, "trades": self.trades}
+            "unmodelled": self.unmodelled, "trades": self.trades, "validation": self.validation}
 
 
 # ------------------------------------------------------------------------------------------------ calibration
@@ -265,11 +266,13 @@ class _Fit:
 
 # ------------------------------------------------------------------------------------------------- prediction
 
-def predict(cal: Calibrated, changes: dict[str, Any], noise: float | None = None, ends: bool = True) -> Prediction:
+def predict(cal: Calibrated, changes: dict[str, Any], noise: float | None = None, ends: bool = True,
+            held_out: bool = True) -> Prediction:
     """The run under `changes` ({vLLM dest: value}, e.g. {"kv_cache_dtype": "fp8"}; None: the flag removed, vLLM's
     default): each metric's prediction with its range, the limit before and after, and the reasoning. `ends`: also
     simulate the low and high ends of what the change does to a step's costs (False: the middle alone, a search's
-    quick look; its range then holds the noise and the fit's error only)."""
+    quick look). `held_out`: widen each range to the held-out errors of its classes of change (False: the model's
+    own range, what the validation compares)."""
     obs = cal.observation
     if (refused := change_refusal(obs, changes)) is not None:
         raise Refused(refused)
@@ -294,10 +297,13 @@ def predict(cal: Calibrated, changes: dict[str, Any], noise: float | None = None
         if "api_server_count" in changes and name == "api_server" or binds:
             said.reasoning.append(f"{HOST_NAMES[name]} carries up to {caps_before[name]:,.0f} → {cap:,.0f} tok/s")
     metrics = _ranged(cal, runs, mid, caps, caps_before, noise)
+    checked = None
+    if held_out and (families := levers.families(changes)):
+        checked = _widened(metrics, families)
     limit_after = limit_of(mid, change.engine, cal.workload, caps)
     limit_before = limit_of(before, cal.engine, cal.workload, caps_before)
     _outcome_reasoning(cal, mid, metrics, said.reasoning)
-    return Prediction(changes, metrics, limit_before, limit_after, said.reasoning, unmodelled, said.trades)
+    return Prediction(changes, metrics, limit_before, limit_after, said.reasoning, unmodelled, said.trades, checked)
 
 
 @dataclass(frozen=True)
@@ -464,6 +470,18 @@ def _ranged(cal: Calibrated, runs: list[SimResult], mid: SimResult, caps: dict[s
     return metrics
 
 
+def _widened(metrics: dict[str, dict[str, float | None]], families: tuple[str, ...]) -> dict[str, Any]:
+    """Each metric's range widened to the held-out errors of changes of the same classes (the model's own ends are
+    kept where wider); what the request throughput's errors were, said."""
+    for name, m in metrics.items():
+        predicted = m["predicted"]
+        if predicted is None or m["low"] is None or m["high"] is None:
+            continue
+        b = validation.band(families, name)
+        m["low"], m["high"] = min(m["low"], predicted * math.exp(b.low)), max(m["high"], predicted * math.exp(b.high))
+    return validation.band(families, "request_throughput").document()
+
+
 def _outcome_reasoning(cal: Calibrated, mid: SimResult, metrics: dict[str, dict[str, float | None]],
                        reasoning: list[str]) -> None:
     """What the simulated run did differently: its batch, a decode step, preemptions, the throughput."""
@@ -526,10 +544,11 @@ def host_bound(obs: Observation) -> str | None:
 
 def host_ceilings(obs: Observation, changes: dict[str, Any], before: SimResult,
                   after: SimResult | None = None) -> dict[str, float]:
-    """Output tokens/s each frontend process can carry at one core (the API servers: one core each,
-    --api-server-count of them). Its CPU is a cost per engine step's batch of outputs (FRONTEND_STEP_S, one message
-    a step) plus a cost per token fitted on this run: so its ceiling rises with the batch. A saturated process's
-    ceiling is what it carried."""
+    """Output tokens/s the frontend processes can carry at one core each (the API servers: --api-server-count of
+    them, each streaming its share of the requests). A process's CPU is a cost per engine step (FRONTEND_STEP_S: every
+    API server receives each step's message for its requests, whatever their number) plus a cost per token fitted on
+    this run: so the ceiling rises with the batch, and falls short of linear in the API servers (the steps' cost is
+    paid by each of them). A saturated process's ceiling is what it carried."""
     out = obs.measured.output_throughput
     steps_per_s = before.steps / before.elapsed_s if before.elapsed_s else 0.0
     batch_after = (after or before).output_throughput / ((after or before).steps / (after or before).elapsed_s) \
@@ -543,11 +562,21 @@ def host_ceilings(obs: Observation, changes: dict[str, Any], before: SimResult,
         default = max(1, round(processes * int(changes.get("data_parallel_size") or obs.data_parallel)
                                 / obs.data_parallel))  # vLLM runs one API server per engine unless told
         count = int(changes.get("api_server_count") or default) if name == "api_server" else 1
-        per_process = cpu / processes
+        per_process = cpu  # the host facts' CPU is the busiest process's own
         if obs.host.get(f"{name}_saturated_share", 0.0) >= SATURATED:
             per_process = 1.0  # it carried what one core carries
-        per_token = max(per_process - FRONTEND_STEP_S * steps_per_s / processes, 0.2 * per_process) / (out / processes)
-        caps[name] = count / (FRONTEND_STEP_S / max(batch_after, 1.0) + per_token)
+        per_token = max(per_process - FRONTEND_STEP_S * steps_per_s, 0.2 * per_process) / (out / processes)
+        caps[name] = 1.0 / (FRONTEND_STEP_S / max(batch_after, 1.0) + per_token / count)
+    cpu = obs.host.get("engine_core_cpu")
+    if cpu and cpu > 0 and out and host_bound(obs) in FRONTEND:
+        # The engine core's CPU where a frontend process set the pace (where the engine core did, the simulation
+        # fits it; where the GPU did, its CPU is mostly waiting on the GPU's steps): a cost per step (its prior, CUDA
+        # graphs or eager launches) plus a cost per token (each request's outputs, serialised for the API servers)
+        # fitted on this run; a ceiling on the tokens it can hand on once the frontend's is lifted.
+        eager = bool(obs.config.get("enforce_eager"))
+        per_step, after_step = _cpu_step(obs, eager), _cpu_step(obs, bool(changes.get("enforce_eager", eager)))
+        per_token = max(cpu - per_step * steps_per_s, 0.2 * cpu) / out
+        caps["engine_core"] = 1.0 / (after_step / max(batch_after, 1.0) + per_token)
     return caps
 
 

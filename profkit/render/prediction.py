@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from profkit.escape import document, terminal
-from profkit.render.prescription import fmt_metric, metric_rows, metric_table
+from profkit.render.prescription import fmt_metric, metric_rows, metric_table, validation_line
 from profkit.units import figure
 
 
@@ -22,7 +22,7 @@ def prediction_view(doc: dict[str, Any]) -> dict[str, Any]:
         "rows": metric_rows(doc.get("metrics") or {}),
         "limit_before": (doc.get("limit") or {}).get("before"), "limit_after": (doc.get("limit") or {}).get("after"),
         "reasoning": list(doc.get("reasoning") or []), "trades": list(doc.get("trades") or []),
-        "unmodelled": list(doc.get("unmodelled") or []),
+        "unmodelled": list(doc.get("unmodelled") or []), "validation": validation_line(doc.get("validation")),
         "fit": (f"calibrated on the run ({fit.get('calibrated_on')}): simulated vs measured {fitted}" if fitted
                 else fit.get("calibrated_on")),
         "source": (doc.get("source") or {}).get("path") or "the evidence given (no run folder or trace)",
@@ -149,6 +149,8 @@ def render_prediction_text(doc: dict[str, Any]) -> str:
     out = [f"profkit predict: {terminal(v['source'] or '')}", f"  changes: {terminal(v['changes'])}",
            f"  limit: {terminal(v['limit_before'])} -> {terminal(v['limit_after'])}", ""]
     out += metric_table(v["rows"])
+    if v["validation"]:
+        out += [f"  {terminal(v['validation'])}"]
     out += ["", "Why:"] + [f"  - {terminal(r)}" for r in v["reasoning"]]
     if v["trades"]:
         out += ["Trades:"] + [f"  - {terminal(t)}" for t in v["trades"]]

@@ -23,12 +23,34 @@ def metric_rows(predicted: dict[str, Any]) -> list[dict[str, str]]:
         if name not in NAMES:
             continue
         before, mid = m.get("before"), m.get("predicted")
-        change = (f"{(mid / before - 1) * 100:+.0f}% {direction_word(name, before, mid)}".rstrip()
-                  if before and mid is not None else "-")
+        # a move that rounds to 0 % is said as none (not "-0% WORSE")
+        moved = before and mid is not None and round((mid / before - 1) * 100) != 0
+        change = (f"{(mid / before - 1) * 100:+.0f}% {direction_word(name, before, mid)}".rstrip() if moved
+                  else f"+0% {direction_word(name, 1.0, 1.0)}".rstrip() if before and mid is not None else "-")
         rows.append({"metric": NAMES[name][0], "before": fmt_metric(name, before),
                      "predicted": fmt_metric(name, mid), "change": change,
                      "range": f"{fmt_metric(name, m.get('low'))} - {fmt_metric(name, m.get('high'))}"})
     return rows
+
+
+def validation_line(v: dict[str, Any] | None) -> str | None:
+    """What the ranges carry, in one sentence: the held-out errors of the recorded pairs sharing a class of change,
+    how often such ranges held, and the classes no held-out recording validates (extrapolated)."""
+    if not v:
+        return None
+    low, high = v["error_range"]
+    coverage = v["coverage"]
+    said = []
+    if v["extrapolated"]:
+        said.append(f"extrapolated: no held-out recording validates a change of {', '.join(v['extrapolated'])}")
+    if v["pairs"]:
+        said.append(f"ranges widened to the errors of {v['pairs']} held-out recorded pair(s) sharing a class of change "
+                    f"({', '.join(v['classes'])}; measured {low * 100:+.0f}% to {high * 100:+.0f}% of predicted)"
+                    + (f": {coverage['inside']} of {coverage['rows']} held-out predictions fell inside their range "
+                       "(leaving their own recordings out)" if coverage["rows"] else ""))
+    else:
+        said.append("the ranges are the model's own")
+    return "; ".join(said)
 
 
 def metric_table(rows: list[dict[str, str]]) -> list[str]:
@@ -61,10 +83,12 @@ def prescription_view(report: dict[str, Any]) -> dict[str, Any] | None:
             "limit_after": predicted.get("limit_after"),
             "rows": metric_rows({k: v for k, v in predicted.items() if isinstance(v, dict)}),
             "reasoning": list(p.get("reasoning") or []), "answers": list(p.get("answers") or []),
+            "validation": validation_line(predicted.get("validation")),
             "alternative": None if not alt else {
                 "changes": _changes(alt["changes"]), "trade": alt.get("trade"),
                 "rows": metric_rows({k: v for k, v in alt["predicted"].items() if isinstance(v, dict)}),
-                "limit_after": alt["predicted"].get("limit_after")},
+                "limit_after": alt["predicted"].get("limit_after"),
+                "validation": validation_line(alt["predicted"].get("validation"))},
             "unpredicted": [{"flag": u["flag"], "to": change_to(u), "rule": u["rule"], "why": u.get("why", "")}
                             for u in p.get("unpredicted") or []]}
 

@@ -21,6 +21,8 @@ def text(v: dict[str, Any]) -> list[str]:
         out.append("Prescription (the model of this run searched every lever it knows, together, and predicts):")
         out += [change_line(c) for c in v["changes"]]
         out += metric_table(v["rows"])
+        if v["validation"]:
+            out.append(f"  {terminal(v['validation'])}")
         out.append(f"  then the limit: {terminal(v['limit_after'] or '?')}")
         out += [f"  - {terminal(r)}" for r in v["reasoning"]]
     alt = v["alternative"]
@@ -28,6 +30,8 @@ def text(v: dict[str, Any]) -> list[str]:
         out.append(f"Without a change of precision ({terminal(alt['trade'])}):")
         out += [change_line(c) for c in alt["changes"]]
         out += metric_table(alt["rows"])
+        if alt["validation"]:
+            out.append(f"  {terminal(alt['validation'])}")
     if v["unpredicted"]:
         out.append("The findings also propose (the model does not know these levers: no prediction):")
         out += [f"  {terminal(u['flag'])} -> {terminal(u['to'])} ({terminal(u['rule'])}: {terminal(u['why'])})"

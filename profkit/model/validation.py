@@ -1,0 +1,100 @@
+"""How far the model's predictions held on recorded runs: each validation pair's error by class of change, and the
+range those errors give a new prediction of the same classes.
+
+`scripts/validate_model.py --write` predicts every recorded (run, change) pair in tests/data from each baseline
+replicate and writes the rows to `validation.json` beside this module: the change's classes (`levers.families`), its
+provenance (`held-out`: no constant of the model was read off it; `in-sample`: one was), the recordings it used, the
+prediction with the model's own range, and the measured mean. A prediction's range is the model's own ends widened
+to the errors of every held-out pair sharing a class with it (log of measured over predicted; their 10th-90th
+percentiles from 10 rows, else their extremes). The coverage said beside it is leave-one-recording-out: each
+held-out row's range built without the rows that share a recording with it, and whether its measurement fell
+inside. A class no held-out
+pair has validated makes the prediction extrapolated, said in every format."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+ROWS = Path(__file__).with_name("validation.json")
+HELD_OUT = "held-out"
+QUANTILE_ROWS = 10  # from this many rows the band is their 10th-90th percentiles, below it their extremes
+# a metric's errors as the validation measured them (output tokens/s moves with requests/s: fixed lengths)
+MEASURED_AS = {"output_throughput": "request_throughput"}
+
+
+@dataclass(frozen=True)
+class Band:
+    """The held-out errors of a prediction's classes, as log(measured / predicted) at the two ends."""
+
+    families: tuple[str, ...]
+    low: float
+    high: float
+    pairs: int  # held-out validation pairs sharing a class with the prediction
+    inside: int  # held-out rows inside their leave-one-recording-out range
+    rows: int  # held-out rows
+    extrapolated: tuple[str, ...]  # the prediction's classes no held-out pair validated
+
+    def document(self) -> dict[str, Any]:
+        return {"classes": list(self.families), "pairs": self.pairs,
+                "coverage": {"inside": self.inside, "rows": self.rows}, "extrapolated": list(self.extrapolated),
+                "error_range": [math.expm1(self.low), math.expm1(self.high)]}
+
+
+@cache
+def recorded_rows() -> tuple[dict[str, Any], ...]:
+    """The validation rows shipped with profkit (none where the file is absent: every class then extrapolated)."""
+    if not ROWS.is_file():
+        return ()
+    return tuple(json.loads(ROWS.read_text())["rows"])
+
+
+def residual(row: dict[str, Any]) -> float:
+    return math.log(row["measured"] / row["predicted"])
+
+
+def _ends(errors: Sequence[float]) -> tuple[float, float]:
+    if not errors:
+        return 0.0, 0.0
+    if len(errors) < QUANTILE_ROWS:
+        return min(errors), max(errors)
+    cuts = statistics.quantiles(errors, n=10, method="inclusive")
+    return cuts[0], cuts[-1]
+
+
+def _sharing(rows: Iterable[dict[str, Any]], families: Sequence[str], metric: str,
+             leave_out: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
+    metric = MEASURED_AS.get(metric, metric)
+    return [r for r in rows if r["metric"] == metric and r["provenance"] == HELD_OUT
+            and set(r["families"]) & set(families) and not set(r["recordings"]) & leave_out]
+
+
+def band_of(rows: Sequence[dict[str, Any]], families: Sequence[str], metric: str,
+            leave_out: frozenset[str] = frozenset()) -> tuple[float, float]:
+    """The ends of the held-out errors of the rows sharing a class with `families`, without those using
+    `leave_out`'s recordings (an in-sample row's error is not evidence: a constant was read off it)."""
+    return _ends([residual(r) for r in _sharing(rows, families, metric, leave_out)])
+
+
+def inside_held_out(row: dict[str, Any], rows: Sequence[dict[str, Any]]) -> bool:
+    """Whether a row's measurement falls inside the range built without its own recordings."""
+    low, high = band_of(rows, row["families"], row["metric"], frozenset(row["recordings"]))
+    predicted = row["predicted"]
+    return min(row["low"], predicted * math.exp(low)) <= row["measured"] <= max(row["high"], predicted * math.exp(high))
+
+
+def band(families: Sequence[str], metric: str) -> Band:
+    """The held-out errors a prediction of these classes of change carries, and how well they covered."""
+    rows = recorded_rows()
+    held = _sharing(rows, families, metric)
+    low, high = _ends([residual(r) for r in held])
+    validated = {f for r in held for f in r["families"]}
+    pairs = len({r["pair"] for r in held})
+    return Band(tuple(families), low, high, pairs, sum(bool(r["inside_held_out"]) for r in held), len(held),
+                tuple(f for f in families if f not in validated))
