@@ -244,8 +244,8 @@ def test_tune_tries_the_lever_worth_most_first_and_skips_the_nudges(tmp_path: Pa
 def test_tune_jumps_to_the_prescription_from_a_misconfigured_start(tmp_path: Path) -> None:
     """The 14B run with --gpu-memory-utilization 0.6 (9.16 req/s; h100_model). Tune's first candidate is the report's
     own prescription, every lever combined in one restart: the memory share back to vLLM's default and the FP8 pair.
-    Without leave to change precision, the memory alone, predicted inside what vLLM's default measured (11.10 req/s,
-    the `default` configuration)."""
+    Without leave to change precision, the memory, predicted inside what vLLM's default measured (11.10 req/s, the
+    `default` configuration)."""
     with tarfile.open(DATA / "h100_model.tar.xz") as tar:
         tar.extractall(tmp_path, filter="data")
     run = tmp_path / "h100_model" / "gpu06" / "r1"
@@ -256,7 +256,11 @@ def test_tune_jumps_to_the_prescription_from_a_misconfigured_start(tmp_path: Pat
     assert {c["flag"] for c in first["changes"]} == {"--gpu-memory-utilization", "--quantization", "--kv-cache-dtype"}
     assert first["undoes"] is None and first["predicted"]["gain"] > 0.5
     safe = _ranking(run, allow_precision=False)[0]
-    assert [c["flag"] for c in safe["changes"]] == ["--gpu-memory-utilization"]
+    # the memory back to vLLM's default (since the GPU's memory is read off vLLM's log, with 2,048 batched tokens
+    # beside it: +1.4 % more, within the noise and not measured)
+    flags = [c["flag"] for c in safe["changes"]]
+    assert flags[0] == "--gpu-memory-utilization" and set(flags) <= {"--gpu-memory-utilization",
+                                                                     "--max-num-batched-tokens"}
     measured = statistics.fmean(json.loads((tmp_path / "h100_model" / "default" / r / "bench.json").read_text())
                                 ["request_throughput"] for r in ("r1", "r2", "r3"))
     assert safe["predicted"]["low"] <= measured <= safe["predicted"]["high"]

@@ -517,7 +517,8 @@ def _kv_bytes(obs: Observation, changes: dict[str, Any], fp8_weights: bool, reas
     if "kv_cache_memory_bytes" in changes and mem.kv_given and mem.total_bytes and mem.weights_bytes:
         # the hand-set size removed: vLLM's memory budget less the weights and its start-up's activations
         share = float(changes.get("gpu_memory_utilization") or levers.vllm_default("gpu_memory_utilization", obs))
-        budget = share * mem.total_bytes - (mem.weights_bytes - freed) - ACTIVATIONS_SHARE * mem.total_bytes
+        overhead = mem.overhead_bytes if mem.overhead_bytes is not None else ACTIVATIONS_SHARE * mem.total_bytes
+        budget = share * mem.total_bytes - (mem.weights_bytes - freed) - overhead
         reasoning.append(f"--kv-cache-memory-bytes removed: vLLM sizes the cache from --gpu-memory-utilization "
                          f"{share} ({mem.kv_bytes / 2**30:.1f} → {budget / 2**30:.1f} GiB)")
         return budget
