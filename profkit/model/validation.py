@@ -91,6 +91,11 @@ def inside_held_out(row: dict[str, Any], rows: Sequence[dict[str, Any]]) -> bool
 
 def band(families: Sequence[str], metric: str) -> Band:
     """The held-out errors a prediction of these classes of change carries, and how well they covered."""
+    return _band(tuple(families), metric)
+
+
+@cache  # a search asks for the same few classes thousands of times
+def _band(families: tuple[str, ...], metric: str) -> Band:
     rows = recorded_rows()
     held = _sharing(rows, families, metric)
     low, high = _ends([residual(r) for r in held])
