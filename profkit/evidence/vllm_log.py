@@ -40,12 +40,9 @@ _FREE_MEMORY = re.compile(r"Initial free memory ([0-9][0-9.,]{0,60}) GiB")
 _KV_RESERVED = re.compile(r"reserved ([0-9][0-9.,]{0,60}) GiB memory for KV Cache"
                           r"|Available KV cache memory: ([0-9][0-9.,]{0,60}) GiB")
 _MODEL_MEMORY = re.compile(r"Model loading took ([0-9][0-9.,]{0,60}) GiB")
-# gpu_worker.py, sizing the cache by --gpu-memory-utilization: "Free memory on device (78.66/79.18 GiB) on startup.
-# ... Actual usage is 25.27 GiB for weight, 0.9 GiB for peak activation, 0.22 GiB for non-torch memory, and 0.94 GiB
-# for CUDAGraph memory": the GPU's memory as vLLM saw it, and what its start-up keeps besides the weights.
+# gpu_worker.py, sizing the cache by --gpu-memory-utilization: "Free memory on device (78.66/79.18 GiB) on startup":
+# the GPU's memory as vLLM saw it (a run sized by --kv-cache-memory-bytes does not log it).
 _DEVICE_MEMORY = re.compile(r"Free memory on device \([0-9][0-9.,]{0,60}/([0-9][0-9.,]{0,60}) GiB\)")
-_STARTUP_OVERHEAD = re.compile(r"([0-9][0-9.,]{0,60}) GiB for peak activation, ([0-9][0-9.,]{0,60}) GiB for "
-                               r"non-torch memory, and ([0-9][0-9.,]{0,60}) GiB for CUDAGraph memory")
 GIB = 1 << 30
 _STARTUP_NUMBERS = {"kv_cache_tokens": _KV_TOKENS, "max_concurrency": _MAX_CONCURRENCY,
                     "logged_max_num_batched_tokens": _BATCHED_TOKENS, "logged_gpu_memory_utilization": _GPU_MEM_UTIL,
@@ -92,7 +89,6 @@ class VllmLog(msgspec.Struct, omit_defaults=True, frozen=True):
     kv_cache_memory_bytes: int | None = None
     model_memory_bytes: int | None = None
     gpu_total_memory_bytes: int | None = None  # the GPU's memory as vLLM's start-up saw it
-    startup_overhead_bytes: int | None = None  # its peak activations, non-torch memory and CUDA graphs
     non_default_args: dict[str, Any] | None = None  # literal values only, never evaluated
     vllm_version: str | None = None  # "Initializing a V1 LLM engine (v0.26.0)"
 
@@ -136,8 +132,6 @@ def parse_log(text: str) -> VllmLog:
     for key in ("gpu_free_memory_bytes", "kv_cache_memory_bytes", "model_memory_bytes", "gpu_total_memory_bytes"):
         if (m := found[key]) and (f := parse_float(m.group(1) or m.group(m.lastindex or 1))) is not None:
             out[key] = int(f * GIB)
-    if (m := _STARTUP_OVERHEAD.search(text)) and None not in (parts := [parse_float(g) for g in m.groups()]):
-        out["startup_overhead_bytes"] = int(sum(p for p in parts if p is not None) * GIB)
     if m := _VERSION.search(text):
         out["vllm_version"] = m.group(1)
     if m := _NON_DEFAULT.search(text):

@@ -44,7 +44,6 @@ class Memory:
     total_bytes: float | None  # the GPU's memory (the start-up line, else the peak table)
     utilization: float | None  # --gpu-memory-utilization in force
     kv_given: bool  # the KV cache's size was set with --kv-cache-memory-bytes
-    overhead_bytes: float | None = None  # the start-up's peak activations, non-torch memory and CUDA graphs (log)
 
     @property
     def kv_bytes_per_token(self) -> float:
@@ -130,8 +129,7 @@ def observe(doc: dict[str, Any]) -> Observation:
     memory = Memory(kv_bytes=kv_bytes, kv_tokens=int(kv_tokens),
                     weights_bytes=_num(facts.get("vllm.model_memory_bytes")),
                     total_bytes=_total_memory(vllm, gpu), utilization=_num(config.get("gpu_memory_utilization")),
-                    kv_given=config.get("kv_cache_memory_bytes") is not None,
-                    overhead_bytes=_num((vllm.get("log") or {}).get("startup_overhead_bytes")))
+                    kv_given=config.get("kv_cache_memory_bytes") is not None)
     def ms(key: str) -> float | None:
         value = _num(bench.get(key))
         return None if value is None else value / 1e3

@@ -297,9 +297,7 @@ def predict(cal: Calibrated, changes: dict[str, Any], noise: float | None = None
         if "api_server_count" in changes and name == "api_server" or binds:
             said.reasoning.append(f"{HOST_NAMES[name]} carries up to {caps_before[name]:,.0f} → {cap:,.0f} tok/s")
     metrics = _ranged(cal, runs, mid, caps, caps_before, noise)
-    checked = None
-    if held_out and (families := levers.families(changes)):
-        checked = _widened(metrics, families)
+    checked = _widened(metrics, levers.families(changes)) if held_out else None
     limit_after = limit_of(mid, change.engine, cal.workload, caps)
     limit_before = limit_of(before, cal.engine, cal.workload, caps_before)
     _outcome_reasoning(cal, mid, metrics, said.reasoning)
@@ -517,8 +515,7 @@ def _kv_bytes(obs: Observation, changes: dict[str, Any], fp8_weights: bool, reas
     if "kv_cache_memory_bytes" in changes and mem.kv_given and mem.total_bytes and mem.weights_bytes:
         # the hand-set size removed: vLLM's memory budget less the weights and its start-up's activations
         share = float(changes.get("gpu_memory_utilization") or levers.vllm_default("gpu_memory_utilization", obs))
-        overhead = mem.overhead_bytes if mem.overhead_bytes is not None else ACTIVATIONS_SHARE * mem.total_bytes
-        budget = share * mem.total_bytes - (mem.weights_bytes - freed) - overhead
+        budget = share * mem.total_bytes - (mem.weights_bytes - freed) - ACTIVATIONS_SHARE * mem.total_bytes
         reasoning.append(f"--kv-cache-memory-bytes removed: vLLM sizes the cache from --gpu-memory-utilization "
                          f"{share} ({mem.kv_bytes / 2**30:.1f} → {budget / 2**30:.1f} GiB)")
         return budget
@@ -576,8 +573,9 @@ def host_ceilings(obs: Observation, changes: dict[str, Any], before: SimResult,
         # fitted on this run; a ceiling on the tokens it can hand on once the frontend's is lifted.
         eager = bool(obs.config.get("enforce_eager"))
         per_step, after_step = _cpu_step(obs, eager), _cpu_step(obs, bool(changes.get("enforce_eager", eager)))
-        per_token = max(cpu - per_step * steps_per_s, 0.2 * cpu) / out
-        caps["engine_core"] = 1.0 / (after_step / max(batch_after, 1.0) + per_token)
+        own = cpu - per_step * steps_per_s
+        if own > 0.2 * cpu:  # else its CPU is its steps' (eager launches): no cost per token to read off it
+            caps["engine_core"] = 1.0 / (after_step / max(batch_after, 1.0) + own / out)
     return caps
 
 

@@ -45,9 +45,10 @@ def validation_line(v: dict[str, Any] | None) -> str | None:
         said.append(f"extrapolated: no held-out recording validates a change of {', '.join(v['extrapolated'])}")
     if v["pairs"]:
         said.append(f"ranges widened to the errors of {v['pairs']} held-out recorded pair(s) sharing a class of change "
-                    f"({', '.join(v['classes'])}; measured {low * 100:+.0f}% to {high * 100:+.0f}% of predicted)"
+                    f"({', '.join(v['classes'])}; request throughput measured {low * 100:+.0f}% to {high * 100:+.0f}% "
+                    "of predicted)"
                     + (f": {coverage['inside']} of {coverage['rows']} held-out predictions fell inside their range "
-                       "(leaving their own recordings out)" if coverage["rows"] else ""))
+                       "(each built leaving its own recordings out)" if coverage["rows"] else ""))
     else:
         said.append("the ranges are the model's own")
     return "; ".join(said)
