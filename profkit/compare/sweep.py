@@ -113,7 +113,7 @@ def predictor(run: str | Path, bounds: Sequence[tuple[str, str, float]] = ()) \
     from profkit.errors import ProfkitError
     from profkit.model.frontier import canonical_metric, frontier, point_at
     from profkit.model.observe import Unobservable, observe
-    from profkit.model.predict import DEFAULT_NOISE, calibrate, configured
+    from profkit.model.predict import calibrate, configured, spread
     from profkit.model.refusals import unreproduced
     from profkit.model.search import Bound
     from profkit.report.build import build_report
@@ -126,6 +126,6 @@ def predictor(run: str | Path, bounds: Sequence[tuple[str, str, float]] = ()) \
     if (miss := unreproduced(cal)) is not None:
         raise ProfkitError(f"--from {run}: the model does not reproduce this run ({miss})")
     conf = configured(cal, {})
-    spread = DEFAULT_NOISE + max(cal.fit_error.values(), default=0.0)
-    return (lambda rate, prompts: point_at(cal, conf, rate, prompts, spread).document(),
+    width = spread(cal)
+    return (lambda rate, prompts: point_at(cal, conf, rate, prompts, width).document(),
             frontier(cal, {}, checked).document())

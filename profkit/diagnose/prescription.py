@@ -25,9 +25,6 @@ from profkit.vllm.options import flag_for
 
 OBJECTIVE = "request_throughput"
 PRECISION_TRADE = "changes model precision (FP8): check accuracy before shipping"
-# The simulated run's duration or time per output token this far (log) from the measured: the model has not
-# reproduced the run, and what it predicts for a change is not worth a range (a live window that opens on a backlog,
-# traffic the simulation does not have).
 
 
 @dataclass

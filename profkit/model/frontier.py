@@ -22,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from profkit.model.predict import DEFAULT_NOISE, Calibrated, Configured, configured
+from profkit.model.predict import Calibrated, Configured, configured, host_stretch
+from profkit.model.predict import spread as predict_spread
 from profkit.model.simulate import Infeasible, Latencies, SimResult, simulate_latencies
 
 LATENCIES = ("ttft", "tpot", "e2el")
@@ -90,7 +91,7 @@ def frontier(cal: Calibrated, changes: dict[str, Any] | None = None, bounds: Seq
         raise ValueError("a frontier needs a served run (vllm bench serve): an offline run has no request rate")
     changes = dict(changes or {})
     conf = configured(cal, changes)
-    spread = (noise if noise is not None else DEFAULT_NOISE) + max(cal.fit_error.values(), default=0.0)
+    spread = predict_spread(cal, noise)
     capacity = point_at(cal, conf, None, prompts or cal.workload.requests, spread)
     top = capacity.predicted["request_throughput"]
     points = [point_at(cal, conf, top * s, prompts or _prompts(cal, top * s), spread) for s in shares]
@@ -121,8 +122,7 @@ def _prompts(cal: Calibrated, rate: float) -> int:
 
 def _metrics(cal: Calibrated, conf: Configured, r: SimResult, lat: Latencies, rate: float | None) -> dict[str, float]:
     """One simulated run's metrics under the host's ceilings (past one, every time stretches alike)."""
-    cap = min(conf.caps(r).values(), default=math.inf)
-    scale = cap / r.output_throughput if r.output_throughput > cap else 1.0
+    scale = host_stretch(r, conf.caps(r))
     # the latency fitted outside the engine's steps is what the run's mean TTFT exceeded the simulated one by at
     # full load, where queueing sets TTFT: it stands for that run alone (added to a rate's, it put 0-200 ms on a
     # 45 ms TTFT across the 8B's three replicates)

@@ -446,13 +446,19 @@ def _step_costs(cal: Calibrated, change: _Change, said: _Said) -> list[StepCost]
             for g, k, c, (cs, ct) in zip(speedups, kv_costs, cpu_steps, comms, strict=True)]
 
 
+def spread(cal: Calibrated, noise: float | None = None) -> float:
+    """A range's base width (log): the run-to-run noise (DEFAULT_NOISE unless measured) and the model's own error on
+    the run it was calibrated on."""
+    return (noise if noise is not None else DEFAULT_NOISE) + max(cal.fit_error.values(), default=0.0)
+
+
 def _ranged(cal: Calibrated, runs: list[SimResult], mid: SimResult, caps: dict[str, float],
             caps_before: dict[str, float], noise: float | None) -> dict[str, dict[str, float | None]]:
     """Each metric measured, predicted and its range: the simulated values scaled by the baseline's measured over
     simulated (the fit's bias cancels), widened by the noise and the fit's error."""
-    spread = (noise if noise is not None else DEFAULT_NOISE) + max(cal.fit_error.values(), default=0.0)
+    width = spread(cal, noise)
     if caps and not cal.fit_error:
-        spread += EXTRAPOLATED_CEILING  # a ceiling read off an unsaturated process, and an uncalibrated GPU
+        width += EXTRAPOLATED_CEILING  # a ceiling read off an unsaturated process, and an uncalibrated GPU
     metrics: dict[str, dict[str, float | None]] = {}
     latency = {"mean_ttft_ms": cal.request_latency_s * 1e3}  # the same for every request, before and after
     base_values = _metrics(cal.baseline, caps_before)
@@ -462,7 +468,7 @@ def _ranged(cal: Calibrated, runs: list[SimResult], mid: SimResult, caps: dict[s
         base = base_values[name] + latency.get(name, 0.0)
         ratio = meas / base if meas and base else 1.0
         scaled = [v * ratio for v in values]
-        err = spread + (cal.fit_error.get("ttft", 0.0) if name == "mean_ttft_ms" else 0.0)
+        err = width + (cal.fit_error.get("ttft", 0.0) if name == "mean_ttft_ms" else 0.0)
         metrics[name] = {"before": meas, "predicted": (_metrics(mid, caps)[name] + latency.get(name, 0.0)) * ratio,
                          "low": min(scaled) * math.exp(-err), "high": max(scaled) * math.exp(err)}
     return metrics
@@ -579,11 +585,16 @@ def host_ceilings(obs: Observation, changes: dict[str, Any], before: SimResult,
     return caps
 
 
-def _metrics(r: SimResult, caps: dict[str, float]) -> dict[str, float]:
-    """The simulated run's metrics under the host's ceilings: past one, the tokens wait for the host and every
-    time stretches by the same factor."""
+def host_stretch(r: SimResult, caps: dict[str, float]) -> float:
+    """The factor a simulated run's throughput keeps under the host's ceilings (1: none binds): past one, the tokens
+    wait for the host and every time stretches by its inverse."""
     cap = min(caps.values(), default=math.inf)
-    scale = cap / r.output_throughput if r.output_throughput > cap else 1.0
+    return cap / r.output_throughput if r.output_throughput > cap else 1.0
+
+
+def _metrics(r: SimResult, caps: dict[str, float]) -> dict[str, float]:
+    """The simulated run's metrics under the host's ceilings."""
+    scale = host_stretch(r, caps)
     return {"request_throughput": r.request_throughput * scale, "output_throughput": r.output_throughput * scale,
             "mean_ttft_ms": r.ttft_mean_s * 1e3 / scale, "mean_tpot_ms": r.tpot_mean_s * 1e3 / scale}
 

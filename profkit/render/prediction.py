@@ -92,7 +92,6 @@ FRONTIER_COLUMNS = (("rate (req/s)", None), ("req/s", "request_throughput"),
                     ("E2E p50", "p50_e2el_ms"), ("p99", "p99_e2el_ms"))
 
 
-
 def _beyond(binding: str | None) -> str:
     if binding is None:
         return ""

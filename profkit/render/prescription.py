@@ -23,10 +23,11 @@ def metric_rows(predicted: dict[str, Any]) -> list[dict[str, str]]:
         if name not in NAMES:
             continue
         before, mid = m.get("before"), m.get("predicted")
-        # a move that rounds to 0 % is said as none (not "-0% WORSE")
-        moved = before and mid is not None and round((mid / before - 1) * 100) != 0
-        change = (f"{(mid / before - 1) * 100:+.0f}% {direction_word(name, before, mid)}".rstrip() if moved
-                  else f"+0% {direction_word(name, 1.0, 1.0)}".rstrip() if before and mid is not None else "-")
+        change = "-"
+        if before and mid is not None:
+            pct = (mid / before - 1) * 100
+            moved = round(pct) != 0  # a move that rounds to 0 % is none (not "-0% WORSE")
+            change = f"{pct if moved else 0.0:+.0f}% {direction_word(name, before, mid if moved else before)}".rstrip()
         rows.append({"metric": NAMES[name][0], "before": fmt_metric(name, before),
                      "predicted": fmt_metric(name, mid), "change": change,
                      "range": f"{fmt_metric(name, m.get('low'))} - {fmt_metric(name, m.get('high'))}"})
