@@ -20,7 +20,7 @@ from profkit.evidence.host import read_host
 from profkit.evidence.manifest import read_manifest
 from profkit.evidence.metrics import counter_delta, read_metrics
 from profkit.evidence.record import Evidence
-from profkit.evidence.vllm_log import read_log
+from profkit.evidence.vllm_log import parse_log, read_log
 
 REAL_SERVE = Path(__file__).parent / "data" / "vllm_serve_kv300mb"
 
@@ -48,6 +48,11 @@ def test_vllm_log_startup_and_stats(h100_host: Path) -> None:
     # "Free memory on device (78.66/79.18 GiB) on startup": the GPU's memory as vLLM saw it, not the peak table's
     sample = read_log(Path(__file__).parent.parent / "samples" / "vllm_14b_kv_bound" / "server.log")
     assert sample.gpu_total_memory_bytes == int(79.18 * (1 << 30))
+    # the same line with a value that is not a number, or past any GPU: the fact stays unknown, nothing raised
+    real = next(line for line in (Path(__file__).parent.parent / "samples" / "vllm_14b_kv_bound" / "server.log")
+                .read_text().splitlines() if "Free memory on device" in line)
+    for bad in ("1..2", "9" * 400, "", "-79.18"):
+        assert parse_log(real.replace("/79.18 GiB", f"/{bad} GiB")).gpu_total_memory_bytes is None, bad
     serve = read_log(REAL_SERVE / "server.log")
     assert serve.stats_lines > 0 and serve.kv_cache_usage_max == 95.6 and serve.waiting_max == 125
     assert serve.preemptions_total is None  # vLLM 0.26 does not log preemptions
