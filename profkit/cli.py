@@ -428,8 +428,8 @@ def capture(tool: str, out: Path | None, dry_run: bool, capture_range: bool, del
     if len(done) == 1:
         click.echo(f"profkit: capture complete: {terminal(done[0])} (profkit report {first})", err=True)
     else:
-        click.echo(f"profkit: {len(done)} runs against one server in {terminal(folder)} (profkit report {first}; "
-                   f"profkit diff {where} OTHER)", err=True)
+        click.echo(f"profkit: {len(done)} runs against one server in {terminal(folder)} (profkit report {where}: "
+                   f"its median run; profkit diff {where} OTHER)", err=True)
 
 
 MAX_SWEEP_RATE = 10_000  # req/s: each rate sends 40 s of prompts; past this a typo, not a load

@@ -190,6 +190,24 @@ class CaptureFolder:
             if self.path.is_dir() else []
         return [CaptureFolder(p) for p in sorted(found, key=lambda p: (len(p.name), p.name))]
 
+    def is_session(self) -> bool:
+        """A session folder (`profkit capture --replicates N`: one server, its runs in r1, r2, ...), not a run."""
+        return (self.path / SESSION).is_file() and not CaptureFolder.recognise(self.path)
+
+    def median_run(self) -> tuple[CaptureFolder, dict[str, Any]]:
+        """The session's run a report reads, and what each of its runs measured: the run whose request throughput
+        is the median of the finished runs' (an even count: the lower of the middle two), so that one replicate's
+        noise does not speak for the configuration."""
+        measured = [(run, bench.requests_per_second) for run in self.replicates() if run.bench_path
+                    and (bench := run.bench()) is not None and bench.requests_per_second is not None]
+        if not measured:
+            names = ", ".join(run.path.name for run in self.replicates()) or "none"
+            raise ProfkitError(f"{self.path}: a session folder whose runs ({names}) hold no benchmark result")
+        ordered = sorted(measured, key=lambda m: m[1])
+        chosen = ordered[(len(ordered) - 1) // 2][0]
+        return chosen, {"path": str(self.path), "run": chosen.path.name,
+                        "runs": [{"run": run.path.name, "request_throughput": rps} for run, rps in measured]}
+
     def write_host(self, data: dict[str, Any]) -> None:
         write_atomic(self.path / HOST, json.dumps(data) + "\n")
 

@@ -63,6 +63,9 @@ def run_sections(traces: TraceInput, evidence: Evidence, options: ReportOptions,
         if not p.exists():
             raise TraceError(f"{p}: no such file or directory")
     folder = CaptureFolder(paths[0]) if len(paths) == 1 and paths[0].is_dir() else None
+    session = None
+    if folder and folder.is_session():
+        folder, session = folder.median_run()
     if folder:
         evidence = evidence.over(folder)
         paths = folder.traces()
@@ -77,7 +80,7 @@ def run_sections(traces: TraceInput, evidence: Evidence, options: ReportOptions,
     manifest_gpu = (evidence.manifest.environment or {}).get("gpu") if evidence.manifest else None
     given_gpu = known_gpu(evidence.gpu) if evidence.gpu else None  # a name the peak table lacks: one line, now
     part = _trace_part(paths, options, progress or (lambda _name: None))
-    source = _source(part, folder)
+    source = _source(part, folder) | ({"session": session} if session else {})
     host = host_section(evidence.host, bench.elapsed_s if bench else None) if evidence.host is not None else None
     shown = vllm_run_evidence(bench, log, scrapes, flags, command is not None, bool(source.get("vllm_names")))
     # Some of vLLM's defaults depend on the GPU: the one the user names, else the trace's, else the manifest's.

@@ -10,7 +10,8 @@ from profkit.units import ns, number, pct
 
 
 def view(report: dict[str, Any], top: int) -> dict[str, Any]:
-    return {"report": report, "live": live_lines(report), "preempt_where": preemptions_window(report)}
+    return {"report": report, "live": live_lines(report), "preempt_where": preemptions_window(report),
+            "session": session_line(report)}
 
 
 def text(v: dict[str, Any]) -> list[str]:
@@ -18,9 +19,10 @@ def text(v: dict[str, Any]) -> list[str]:
     src, win, gpu, facts = report["source"], report["window"], report["gpu"], report["facts"]
     if gpu is None:
         return [f"profkit report: {terminal(src['path'] or 'vLLM evidence')} (no trace: vLLM's own evidence only)",
-                *outcome_lines(report), *v["live"]]
+                *([f"  {terminal(v['session'])}"] if v["session"] else []), *outcome_lines(report), *v["live"]]
     return [
         f"profkit report: {terminal(src['path'])}",
+        *([f"  {terminal(v['session'])}"] if v["session"] else []),
         f"  {terminal(src.get('tool', src['kind']))} {terminal(src.get('tool_version') or '')} | GPU "
         f"{terminal(src.get('gpu') or '?')} | driver {terminal(src.get('driver') or '?')}",
         f"  window: {ns(win['duration_ns'])} ({terminal(win['how'])}: {terminal(win['detail'])})",
@@ -32,6 +34,17 @@ def text(v: dict[str, Any]) -> list[str]:
         *outcome_lines(report),
         *v["live"],
     ]
+
+
+def session_line(report: dict[str, Any]) -> str | None:
+    """A session folder's runs (replicates against one server) and which of them the report reads."""
+    session = report["source"].get("session")
+    if not session:
+        return None
+    rates = ", ".join("?" if r["request_throughput"] is None else f"{r['request_throughput']:,.2f}"
+                      for r in session["runs"])
+    return (f"Session {session['path']}: {len(session['runs'])} runs against one server ({rates} req/s); this "
+            f"report is {session['run']}'s, the median")
 
 
 def outcome_lines(report: dict[str, Any]) -> list[str]:
