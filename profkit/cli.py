@@ -469,8 +469,9 @@ def sweep(rates: str | None, from_run: str | None, slos: tuple[str, ...], replic
 
     if slos and not from_run:
         raise click.UsageError("--slo chooses rates from a predicted frontier: add --from RUN")
-    predicted, front = (predictor(from_run, [(c.metric, c.op, c.value) for c in map(parse_slo, slos)])
-                        if from_run else (None, None))
+    bounds = [parse_slo(s) for s in slos]
+    predicted = predictor(from_run, [(c.metric, c.op, c.value) for c in bounds]) if from_run else None
+    front = predicted.frontier if predicted else None
     if rates:
         try:
             chosen = sorted({float(r) for r in rates.split(",") if r.strip()})

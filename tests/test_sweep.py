@@ -63,6 +63,31 @@ def test_the_sweep_measures_each_rate_and_puts_the_prediction_beside_it(recorded
     assert lines[3].split()[:4] == ["6.65", "1", "6.44", "/"]
 
 
+def test_the_goodput_under_each_bound_is_measured_beside_the_models(recorded: Path, tmp_path: Path) -> None:
+    """The 8B's sweep under p99 TPOT <= 15 ms and p99 E2E <= 5 s: measured 17.35 and 19.28 req/s between its points
+    (tests/test_frontier.py holds the model's goodput within 10 % of them); the benchmarks' seconds are the recorded
+    runs' durations."""
+    from profkit.compare.sweep import measured_goodput
+    from profkit.model.search import Bound
+
+    r = sweep(recorded, tmp_path, "--rates", ",".join(map(str, RATES)), "--from", recorded / "sweep" / "capture" / "r2",
+              "--slo", "p99_tpot_ms<=15", "--slo", "p99_e2el_ms<=5000")
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = json.loads((tmp_path / "out" / "sweep.json").read_text())
+    points = [json.loads((recorded / "sweep" / "defaults" / f"rate-{x}.json").read_text()) for x in RATES]
+    assert doc["benchmark_s"] == pytest.approx(sum(p["duration"] for p in points), abs=0.1)
+    for g, bound in zip(doc["goodput"], (Bound("p99_tpot_ms", "<=", 15), Bound("p99_e2el_ms", "<=", 5000)),
+                        strict=True):
+        assert g["bound"] == f"{bound.metric}<={bound.value:g}" and g["bracketed"]
+        assert g["measured"] == pytest.approx(measured_goodput(points, bound))
+        assert g["error"] == pytest.approx(g["predicted"]["rate"] / g["measured"] - 1)
+        assert abs(g["error"]) < 0.10 and g["inside_range"] == (g["predicted"]["low"] <= g["measured"]
+                                                                <= g["predicted"]["high"])
+        line = next(x for x in r.stdout.splitlines() if x.startswith(f"  goodput within {g['bound']}: "))
+        assert f"measured {g['measured']:,.2f} req/s, predicted {g['predicted']['rate']:,.2f}" in line
+    assert f"  GPU time: {doc['benchmark_s']:,.0f} s of benchmarks (6 run(s))" in r.stdout
+
+
 def test_a_rate_that_was_not_recorded_is_refused_by_the_stand_in(recorded: Path, tmp_path: Path) -> None:
     r = sweep(recorded, tmp_path, "--rates", "7")
     line = one_error_line(r, "vllm bench serve", progress=True)

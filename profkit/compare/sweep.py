@@ -62,10 +62,20 @@ def folder_name(rate: float) -> str:
     return f"rate-{rate:g}"
 
 
+class SweepModel:
+    """The model calibrated on a full-load run of the swept configuration (`profkit sweep --from RUN`): each point it
+    predicts (`point(rate, prompts)`: `profkit.model.frontier.Point.document()`), its frontier within the bounds (which
+    chooses the rates) and its goodput under each bound alone (what a sweep's measurement is held against)."""
+
+    def __init__(self, point: Callable[[float, int], dict[str, Any]], frontier: dict[str, Any], bounds: list[Any],
+                 goodputs: dict[str, dict[str, Any] | None]) -> None:
+        self.point, self.frontier, self.bounds, self.goodputs = point, frontier, bounds, goodputs
+
+
 def run_sweep(plan: Plan, rates: Sequence[float], replicates: int = 1, say: Callable[[str], None] = lambda _m: None,
-              predicted: Callable[[float, int], dict[str, Any]] | None = None) -> dict[str, Any]:
-    """Each rate's `replicates` runs against one server; sweep.json in the plan's folder, returned. `predicted(rate,
-    prompts)`: the model's point for it (`profkit.model.frontier.Point.document()`), put beside the measurement."""
+              predicted: SweepModel | None = None) -> dict[str, Any]:
+    """Each rate's `replicates` runs against one server; sweep.json in the plan's folder, returned. `predicted`: the
+    model's points, put beside the measurement, and the goodput under each of its bounds, measured and predicted."""
     started = time.time()
     try:
         with ServerSession(plan, say) as session:
@@ -82,19 +92,22 @@ def run_sweep(plan: Plan, rates: Sequence[float], replicates: int = 1, say: Call
     return doc
 
 
-def sweep_document(out: Path, rates: Sequence[float],
-                   predicted: Callable[[float, int], dict[str, Any]] | None = None) -> dict[str, Any]:
-    """The measured points of a sweep folder, each beside its prediction where one is given."""
+def sweep_document(out: Path, rates: Sequence[float], predicted: SweepModel | None = None) -> dict[str, Any]:
+    """The measured points of a sweep folder, each beside its prediction where one is given; the goodput under each
+    bound, measured (between the measured points) and predicted; the benchmarks' own seconds (the GPU time the
+    answer cost, beside the server's start-up)."""
     points = []
+    benchmark_s = 0.0
     for rate in rates:
         runs = [json.loads(p.read_text()) for p in sorted((out / folder_name(rate)).glob("r*/bench.json"))]
+        benchmark_s += sum(float(r.get("duration") or 0.0) for r in runs)
         measured = {k: statistics.mean(r[k] for r in runs) for k in METRICS if runs and all(k in r for r in runs)}
         spread = {k: (max(r[k] for r in runs) - min(r[k] for r in runs)) / measured[k]
                   for k in measured if len(runs) > 1 and measured[k]}
         point: dict[str, Any] = {"rate": rate, "prompts": prompts_for(rate), "replicates": len(runs),
                                  "measured": measured, "spread": spread}
         if predicted is not None:
-            p = predicted(rate, prompts_for(rate))
+            p = predicted.point(rate, prompts_for(rate))
             point["predicted"] = {k: v for k, v in p["metrics"].items() if k in METRICS}
             point["error"] = {k: point["predicted"][k]["predicted"] / measured[k] - 1
                               for k in point["predicted"] if measured.get(k)}
@@ -103,13 +116,32 @@ def sweep_document(out: Path, rates: Sequence[float],
         points.append(point)
     errors = [abs(e) for p in points for e in (p.get("error") or {}).values() if not math.isnan(e)]
     return {"schema": SCHEMA, "folder": str(out), "points": points,
-            "median_abs_error": statistics.median(errors) if errors else None}
+            "median_abs_error": statistics.median(errors) if errors else None,
+            "goodput": [_goodput(points, b, predicted) for b in predicted.bounds] if predicted else [],
+            "benchmark_s": round(benchmark_s, 1)}
 
 
-def predictor(run: str | Path, bounds: Sequence[tuple[str, str, float]] = ()) \
-        -> tuple[Callable[[float, int], dict[str, Any]], dict[str, Any]]:
+def _goodput(points: list[dict[str, Any]], bound: Any, predicted: SweepModel) -> dict[str, Any]:
+    """One bound's goodput: the measured (between the last measured point that meets it and the next, each point's
+    mean over its replicates; where the highest point still meets it, that rate and no more is known) beside the
+    model's."""
+    text = f"{bound.metric}{bound.op}{bound.value:g}"
+    measured_points = [{"request_rate": p["rate"], **p["measured"]} for p in points if bound.metric in p["measured"]]
+    out: dict[str, Any] = {"bound": text, "measured": measured_goodput(measured_points, bound) if measured_points
+                           else None,
+                           "bracketed": any(not bound.holds(m[bound.metric]) for m in measured_points)}
+    good = predicted.goodputs.get(text)
+    if good:
+        out["predicted"] = {k: good[k] for k in ("rate", "low", "high")}
+        if out["measured"]:
+            out["error"] = good["rate"] / out["measured"] - 1
+            out["inside_range"] = good["low"] <= out["measured"] <= good["high"]
+    return out
+
+
+def predictor(run: str | Path, bounds: Sequence[tuple[str, str, float]] = ()) -> SweepModel:
     """The model calibrated on `run` (a full-load run of the swept configuration): its prediction of a point
-    (rate, prompts), and its frontier within `bounds` (which chooses the rates)."""
+    (rate, prompts), its frontier within `bounds` (which chooses the rates) and its goodput under each."""
     from profkit.errors import ProfkitError
     from profkit.model.frontier import canonical_metric, frontier, point_at
     from profkit.model.observe import Unobservable, observe
@@ -127,5 +159,6 @@ def predictor(run: str | Path, bounds: Sequence[tuple[str, str, float]] = ()) \
         raise ProfkitError(f"--from {run}: the model does not reproduce this run ({miss})")
     conf = configured(cal, {})
     width = spread(cal)
-    return (lambda rate, prompts: point_at(cal, conf, rate, prompts, width).document(),
-            frontier(cal, {}, checked).document())
+    alone = {f"{b.metric}{b.op}{b.value:g}": frontier(cal, {}, [b]).goodput for b in checked}
+    return SweepModel(lambda rate, prompts: point_at(cal, conf, rate, prompts, width).document(),
+                      frontier(cal, {}, checked).document(), checked, alone)

@@ -34,4 +34,22 @@ def sweep_text(doc: dict[str, Any]) -> str:
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
     out.append("  " + "  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True)))
     out += ["  " + "  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    out += [_goodput_line(g) for g in doc.get("goodput") or []]
+    if doc.get("benchmark_s") is not None:
+        runs = sum(p["replicates"] for p in doc["points"])
+        out.append(f"  GPU time: {doc['benchmark_s']:,.0f} s of benchmarks ({runs} run(s)) after a start-up of "
+                   f"{doc.get('startup_s', 0):,.0f} s")
     return document("\n".join(out) + "\n")
+
+
+def _goodput_line(g: dict[str, Any]) -> str:
+    """A bound's goodput, measured beside predicted; a measurement whose points all met the bound is a floor."""
+    measured = "-" if g["measured"] is None else f"{g['measured']:,.2f} req/s" + (
+        "" if g["bracketed"] else " or more (every rate measured met it)")
+    line = f"  goodput within {terminal(g['bound'])}: measured {measured}"
+    p = g.get("predicted")
+    if p:
+        line += f", predicted {p['rate']:,.2f} (range {p['low']:,.2f}-{p['high']:,.2f})"
+        if g.get("error") is not None:
+            line += f": {g['error'] * 100:+.0f}%, {'inside' if g['inside_range'] else 'outside'} the range"
+    return line
