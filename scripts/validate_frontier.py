@@ -1,12 +1,19 @@
 """The SLO frontier from one run against the sweeps measured on H200s (tests/data/h200_model_led.tar.xz): each sweep
-point predicted from the full-load capture's replicates (the mean over them), its throughput and latency
-percentiles against what `vllm bench serve` measured at that rate, and the goodput under a few bounds.
+point predicted from each of the full-load capture's replicates, its throughput and latency percentiles against what
+`vllm bench serve` measured at that rate, and the goodput under a few bounds.
 
-    python scripts/validate_frontier.py         # the tables, Markdown, on stdout
+    python scripts/validate_frontier.py           # the tables, Markdown, on stdout
+    python scripts/validate_frontier.py --write   # and the rows profkit ships (profkit/model/frontier_validation.json)
+
+A row is one (sweep point, capture replicate, metric) where both the server and the model kept up with the rate (past
+the capacity a finite run's percentiles say how long it ran). The frontier widens a point's range to the 10th-90th
+percentiles of these rows' log(measured / predicted) for the metric (their extremes below 10 rows); the coverage
+printed is leave-one-recording-out: each row's range built without the rows predicted from its own capture.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import sys
@@ -26,37 +33,69 @@ SWEEPS = [  # name, the capture it is predicted from, the sweep, the changes fro
      [("p99_tpot_ms", 15), ("p99_tpot_ms", 20), ("p99_ttft_ms", 150), ("p99_e2el_ms", 8000)]),
 ]
 KEYS = ["request_throughput", "p50_ttft_ms", "p99_ttft_ms", "p50_tpot_ms", "p99_tpot_ms", "p99_e2el_ms"]
+OUT = REPO / "profkit" / "model" / "frontier_validation.json"
+
+
+def sweep_points(folder: Path) -> list[dict]:
+    """A sweep's measured points, ascending by rate: `rate-R.json` (a `vllm bench serve` result each), or a `profkit
+    sweep` folder's `rate-R/r*/bench.json` (the mean over a rate's replicates)."""
+    points = [json.loads(f.read_text()) for f in folder.glob("rate-*.json")]
+    for rate_dir in folder.glob("rate-*/"):
+        runs = [json.loads(f.read_text()) for f in sorted(rate_dir.glob("r*/bench.json"))]
+        if runs:
+            points.append({k: statistics.mean(r[k] for r in runs) if isinstance(runs[0][k], (int, float)) else
+                           runs[0][k] for k in runs[0] if all(k in r for r in runs)})
+    return sorted(points, key=lambda m: m["request_rate"])
+
+
+def kept_up(m: dict) -> bool:
+    """The server kept up: a finite run at the rate lasts its sending time and about one request more."""
+    return m["request_throughput"] >= 0.9 * m["num_prompts"] / (m["num_prompts"] / m["request_rate"]
+                                                                + m["mean_e2el_ms"] / 1e3)
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--write", action="store_true", help=f"write the rows to {OUT.relative_to(REPO)}")
+    args = parser.parse_args()
+
     from profkit.compare.sweep import measured_goodput
-    from profkit.model.frontier import frontier, point_at
+    from profkit.model.frontier import frontier, frontier_metrics, keeps_up, point_at
     from profkit.model.observe import observe
-    from profkit.model.predict import DEFAULT_NOISE, calibrate, configured
+    from profkit.model.predict import calibrate, configured, spread
     from profkit.model.search import Bound
+    from profkit.model.validation import inside_frontier_held_out, residual
     from profkit.report import build_report
 
+    rows = []
     with tempfile.TemporaryDirectory() as tmp:
         with tarfile.open(REPO / "tests" / "data" / "h200_model_led.tar.xz") as tar:
             tar.extractall(tmp, filter="data")
         root = Path(tmp) / "h200_model_led"
         for name, capture, sweep, changes, bounds in SWEEPS:
-            cals = [calibrate(observe(build_report(r).document())) for r in sorted((root / capture).glob("r[0-9]"))]
-            points = sorted((json.loads(f.read_text()) for f in (root / sweep).glob("rate-*.json")),
-                            key=lambda m: m["request_rate"])
+            replicates = sorted((root / capture).glob("r[0-9]"))
+            cals = [calibrate(observe(build_report(r).document())) for r in replicates]
+            points = sweep_points(root / sweep)
             print(f"\n### {name}: predicted from {len(cals)} full-load replicate(s)\n")
             print("| rate (req/s) | " + " | ".join(KEYS) + " |")
             print("|---:|" + "---:|" * len(KEYS))
             for m in points:
                 preds = []
-                for cal in cals:
-                    conf = configured(cal, changes)
-                    spread = DEFAULT_NOISE + max(cal.fit_error.values())
-                    preds.append(point_at(cal, conf, m["request_rate"], m["num_prompts"], spread).predicted)
+                for cal, replicate in zip(cals, replicates, strict=True):
+                    p = point_at(cal, configured(cal, changes), m["request_rate"], m["num_prompts"], spread(cal),
+                                 held_out=False)
+                    preds.append(p.predicted)
+                    if not (kept_up(m) and keeps_up(p)):
+                        continue
+                    rows += [{"recording": capture, "sweep": sweep, "changed": bool(changes),
+                              "replicate": replicate.name,
+                              "rate": m["request_rate"], "metric": k, "predicted": p.predicted[k], "low": p.low[k],
+                              "high": p.high[k], "measured": m[k]}
+                             for k in frontier_metrics() if k in p.predicted and m.get(k)]
                 cells = []
                 for k in KEYS:
-                    p = statistics.mean(x[k] for x in preds)
-                    cells.append(f"{m[k]:,.1f} / {p:,.1f} ({100 * (p / m[k] - 1):+.0f}%)")
+                    v = statistics.mean(x[k] for x in preds)
+                    cells.append(f"{m[k]:,.1f} / {v:,.1f} ({100 * (v / m[k] - 1):+.0f}%)")
                 print(f"| {m['request_rate']:.2f} | " + " | ".join(cells) + " |")
             print("\n| bound | measured goodput (req/s) | predicted (range) | error |\n|---|---:|---:|---:|")
             for metric, value in bounds:
@@ -67,6 +106,23 @@ def main() -> None:
                 low, high = min(g["low"] for g in goods), max(g["high"] for g in goods)
                 print(f"| {metric}<={value:g} | {meas:.2f} | {rate:.2f} ({low:.2f}-{high:.2f}) | "
                       f"{100 * (rate / meas - 1):+.0f}% |")
+    for r in rows:
+        r["inside_held_out"] = inside_frontier_held_out(r, rows)
+    print("\n### Coverage (leave-one-recording-out), points both kept up with\n")
+    print("| metric | rows | median error | 10th-90th percentile | inside the model's own range | inside the held-out "
+          "range |\n|---|---:|---:|---:|---:|---:|")
+    for k, changed in dict.fromkeys((r["metric"], r["changed"]) for r in rows):
+        mine = [r for r in rows if r["metric"] == k and r["changed"] == changed]
+        errors = sorted(residual(r) for r in mine)
+        cuts = statistics.quantiles(errors, n=10, method="inclusive") if len(errors) >= 10 else [errors[0], errors[-1]]
+        own = sum(r["low"] <= r["measured"] <= r["high"] for r in mine)
+        held = sum(r["inside_held_out"] for r in mine)
+        name = f"{k} (from another configuration's run)" if changed else k
+        print(f"| {name} | {len(mine)} | {100 * statistics.median(errors):+.0f}% | {100 * cuts[0]:+.0f}% to "
+              f"{100 * cuts[-1]:+.0f}% | {own}/{len(mine)} | {held}/{len(mine)} |")
+    if args.write:
+        OUT.write_text(json.dumps({"schema": "profkit.frontier-validation/1", "rows": rows}, indent=1) + "\n")
+        print(f"\nwrote {OUT.relative_to(REPO)} ({len(rows)} rows)", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ engine's steps (HTTP, tokenising) is not known from a run at full load, where qu
 capacity TTFT is the engine's alone, and under-predicted (docs/prediction.md gives the measured errors). A rate's
 prompts span at least MIN_SECONDS, as a sweep's runs would. The rates are shares of the predicted capacity (the run
 at rate inf), dense near the knee. Ranges: the ends of what the change does to a step's cost, widened by the noise
-and the fit's error on the calibrated run, as `predict`'s are.
+and the fit's error on the calibrated run, as `predict`'s are; at a finite rate, widened again to what each metric
+missed by on the measured sweeps (`validation.frontier_band`: below the knee TTFT and TPOT are under-predicted).
 
 What a vLLM sweep (`vllm bench sweep`, benchmarks/auto_tune) measures one restart and one run a point, this
 predicts in seconds; `profkit sweep` measures the points it chooses (around the knee and the bounds' edges)."""
@@ -22,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from profkit.model import validation
 from profkit.model.predict import Calibrated, Configured, configured, host_stretch
 from profkit.model.predict import spread as predict_spread
 from profkit.model.simulate import Infeasible, Latencies, SimResult, simulate_latencies
@@ -102,14 +104,21 @@ def frontier(cal: Calibrated, changes: dict[str, Any] | None = None, bounds: Seq
     return out
 
 
-def point_at(cal: Calibrated, conf: Configured, rate: float | None, prompts: int, spread: float) -> Point:
-    """The predicted outcome of `prompts` requests sent at `rate` (None: all at once)."""
+def point_at(cal: Calibrated, conf: Configured, rate: float | None, prompts: int, spread: float,
+             held_out: bool = True) -> Point:
+    """The predicted outcome of `prompts` requests sent at `rate` (None: all at once). `held_out`: a rate's ranges
+    widened to what each metric missed by on the recorded sweeps (`validation.frontier_band`); off, the model's own
+    (what the validation compares)."""
     work = replace(cal.workload, requests=prompts, request_rate=rate)
     sims = [simulate_latencies(work, conf.engine, cost, conf.engines) for cost in conf.costs]
     runs = [_metrics(cal, conf, r, lat, rate) for r, lat in sims]
     mid = runs[len(runs) // 2]
     low = {k: min(r[k] for r in runs) * math.exp(-spread) for k in mid}
     high = {k: max(r[k] for r in runs) * math.exp(spread) for k in mid}
+    if held_out and rate is not None:
+        for k, v in mid.items():
+            band_low, band_high = validation.frontier_band(k, conf.changed)
+            low[k], high[k] = min(low[k], v * math.exp(band_low)), max(high[k], v * math.exp(band_high))
     ttft = sims[len(sims) // 2][1].ttft_s  # in the order the requests were sent
     quarter = max(1, len(ttft) // 4)
     growth = float(np.median(ttft[-quarter:])) - QUEUE_GROWTH[0] * float(np.median(ttft[:quarter])) - QUEUE_GROWTH[1]

@@ -312,6 +312,7 @@ class Configured:
     costs: list[StepCost]  # the low, middle and high ends of what the change does to a step's costs (one: none)
     engines: int  # data-parallel engines
     caps: Callable[[SimResult], dict[str, float]]  # the host's ceilings, given the simulated run's batch
+    changed: bool = False  # another configuration than the run's own
 
 
 def configured(cal: Calibrated, changes: dict[str, Any]) -> Configured:
@@ -319,12 +320,13 @@ def configured(cal: Calibrated, changes: dict[str, Any]) -> Configured:
     obs = cal.observation
     if (refused := change_refusal(obs, changes)) is not None:
         raise Refused(refused)
+    changed = bool(changes)
     changes = levers.with_defaults(changes, obs)
     said = _Said([], [])
     change = _changed(cal, changes, said)
     costs = _step_costs(cal, change, said)
     return Configured(change.engine, costs if change.moves_costs else costs[1:2], change.dp,
-                      lambda after: host_ceilings(obs, changes, cal.baseline, after))
+                      lambda after: host_ceilings(obs, changes, cal.baseline, after), changed)
 
 
 @dataclass

@@ -23,6 +23,9 @@ from pathlib import Path
 from typing import Any
 
 ROWS = Path(__file__).with_name("validation.json")
+# The frontier's points against measured sweeps (`scripts/validate_frontier.py --write`): one row per (sweep point,
+# full-load replicate predicting it, metric), the points where both the server and the model kept up with the rate.
+FRONTIER_ROWS = Path(__file__).with_name("frontier_validation.json")
 HELD_OUT = "held-out"
 QUANTILE_ROWS = 10  # from this many rows the band is their 10th-90th percentiles, below it their extremes
 # a metric's errors as the validation measured them (output tokens/s moves with requests/s: fixed lengths)
@@ -103,3 +106,33 @@ def _band(families: tuple[str, ...], metric: str) -> Band:
     pairs = len({r["pair"] for r in held})
     return Band(tuple(families), low, high, pairs, sum(bool(r["inside_held_out"]) for r in held), len(held),
                 tuple(f for f in families if f not in validated))
+
+
+@cache
+def frontier_rows() -> tuple[dict[str, Any], ...]:
+    """The sweep points the frontier was held against (none where the file is absent: its ranges are the model's)."""
+    if not FRONTIER_ROWS.is_file():
+        return ()
+    return tuple(json.loads(FRONTIER_ROWS.read_text())["rows"])
+
+
+def frontier_band_of(rows: Sequence[dict[str, Any]], metric: str, changed: bool,
+                     leave_out: frozenset[str] = frozenset()) -> tuple[float, float]:
+    """The ends of log(measured / predicted) of `metric` at the measured sweeps' points, of the swept configuration
+    predicted as it ran (`changed` False) or from another's run (True: the changes' own errors ride along), without
+    those predicted from `leave_out`'s recordings (the full-load captures)."""
+    return _ends([residual(r) for r in rows if r["metric"] == metric and r["changed"] == changed
+                  and r["recording"] not in leave_out])
+
+
+@cache
+def frontier_band(metric: str, changed: bool) -> tuple[float, float]:
+    """What a frontier point's `metric` missed by on the recorded sweeps: the ends its range is widened to."""
+    return frontier_band_of(frontier_rows(), metric, changed)
+
+
+def inside_frontier_held_out(row: dict[str, Any], rows: Sequence[dict[str, Any]]) -> bool:
+    """Whether a sweep point's measurement falls inside the range built without its own recording's rows."""
+    low, high = frontier_band_of(rows, row["metric"], row["changed"], frozenset([row["recording"]]))
+    predicted = row["predicted"]
+    return min(row["low"], predicted * math.exp(low)) <= row["measured"] <= max(row["high"], predicted * math.exp(high))
