@@ -447,23 +447,28 @@ MAX_SWEEP_RATE = 10_000  # req/s: each rate sends 40 s of prompts; past this a t
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="sweep folder (default: sweep-YYYYmmdd-HHMMSS)")
 @click.option("--dry-run", is_flag=True, help="print the rates and every command it would run, and stop")
+@click.option("--show", "show", type=click.Path(path_type=Path), default=None,
+              help="a sweep folder already measured: its points (beside today's model with --from), no run")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="what it prints")
 @click.option("--vllm", "vllm_exe", default="vllm", show_default=True, help="vllm executable")
 @serve_run_options
 def sweep(rates: str | None, from_run: str | None, slos: tuple[str, ...], replicates: int, out: Path | None,
-          dry_run: bool, vllm_exe: str, timeout: float, model: str | None, server_args: str, bench_args: str,
-          port: int, health_timeout: float, command: tuple[str, ...]) -> None:
+          dry_run: bool, show: Path | None, fmt: str, vllm_exe: str, timeout: float, model: str | None,
+          server_args: str, bench_args: str, port: int, health_timeout: float, command: tuple[str, ...]) -> None:
     """Measure a served configuration at a few request rates against one server (the measured frontier).
 
     \b
     profkit sweep --from RUN [--slo "p99_ttft_ms<=2000"] serve --model M [--server-args ".."] [--bench-args ".."]
     profkit sweep --rates 5,10,15 serve --model M ...
+    profkit sweep --show FOLDER [--from RUN --slo "p99_tpot_ms<=15"]
     """
     import time
 
     from profkit.capture.plan import CaptureOptions, commands_from_cli
     from profkit.capture.plan import plan as make_plan
     from profkit.capture.run import main_interrupt_safe
-    from profkit.compare.sweep import chosen_rates, folder_name, predictor, prompts_for, run_sweep
+    from profkit.compare.sweep import chosen_rates, folder_name, predictor, prompts_for, run_sweep, show_sweep
     from profkit.render.sweep import sweep_text
     from profkit.tune.loop import parse_slo
 
@@ -472,6 +477,12 @@ def sweep(rates: str | None, from_run: str | None, slos: tuple[str, ...], replic
     bounds = [parse_slo(s) for s in slos]
     predicted = predictor(from_run, [(c.metric, c.op, c.value) for c in bounds]) if from_run else None
     front = predicted.frontier if predicted else None
+    if show is not None:
+        import json
+
+        shown = show_sweep(show, predicted)
+        click.echo(json.dumps(shown, indent=2) if fmt == "json" else sweep_text(shown), nl=fmt == "json")
+        return
     if rates:
         try:
             chosen = sorted({float(r) for r in rates.split(",") if r.strip()})

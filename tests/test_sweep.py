@@ -132,3 +132,37 @@ def test_a_rate_past_any_load_and_a_malformed_bound_are_one_line(recorded: Path,
     line = one_error_line(profkit("predict", "samples/vllm_14b_kv_bound", "--frontier", "--slo", "p99_ttft_ms<=1e400"),
                           "--slo 'p99_ttft_ms<=1e400': expected METRIC<OP>VALUE, e.g. 'p99_ttft_ms<=2000'")
     assert "--fail-on" not in line
+
+
+def test_show_reads_a_real_sweep_folder_beside_todays_model(recorded: Path, tmp_path: Path) -> None:
+    """`profkit sweep --show` on the sweep `profkit sweep` measured on an H200 (lease 4: the 14B at the 7 rates its
+    predicted frontier chose; its sweep.json predates the goodput lines): each point as measured, today's model beside
+    it, each bound's goodput between the measured points (p99 TPOT <= 15 ms: 7.75 req/s, between 6.09 and 9.13)."""
+    from profkit.compare.sweep import measured_goodput
+    from profkit.model.search import Bound
+
+    folder = recorded / "sweep14p"
+    r = profkit("sweep", "--show", folder, "--from", recorded / "sweep14" / "capture" / "r2", "--slo",
+                "p99_tpot_ms<=15", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    benches = {float(d.name[5:]): json.loads((d / "r1" / "bench.json").read_text()) for d in folder.glob("rate-*")}
+    assert [p["rate"] for p in doc["points"]] == sorted(benches) and len(benches) == 7
+    for p in doc["points"]:
+        assert p["measured"]["p99_tpot_ms"] == benches[p["rate"]]["p99_tpot_ms"] and "predicted" in p
+    points = [benches[k] for k in sorted(benches)]
+    (g,) = doc["goodput"]
+    assert g["measured"] == pytest.approx(measured_goodput(points, Bound("p99_tpot_ms", "<=", 15))) \
+        == pytest.approx(7.75, abs=0.01)
+    assert doc["benchmark_s"] == pytest.approx(sum(b["duration"] for b in points), abs=0.1)
+    assert doc["seconds"] == json.loads((folder / "sweep.json").read_text())["seconds"]
+    text = profkit("sweep", "--show", folder).stdout
+    assert text.splitlines()[0] == f"profkit sweep: {folder}: 7 rate(s), 647 s with the server's start-up (92 s)"
+
+
+def test_show_on_what_is_not_a_sweep_is_one_line(recorded: Path, tmp_path: Path) -> None:
+    one_error_line(profkit("sweep", "--show", recorded / "sweep14" / "capture"), "not a sweep folder")
+    broken = tmp_path / "sweep"
+    (broken / "rate-5" / "r1").mkdir(parents=True)
+    (broken / "rate-5" / "r1" / "bench.json").write_text('{"request_throughput": 4.9, ')
+    one_error_line(profkit("sweep", "--show", broken), "bench.json: not JSON")

@@ -18,6 +18,7 @@ from typing import Any
 
 from profkit.capture.plan import Plan
 from profkit.capture.run import CaptureError, ServerSession
+from profkit.inputs import read_json
 
 SCHEMA = "profkit.sweep/1"
 SECONDS = 40.0  # a point's prompts are sent over this long at its rate
@@ -99,9 +100,11 @@ def sweep_document(out: Path, rates: Sequence[float], predicted: SweepModel | No
     points = []
     benchmark_s = 0.0
     for rate in rates:
-        runs = [json.loads(p.read_text()) for p in sorted((out / folder_name(rate)).glob("r*/bench.json"))]
-        benchmark_s += sum(float(r.get("duration") or 0.0) for r in runs)
-        measured = {k: statistics.mean(r[k] for r in runs) for k in METRICS if runs and all(k in r for r in runs)}
+        runs = [r for p in sorted((out / folder_name(rate)).glob("r*/bench.json"))
+                if isinstance(r := read_json(p, "benchmark result"), dict)]
+        benchmark_s += sum(float(r["duration"]) for r in runs if isinstance(r.get("duration"), (int, float)))
+        measured = {k: statistics.mean(r[k] for r in runs) for k in METRICS
+                    if runs and all(isinstance(r.get(k), (int, float)) for r in runs)}
         spread = {k: (max(r[k] for r in runs) - min(r[k] for r in runs)) / measured[k]
                   for k in measured if len(runs) > 1 and measured[k]}
         point: dict[str, Any] = {"rate": rate, "prompts": prompts_for(rate), "replicates": len(runs),
@@ -119,6 +122,36 @@ def sweep_document(out: Path, rates: Sequence[float], predicted: SweepModel | No
             "median_abs_error": statistics.median(errors) if errors else None,
             "goodput": [_goodput(points, b, predicted) for b in predicted.bounds] if predicted else [],
             "benchmark_s": round(benchmark_s, 1)}
+
+
+def measured_rates(out: Path) -> list[float]:
+    """The rates a sweep folder holds (its `rate-R` folders with a benchmark result), ascending."""
+    rates = []
+    for d in out.glob("rate-*"):
+        try:
+            rate = float(d.name.removeprefix("rate-"))
+        except ValueError:
+            continue
+        if any(d.glob("r*/bench.json")):
+            rates.append(rate)
+    return sorted(rates)
+
+
+def show_sweep(out: Path, predicted: SweepModel | None = None) -> dict[str, Any]:
+    """A sweep folder's document as of today: its measured points (each beside today's model, with `predicted`) and
+    the times its run recorded in sweep.json. One line where the folder holds no measured rate."""
+    from profkit.errors import ProfkitError
+
+    rates = measured_rates(out) if out.is_dir() else []
+    if not rates:
+        raise ProfkitError(f"{out}: not a sweep folder (no rate-R/r1/bench.json: what profkit sweep writes)")
+    doc = sweep_document(out, rates, predicted)
+    recorded = out / "sweep.json"
+    if recorded.is_file():
+        ran = read_json(recorded, "sweep.json")
+        if isinstance(ran, dict):
+            doc.update({k: ran[k] for k in ("seconds", "startup_s") if isinstance(ran.get(k), (int, float))})
+    return doc
 
 
 def _goodput(points: list[dict[str, Any]], bound: Any, predicted: SweepModel) -> dict[str, Any]:
