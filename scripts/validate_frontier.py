@@ -8,7 +8,8 @@ point predicted from each of the full-load capture's replicates, its throughput 
 A row is one (sweep point, capture replicate, metric) where both the server and the model kept up with the rate (past
 the capacity a finite run's percentiles say how long it ran). The frontier widens a point's range to the 10th-90th
 percentiles of these rows' log(measured / predicted) for the metric (their extremes below 10 rows); the coverage
-printed is leave-one-recording-out: each row's range built without the rows predicted from its own capture.
+printed is leave-one-recording-out: each row's range built without the rows predicted from its own capture. The
+goodput ranges in the tables are the product's (widened by every sweep's errors, this one's included): in-sample.
 """
 
 from __future__ import annotations

@@ -205,3 +205,14 @@ def test_a_rates_range_carries_what_the_sweeps_missed_by_and_its_coverage_is_the
     measured = json.loads((recorded / "sweep14" / "defaults" / "rate-8.49.json").read_text())["p99_tpot_ms"]
     assert not p.low["p99_tpot_ms"] <= measured <= p.predicted["p99_tpot_ms"] * math.exp(spread(cal))
     assert p.low["p99_tpot_ms"] <= measured <= p.high["p99_tpot_ms"]
+
+
+def test_a_change_to_the_runs_own_settings_is_no_change(recorded: Path) -> None:
+    """`-- --max-num-seqs N` with the run's own N predicts the run's own frontier: its ranges carry the errors of the
+    swept configurations as they ran, not those of a changed one (the FP8 pair's, x3.9 on p99 TPOT)."""
+    cal = calibrated(recorded / "sweep14" / "capture" / "r2")
+    own = cal.observation.config.get("max_num_seqs")
+    assert own is not None
+    assert not configured(cal, {"max_num_seqs": own}).changed and configured(cal, {"max_num_seqs": 64}).changed
+    same = frontier(cal, {"max_num_seqs": own}, [Bound("p99_tpot_ms", "<=", 15)]).goodput
+    assert same == frontier(cal, {}, [Bound("p99_tpot_ms", "<=", 15)]).goodput

@@ -66,3 +66,15 @@ def test_a_session_whose_runs_hold_no_result_is_one_line(session: Path, tmp_path
         (broken / r / "bench.json").unlink()
     line = one_error_line(profkit("report", broken))
     assert line == f"profkit: error: {broken}: a session folder whose runs (r1, r2, r3) hold no benchmark result"
+
+
+def test_a_folder_put_beside_the_runs_is_not_a_run_and_a_run_without_a_result_is_said(session: Path,
+                                                                                      tmp_path: Path) -> None:
+    folder = tmp_path / "session"
+    shutil.copytree(session, folder)
+    shutil.copytree(session / "r1", folder / "zz-other")  # another capture copied in: not one of the server's runs
+    (folder / "r2" / "bench.json").unlink()  # a run cut short
+    run, said = CaptureFolder(folder).median_run()
+    assert [r["run"] for r in said["runs"]] == ["r1", "r2", "r3"] and said["runs"][1]["request_throughput"] is None
+    assert run.path.name == "r3"  # the lower middle of 12.10 and 12.12
+    assert "3 runs against one server (12.12, ?, 12.10 req/s); this report is r3's" in profkit("report", folder).stdout

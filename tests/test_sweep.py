@@ -78,7 +78,7 @@ def test_the_goodput_under_each_bound_is_measured_beside_the_models(recorded: Pa
     assert doc["benchmark_s"] == pytest.approx(sum(p["duration"] for p in points), abs=0.1)
     for g, bound in zip(doc["goodput"], (Bound("p99_tpot_ms", "<=", 15), Bound("p99_e2el_ms", "<=", 5000)),
                         strict=True):
-        assert g["bound"] == f"{bound.metric}<={bound.value:g}" and g["bracketed"]
+        assert g["bound"] == f"{bound.metric}<={bound.value:g}" and g["at_least"] is None and g["below"] is None
         assert g["measured"] == pytest.approx(measured_goodput(points, bound))
         assert g["error"] == pytest.approx(g["predicted"]["rate"] / g["measured"] - 1)
         assert abs(g["error"]) < 0.10 and g["inside_range"] == (g["predicted"]["low"] <= g["measured"]
@@ -166,3 +166,30 @@ def test_show_on_what_is_not_a_sweep_is_one_line(recorded: Path, tmp_path: Path)
     (broken / "rate-5" / "r1").mkdir(parents=True)
     (broken / "rate-5" / "r1" / "bench.json").write_text('{"request_throughput": 4.9, ')
     one_error_line(profkit("sweep", "--show", broken), "bench.json: not JSON")
+
+
+def test_a_goodput_the_measured_rates_do_not_bracket_is_a_floor_or_a_ceiling(recorded: Path, tmp_path: Path) -> None:
+    """The real 14B sweep: every rate met p99 TPOT <= 30 ms (the goodput is at least 12.58, no error is claimed);
+    none met p99 TTFT <= 200 ms (210 ms at 6.09: below 6.09). A folder named as profkit does not name its rates
+    (rate-6.090 beside rate-6.09, rate-inf, rate--1) is not a rate; vLLM's median_tpot_ms reads as p50_tpot_ms."""
+    import shutil
+
+    folder = tmp_path / "sweep"
+    shutil.copytree(recorded / "sweep14p", folder)
+    for odd in ("rate-6.090", "rate-inf", "rate--1", "rate-nan"):
+        shutil.copytree(folder / "rate-6.09", folder / odd)
+    r = profkit("sweep", "--show", folder, "--from", recorded / "sweep14" / "capture" / "r2", "--slo",
+                "p99_tpot_ms<=30", "--slo", "p99_ttft_ms<=200", "--slo", "median_tpot_ms<=15", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert len(doc["points"]) == 7
+    floor, ceiling, median = doc["goodput"]
+    assert floor["at_least"] == 12.58 and floor["measured"] is None and "error" not in floor
+    assert floor["inside_range"] == (floor["predicted"]["high"] >= 12.58)
+    assert ceiling["below"] == 6.09 and ceiling["measured"] is None and "error" not in ceiling
+    assert median["bound"] == "p50_tpot_ms<=15" and median["measured"] is not None
+    text = profkit("sweep", "--show", folder, "--from", recorded / "sweep14" / "capture" / "r2", "--slo",
+                   "p99_tpot_ms<=30", "--slo", "p99_ttft_ms<=200").stdout
+    assert "goodput within p99_tpot_ms<=30: measured 12.58 req/s or more (every rate measured met it), predicted" \
+        in text
+    assert "goodput within p99_ttft_ms<=200: measured below 6.09 req/s (the lowest rate measured missed it)" in text

@@ -23,8 +23,10 @@ from profkit.inputs import read_json
 SCHEMA = "profkit.sweep/1"
 SECONDS = 40.0  # a point's prompts are sent over this long at its rate
 MIN_PROMPTS = 60
-METRICS = ("request_throughput", "output_throughput", "p50_ttft_ms", "p90_ttft_ms", "p99_ttft_ms", "p50_tpot_ms",
-           "p90_tpot_ms", "p99_tpot_ms", "p50_e2el_ms", "p99_e2el_ms")
+# what a point holds of a `vllm bench serve` result: every frontier metric a bound may name (vLLM's `median_X` is
+# read as `p50_X`; the percentiles other than 99 only where the benchmark ran with --metric-percentiles 50,90,99)
+METRICS = ("request_throughput", "output_throughput",
+           *(f"{s}_{m}_ms" for m in ("ttft", "tpot", "e2el") for s in ("mean", "p50", "p90", "p99")))
 KNEE = (0.5, 0.75, 0.9, 1.0)  # shares of the predicted capacity measured without bounds
 EDGE = (0.9, 1.1)  # around a bound's edge: shares of the predicted goodput
 
@@ -100,11 +102,10 @@ def sweep_document(out: Path, rates: Sequence[float], predicted: SweepModel | No
     points = []
     benchmark_s = 0.0
     for rate in rates:
-        runs = [r for p in sorted((out / folder_name(rate)).glob("r*/bench.json"))
+        runs = [_figures(r) for p in sorted((out / folder_name(rate)).glob("r*/bench.json"))
                 if isinstance(r := read_json(p, "benchmark result"), dict)]
-        benchmark_s += sum(float(r["duration"]) for r in runs if isinstance(r.get("duration"), (int, float)))
-        measured = {k: statistics.mean(r[k] for r in runs) for k in METRICS
-                    if runs and all(isinstance(r.get(k), (int, float)) for r in runs)}
+        benchmark_s += sum(r.get("duration", 0.0) for r in runs)
+        measured = {k: statistics.mean(r[k] for r in runs) for k in METRICS if runs and all(k in r for r in runs)}
         spread = {k: (max(r[k] for r in runs) - min(r[k] for r in runs)) / measured[k]
                   for k in measured if len(runs) > 1 and measured[k]}
         point: dict[str, Any] = {"rate": rate, "prompts": prompts_for(rate), "replicates": len(runs),
@@ -124,15 +125,26 @@ def sweep_document(out: Path, rates: Sequence[float], predicted: SweepModel | No
             "benchmark_s": round(benchmark_s, 1)}
 
 
+def _figures(result: dict[str, Any]) -> dict[str, float]:
+    """A benchmark result's finite numbers (vLLM writes NaN where no request finished), `median_X` as `p50_X`."""
+    out = {k: float(v) for k, v in result.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+           and math.isfinite(v)}
+    for k, v in list(out.items()):
+        if k.startswith("median_"):
+            out.setdefault("p50_" + k.removeprefix("median_"), v)
+    return out
+
+
 def measured_rates(out: Path) -> list[float]:
-    """The rates a sweep folder holds (its `rate-R` folders with a benchmark result), ascending."""
+    """The rates a sweep folder holds: its folders named as `profkit sweep` names them (`rate-R`, R a positive
+    rate) with a benchmark result, ascending."""
     rates = []
     for d in out.glob("rate-*"):
         try:
             rate = float(d.name.removeprefix("rate-"))
         except ValueError:
             continue
-        if any(d.glob("r*/bench.json")):
+        if math.isfinite(rate) and rate > 0 and folder_name(rate) == d.name and any(d.glob("r*/bench.json")):
             rates.append(rate)
     return sorted(rates)
 
@@ -160,15 +172,24 @@ def _goodput(points: list[dict[str, Any]], bound: Any, predicted: SweepModel) ->
     model's."""
     text = f"{bound.metric}{bound.op}{bound.value:g}"
     measured_points = [{"request_rate": p["rate"], **p["measured"]} for p in points if bound.metric in p["measured"]]
-    out: dict[str, Any] = {"bound": text, "measured": measured_goodput(measured_points, bound) if measured_points
-                           else None,
-                           "bracketed": any(not bound.holds(m[bound.metric]) for m in measured_points)}
+    met = [bound.holds(m[bound.metric]) for m in measured_points]
+    # where every rate met the bound the goodput is at least the highest; where none did, below the lowest
+    out: dict[str, Any] = {"bound": text, "measured": None, "at_least": None, "below": None}
+    if measured_points and all(met):
+        out["at_least"] = measured_points[-1]["request_rate"]
+    elif measured_points and not met[0]:
+        out["below"] = measured_points[0]["request_rate"]
+    elif measured_points:
+        out["measured"] = measured_goodput(measured_points, bound)
     good = predicted.goodputs.get(text)
     if good:
         out["predicted"] = {k: good[k] for k in ("rate", "low", "high")}
         if out["measured"]:
             out["error"] = good["rate"] / out["measured"] - 1
             out["inside_range"] = good["low"] <= out["measured"] <= good["high"]
+        elif out["at_least"] is not None or out["below"] is not None:  # what the measurement allows
+            out["inside_range"] = (good["high"] >= out["at_least"] if out["at_least"] is not None
+                                   else good["low"] < out["below"])
     return out
 
 

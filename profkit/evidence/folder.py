@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 from functools import cached_property
 from pathlib import Path
@@ -59,6 +60,7 @@ WARMUP = "warmup.json"
 WARMUP_LOG = "warmup.log"
 # The files an output must never replace when the folder itself is the input.
 PROTECTED = (TRACE, MANIFEST, BENCH, GPU_METRICS)
+REPLICATE = re.compile(r"r[1-9][0-9]*")  # a session's runs: `replicate_name`'s names
 # What `profkit capture` adds to the user's commands for the profiler and the folder, taken off again when a
 # report quotes the command back (older manifests recorded only the command lines as run).
 PROFILER_ONLY_WITH_VALUE = ("--profiler-config",)
@@ -198,15 +200,19 @@ class CaptureFolder:
         """The session's run a report reads, and what each of its runs measured: the run whose request throughput
         is the median of the finished runs' (an even count: the lower of the middle two), so that one replicate's
         noise does not speak for the configuration."""
-        measured = [(run, bench.requests_per_second) for run in self.replicates() if run.bench_path
-                    and (bench := run.bench()) is not None and bench.requests_per_second is not None]
+        runs = [run for run in self.replicates() if REPLICATE.fullmatch(run.path.name)]  # not a folder put beside
+        figures = [(run, bench.requests_per_second if run.bench_path and (bench := run.bench()) else None)
+                   for run in runs]
+        measured = [(run, rps) for run, rps in figures if rps is not None]
         if not measured:
-            names = ", ".join(run.path.name for run in self.replicates()) or "none"
-            raise ProfkitError(f"{self.path}: a session folder whose runs ({names}) hold no benchmark result")
+            names = ", ".join(run.path.name for run in runs) or "none"
+            what = "a sweep folder (profkit sweep --show reads it)" if (self.path / "sweep.json").is_file() \
+                else "a session folder"
+            raise ProfkitError(f"{self.path}: {what} whose runs ({names}) hold no benchmark result")
         ordered = sorted(measured, key=lambda m: m[1])
         chosen = ordered[(len(ordered) - 1) // 2][0]
         return chosen, {"path": str(self.path), "run": chosen.path.name,
-                        "runs": [{"run": run.path.name, "request_throughput": rps} for run, rps in measured]}
+                        "runs": [{"run": run.path.name, "request_throughput": rps} for run, rps in figures]}
 
     def write_host(self, data: dict[str, Any]) -> None:
         write_atomic(self.path / HOST, json.dumps(data) + "\n")

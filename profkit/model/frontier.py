@@ -35,6 +35,9 @@ REPORT_SHARES = (0.25, 0.5, 0.75, 0.9)  # the report's frontier before and after
 MIN_SECONDS = 30.0  # a rate's prompts are sent over at least this long
 BISECT = 6  # simulations that place the goodput between two points (1/64 of their gap)
 ALIASES = {"median": "p50"}
+# metrics a sweep does not measure as such, widened by the errors of the one they derive from (per user: 1,000 / mean
+# TPOT, the sign flipped; per GPU: the output throughput's)
+BAND_OF = {"tokens_per_user": ("mean_tpot_ms", -1), "output_throughput_per_gpu": ("output_throughput", 1)}
 
 
 def frontier_metrics() -> tuple[str, ...]:
@@ -117,7 +120,8 @@ def point_at(cal: Calibrated, conf: Configured, rate: float | None, prompts: int
     high = {k: max(r[k] for r in runs) * math.exp(spread) for k in mid}
     if held_out and rate is not None:
         for k, v in mid.items():
-            band_low, band_high = validation.frontier_band(k, conf.changed)
+            source, sign = BAND_OF.get(k, (k, 1))
+            band_low, band_high = (sign * e for e in validation.frontier_band(source, conf.changed)[::sign])
             low[k], high[k] = min(low[k], v * math.exp(band_low)), max(high[k], v * math.exp(band_high))
     ttft = sims[len(sims) // 2][1].ttft_s  # in the order the requests were sent
     quarter = max(1, len(ttft) // 4)

@@ -320,8 +320,8 @@ def configured(cal: Calibrated, changes: dict[str, Any]) -> Configured:
     obs = cal.observation
     if (refused := change_refusal(obs, changes)) is not None:
         raise Refused(refused)
-    changed = bool(changes)
     changes = levers.with_defaults(changes, obs)
+    changed = any(obs.config.get(dest) != value for dest, value in changes.items())  # not the run's own settings
     said = _Said([], [])
     change = _changed(cal, changes, said)
     costs = _step_costs(cal, change, said)

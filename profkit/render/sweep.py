@@ -17,6 +17,8 @@ def _cell(p: dict[str, Any], key: str) -> str:
     pred = (p.get("predicted") or {}).get(key)
     if pred is None:
         return measured
+    if key not in (p.get("error") or {}):  # not measured at this point: the prediction alone
+        return f"{measured} / {figure(pred['predicted'])}"
     inside = "" if (p.get("inside_range") or {}).get(key) else "!"
     return f"{measured} / {figure(pred['predicted'])}{inside} ({p['error'][key] * 100:+.0f}%)"
 
@@ -44,12 +46,20 @@ def sweep_text(doc: dict[str, Any]) -> str:
 
 def _goodput_line(g: dict[str, Any]) -> str:
     """A bound's goodput, measured beside predicted; a measurement whose points all met the bound is a floor."""
-    measured = "-" if g["measured"] is None else f"{g['measured']:,.2f} req/s" + (
-        "" if g["bracketed"] else " or more (every rate measured met it)")
+    if g["measured"] is not None:
+        measured = f"{g['measured']:,.2f} req/s"
+    elif g.get("at_least") is not None:
+        measured = f"{g['at_least']:,.2f} req/s or more (every rate measured met it)"
+    elif g.get("below") is not None:
+        measured = f"below {g['below']:,.2f} req/s (the lowest rate measured missed it)"
+    else:
+        measured = "- (not measured)"
     line = f"  goodput within {terminal(g['bound'])}: measured {measured}"
     p = g.get("predicted")
     if p:
         line += f", predicted {p['rate']:,.2f} (range {p['low']:,.2f}-{p['high']:,.2f})"
         if g.get("error") is not None:
-            line += f": {g['error'] * 100:+.0f}%, {'inside' if g['inside_range'] else 'outside'} the range"
+            line += f": {g['error'] * 100:+.0f}%"
+        if g.get("inside_range") is not None:
+            line += f"{':' if g.get('error') is None else ','} {'inside' if g['inside_range'] else 'outside'} the range"
     return line
