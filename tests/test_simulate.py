@@ -61,3 +61,28 @@ def test_vllms_refusals_are_infeasible() -> None:
     cost = StepCost(1e-3, 1e-2, 1e-6, 1e-8, 1e-11)
     with pytest.raises(Infeasible, match="--max-num-batched-tokens 128 is below --max-num-seqs 256"):
         simulate(Workload(10, 100, 10), Engine(10_000, max_num_seqs=256, max_num_batched_tokens=128), cost)
+
+
+def test_request_lengths_are_drawn_as_the_random_dataset_draws_them() -> None:
+    """--random-range-ratio 0.5 at 512/512 (tests/data/h200_model_led's start C): each request's lengths from
+    int(512 x 0.5) to int(512 x 1.5), both included, their mean the workload's; a fixed seed; output tokens counted
+    per request, and TPOT over each request's own tokens."""
+    from dataclasses import replace
+
+    from profkit.model.simulate import lengths, simulate_latencies
+
+    work = Workload(900, 512, 512, request_rate=30.0, length_spread=0.5)
+    prompts, outputs = lengths(work)
+    assert lengths(work) == (prompts, outputs) and prompts != outputs
+    for drawn in (prompts, outputs):
+        assert min(drawn) >= 256 and max(drawn) <= 768 and min(drawn) < 270 and max(drawn) > 755
+        assert sum(drawn) / len(drawn) == pytest.approx(512, rel=0.02)
+    engine = Engine(kv_tokens=600_000, max_num_seqs=256, max_num_batched_tokens=8192)
+    cost = StepCost(overhead_s=5e-4, weights_s=7e-3, token_s=4.5e-5, kv_token_s=5e-8, pair_s=1e-11)
+    r, lat = simulate_latencies(work, engine, cost)
+    assert r.output_throughput == pytest.approx(sum(outputs) / r.elapsed_s)
+    fixed, _ = simulate_latencies(replace(work, length_spread=0.0), engine, cost)
+    assert fixed.output_throughput == pytest.approx(900 * 512 / fixed.elapsed_s)
+    assert lat.tpot_s.shape == (900,) and float(lat.e2el_s.max()) > float(lat.e2el_s.min()) * 1.5
+    with pytest.raises(Infeasible, match="1,536 tokens"):  # the longest request drawn must fit the cache
+        simulate(work, Engine(kv_tokens=1_500, max_num_seqs=8, max_num_batched_tokens=2048), cost)

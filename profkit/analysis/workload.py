@@ -42,7 +42,8 @@ def workload_section(bench_cmd: VllmCommand | None, bench: BenchResult | None) -
     return {"shared_prefixes": bench_cmd.shared_prefixes() if bench_cmd else None,
             "tokens_per_request": per_request,
             "prompt_tokens": mean[0] if mean else None, "output_tokens": mean[1] if mean else None,
-            "max_tokens_per_request": int((lengths[0] + lengths[1]) * (1 + lengths[2])) if lengths else None}
+            "max_tokens_per_request": int((lengths[0] + lengths[1]) * (1 + lengths[2])) if lengths else None,
+            "length_spread": lengths[2] if lengths else None}
 
 
 def _offline_tokens(lengths: tuple[int, int, float] | None, bench: BenchResult | None) -> tuple[float, float] | None:

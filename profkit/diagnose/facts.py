@@ -127,6 +127,8 @@ def _declare() -> dict[str, Fact]:
         ("workload.output_tokens", "tokens", "output tokens of a request, on average (as workload.prompt_tokens)"),
         ("workload.max_tokens_per_request", "tokens", "the most tokens a request of the benchmark needs (random "
                                                       "dataset: (input + output) x (1 + range ratio))"),
+        ("workload.length_spread", "share", "the random dataset's --random-range-ratio: each request's input and "
+                                            "output lengths drawn evenly within this share either side"),
         ("vllm.kv_capacity_requests", "count", "requests the KV cache holds at once at the workload's tokens per "
                                                "request (vllm.kv_cache_tokens / workload.tokens_per_request)"),
         ("efficiency.mfu", "share", "achieved FLOP/s over the GPU's dense peak for the GEMMs' precision, over the "

@@ -78,6 +78,7 @@ class Observation:
     data_parallel: int = 1  # engines (--data-parallel-size)
     hidden: float | None = None  # the model's hidden size (the activations each all-reduce carries per token)
     allreduce_s: float | None = None  # the trace's mean all-reduce kernel time on the first GPU (tensor parallel)
+    length_spread: float = 0.0  # the benchmark's --random-range-ratio: lengths drawn within this share of the mean
     notes: list[str] = field(default_factory=list)
     offline: bool = False  # `vllm bench throughput`: every request handed to the engine at once, no client
     vllm_version: str | None = None  # what the run's log says it was
@@ -158,6 +159,7 @@ def observe(doc: dict[str, Any]) -> Observation:
               if k.startswith("host.") and _num(v) is not None},
         gpu_busy=_num(facts.get("host.gpu_util_mean")) or _num(facts.get("gpu.utilization")),
         default_max_num_seqs=facts.get("vllm.default_max_num_seqs"),
+        length_spread=min(max(_num(facts.get("workload.length_spread")) or 0.0, 0.0), 1.0),
         tensor_parallel=int(tp), data_parallel=int(_num(config.get("data_parallel_size")) or 1),
         hidden=_attention_width(eff, doc) / layers if (layers := int(_num(model.get("layers")) or 0)) else None,
         allreduce_s=_allreduce_s(doc) if tp > 1 else None,

@@ -196,7 +196,7 @@ class _Fit:
     def __init__(self, obs: Observation) -> None:
         self.obs, m = obs, obs.measured
         self.work = Workload(obs.requests, obs.prompt_tokens, obs.output_tokens, obs.request_rate, obs.max_concurrency,
-                             offline=obs.offline)
+                             offline=obs.offline, length_spread=obs.length_spread)
         self.prior = _prior_cost(obs, bool(obs.config.get("enforce_eager")))
         self.engine = Engine(obs.memory.kv_tokens, int(obs.config.get("max_num_seqs") or 256),
                              int(obs.config.get("max_num_batched_tokens") or 8192), reserve=DEFAULT_RESERVE)

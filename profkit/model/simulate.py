@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 ARRIVAL_SEED = 0
+LENGTH_SEED = 1
 
 
 class Infeasible(ValueError):
@@ -39,6 +40,7 @@ class Workload:
     request_rate: float | None = None  # requests/s; None: all at once
     max_concurrency: int | None = None  # the client's cap on requests in flight
     offline: bool = False  # `vllm bench throughput`: every request handed to the engine at once, no client
+    length_spread: float = 0.0  # --random-range-ratio: each request's lengths drawn evenly within this share
 
 
 @dataclass(frozen=True)
@@ -112,7 +114,7 @@ def simulate_latencies(work: Workload, engine: Engine, cost: StepCost, engines: 
     run = _Run(work, engine, cost)
     r = run.run(max_steps)
     first, finish, sent = np.array(run.first), np.array(run.finish), np.array(run.sent)
-    lat = Latencies(first - sent, (finish - first) / max(work.output_tokens - 1, 1), finish - sent)
+    lat = Latencies(first - sent, (finish - first) / run.decoded_np, finish - sent)
     return (_scaled_up(r, engines) if engines > 1 else r), lat
 
 
@@ -133,12 +135,31 @@ def _check(work: Workload, engine: Engine) -> None:
     if work.requests <= 0 or work.prompt_tokens < 0 or work.output_tokens <= 0 or engine.kv_tokens <= 0 \
             or engine.max_num_seqs <= 0 or engine.max_num_batched_tokens <= 0:
         raise ValueError("a workload and an engine of positive sizes")
-    if work.prompt_tokens + work.output_tokens > engine.kv_tokens // engine.block_size * engine.block_size:
-        raise Infeasible(f"a request of {work.prompt_tokens + work.output_tokens:,} tokens needs more than the KV "
-                         f"cache's {engine.kv_tokens:,}")
+    longest = work.prompt_tokens + work.output_tokens if not work.length_spread else \
+        sum(_bounds(n, work.length_spread)[1] for n in (work.prompt_tokens, work.output_tokens))
+    if longest > engine.kv_tokens // engine.block_size * engine.block_size:
+        raise Infeasible(f"a request of {longest:,} tokens needs more than the KV cache's {engine.kv_tokens:,}")
     if engine.max_num_batched_tokens < engine.max_num_seqs:  # vLLM's SchedulerConfig refuses it at start-up
         raise Infeasible(f"--max-num-batched-tokens {engine.max_num_batched_tokens:,} is below --max-num-seqs "
                          f"{engine.max_num_seqs:,}, which vLLM refuses")
+
+
+def _bounds(mean: int, spread: float) -> tuple[int, int]:
+    """The lengths `vllm bench`'s random dataset draws from for a mean and a range ratio: int(mean x (1 - r)) to
+    int(mean x (1 + r)), both included (at least one token)."""
+    return max(1, int(mean * (1 - spread))), max(1, int(mean * (1 + spread)))
+
+
+def lengths(work: Workload) -> tuple[list[int], list[int]]:
+    """Each request's prompt and output tokens: the means where the lengths do not vary, else drawn as the random
+    dataset draws them (evenly within the range ratio; a fixed seed, as the arrivals')."""
+    n = work.requests
+    if not work.length_spread:
+        return [work.prompt_tokens] * n, [work.output_tokens] * n
+    rng = np.random.default_rng(LENGTH_SEED)
+    drawn = [rng.integers(lo, hi + 1, n).tolist()
+             for lo, hi in (_bounds(m, work.length_spread) for m in (work.prompt_tokens, work.output_tokens))]
+    return drawn[0], drawn[1]
 
 
 def arrivals(work: Workload) -> np.ndarray:
@@ -167,7 +188,10 @@ class _Run:
         # TTFT starts, as vllm bench measures it) when a slot frees, not when it was due
         self.slots = deque([0.0] * min(self.cap, n))
         self.sent = [0.0] * n
-        self.need = [work.prompt_tokens] * n  # tokens to compute before the request decodes
+        self.prompt_len, self.output_len = lengths(work)
+        # the tokens each decodes after its first (TPOT's denominator, as vllm bench's: at least one)
+        self.decoded_np = np.maximum(np.array(self.output_len, dtype=float) - 1, 1)
+        self.need = list(self.prompt_len)  # tokens to compute before the request decodes
         self.done = [0] * n  # of those, computed
         self.generated = [0] * n
         self.kv = [0] * n  # KV tokens held (a decoding request's: when it began decoding, see `entry`)
@@ -311,7 +335,7 @@ class _Run:
             self.by_residue[(self.steps - self.kv[r]) % bs] += 1
             self.n_decoding += 1
             self.kv_offset += self.kv[r] - self.steps
-            heapq.heappush(self.finishing, (self.steps + self.work.output_tokens - self.generated[r], r,
+            heapq.heappush(self.finishing, (self.steps + self.output_len[r] - self.generated[r], r,
                                             self.epoch[r]))
 
     def _finish(self) -> None:
@@ -348,7 +372,7 @@ class _Run:
         held = -(-self.kv[r] // self.bs) * self.bs
         self.held_total -= held
         self.kv[r] = 0
-        self.need[r] = self.work.prompt_tokens + self.generated[r]  # recomputed: its prompt and what it generated
+        self.need[r] = self.prompt_len[r] + self.generated[r]  # recomputed: its prompt and what it generated
         self.done[r] = 0
         self.alive[r] = False
         self.n_running -= 1
@@ -365,13 +389,13 @@ class _Run:
         finish, first, sent = np.array(self.finish), np.array(self.first), np.array(self.sent)
         if np.isnan(finish).any():
             raise ValueError(f"the simulation did not finish within {max_steps:,} steps")
-        n, out = self.work.requests, self.work.output_tokens
+        n, out = self.work.requests, sum(self.output_len)
         elapsed = float(finish.max()) - float(self.arrival_np.min())
         ttft = first - sent
-        tpot = (finish - first) / max(out - 1, 1)
+        tpot = (finish - first) / self.decoded_np
         steps = self.steps
         return SimResult(
-            elapsed_s=elapsed, request_throughput=n / elapsed, output_throughput=n * out / elapsed,
+            elapsed_s=elapsed, request_throughput=n / elapsed, output_throughput=out / elapsed,
             ttft_mean_s=float(ttft.mean()), tpot_mean_s=float(tpot.mean()), ttft_p99_s=float(np.percentile(ttft, 99)),
             tpot_p99_s=float(np.percentile(tpot, 99)), preemptions=self.preemptions, steps=steps,
             batch_mean=self.batch_sum / self.batch_steps if self.batch_steps else 0.0, batch_max=self.batch_max,
