@@ -162,6 +162,9 @@ def test_show_reads_a_real_sweep_folder_beside_todays_model(recorded: Path, tmp_
 
 def test_show_on_what_is_not_a_sweep_is_one_line(recorded: Path, tmp_path: Path) -> None:
     one_error_line(profkit("sweep", "--show", recorded / "sweep14" / "capture"), "not a sweep folder")
+    # and a sweep folder given to the report: where to read it
+    one_error_line(profkit("report", recorded / "sweep14p"), "a sweep folder, one run per request rate: profkit sweep "
+                   f"--show {recorded / 'sweep14p'} reads it")
     broken = tmp_path / "sweep"
     (broken / "rate-5" / "r1").mkdir(parents=True)
     (broken / "rate-5" / "r1" / "bench.json").write_text('{"request_throughput": 4.9, ')

@@ -205,10 +205,11 @@ class CaptureFolder:
                    for run in runs]
         measured = [(run, rps) for run, rps in figures if rps is not None]
         if not measured:
+            if (self.path / "sweep.json").is_file():
+                raise ProfkitError(f"{self.path}: a sweep folder, one run per request rate: profkit sweep --show "
+                                   f"{self.path} reads it (a report reads one of its runs, e.g. rate-R/r1)")
             names = ", ".join(run.path.name for run in runs) or "none"
-            what = "a sweep folder (profkit sweep --show reads it)" if (self.path / "sweep.json").is_file() \
-                else "a session folder"
-            raise ProfkitError(f"{self.path}: {what} whose runs ({names}) hold no benchmark result")
+            raise ProfkitError(f"{self.path}: a session folder whose runs ({names}) hold no benchmark result")
         ordered = sorted(measured, key=lambda m: m[1])
         chosen = ordered[(len(ordered) - 1) // 2][0]
         return chosen, {"path": str(self.path), "run": chosen.path.name,
