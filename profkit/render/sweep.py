@@ -25,8 +25,9 @@ def _cell(p: dict[str, Any], key: str) -> str:
 
 def sweep_text(doc: dict[str, Any]) -> str:
     predicted = any("predicted" in p for p in doc["points"])
-    out = [f"profkit sweep: {terminal(doc['folder'])}: {len(doc['points'])} rate(s), "
-           f"{doc.get('seconds', 0):.0f} s with the server's start-up ({doc.get('startup_s', 0):.0f} s)"]
+    took = (f", {doc['seconds']:.0f} s with the server's start-up ({doc.get('startup_s', 0):.0f} s)"
+            if doc.get("seconds") is not None else "")  # a folder read again without its sweep.json: not known
+    out = [f"profkit sweep: {terminal(doc['folder'])}: {len(doc['points'])} rate(s){took}"]
     if predicted:
         err = doc.get("median_abs_error")
         out.append("  measured / predicted (error; ! outside the predicted range); latencies in ms"
@@ -39,8 +40,8 @@ def sweep_text(doc: dict[str, Any]) -> str:
     out += [_goodput_line(g) for g in doc.get("goodput") or []]
     if doc.get("benchmark_s") is not None:
         runs = sum(p["replicates"] for p in doc["points"])
-        out.append(f"  GPU time: {doc['benchmark_s']:,.0f} s of benchmarks ({runs} run(s)) after a start-up of "
-                   f"{doc.get('startup_s', 0):,.0f} s")
+        out.append(f"  GPU time: {doc['benchmark_s']:,.0f} s of benchmarks ({runs} run(s))"
+                   + (f" after a start-up of {doc['startup_s']:,.0f} s" if doc.get("startup_s") is not None else ""))
     return document("\n".join(out) + "\n")
 
 
