@@ -18,6 +18,7 @@ from typing import Any
 
 from profkit.capture.plan import Plan
 from profkit.capture.run import CaptureError, ServerSession
+from profkit.evidence.bench import is_figure
 from profkit.inputs import read_json
 
 SCHEMA = "profkit.sweep/1"
@@ -127,8 +128,7 @@ def sweep_document(out: Path, rates: Sequence[float], predicted: SweepModel | No
 
 def _figures(result: dict[str, Any]) -> dict[str, float]:
     """A benchmark result's finite numbers (vLLM writes NaN where no request finished), `median_X` as `p50_X`."""
-    out = {k: float(v) for k, v in result.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
-           and math.isfinite(v)}
+    out = {k: float(v) for k, v in result.items() if is_figure(v)}
     for k, v in list(out.items()):
         if k.startswith("median_"):
             out.setdefault("p50_" + k.removeprefix("median_"), v)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import msgspec
 
@@ -63,10 +63,15 @@ def parse_bench(data: dict[str, Any]) -> BenchResult:
     for name, candidates in KEYS.items():
         for c in candidates:
             value = data.get(c)
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and _finite(value):
+            if is_figure(value):
                 out[name] = float(value)
                 break
     return BenchResult(**out)
+
+
+def is_figure(value: Any) -> TypeGuard[int | float]:
+    """A benchmark JSON value that is a figure: a finite number of a measurement's size (booleans and text are not)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and _finite(value)
 
 
 def _finite(value: float) -> bool:

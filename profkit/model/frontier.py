@@ -121,8 +121,9 @@ def point_at(cal: Calibrated, conf: Configured, rate: float | None, prompts: int
     if held_out and rate is not None:
         for k, v in mid.items():
             source, sign = BAND_OF.get(k, (k, 1))
-            band_low, band_high = (sign * e for e in validation.frontier_band(source, conf.changed)[::sign])
-            low[k], high[k] = min(low[k], v * math.exp(band_low)), max(high[k], v * math.exp(band_high))
+            band = validation.frontier_band(source, conf.changed)
+            low[k], high[k] = validation.widened(v, low[k], high[k], (band[0], band[1]) if sign > 0 else
+                                                 (-band[1], -band[0]))
     ttft = sims[len(sims) // 2][1].ttft_s  # in the order the requests were sent
     quarter = max(1, len(ttft) // 4)
     growth = float(np.median(ttft[-quarter:])) - QUEUE_GROWTH[0] * float(np.median(ttft[:quarter])) - QUEUE_GROWTH[1]

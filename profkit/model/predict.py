@@ -484,7 +484,7 @@ def _widened(metrics: dict[str, dict[str, float | None]], families: tuple[str, .
         if predicted is None or m["low"] is None or m["high"] is None:
             continue
         b = validation.band(families, name)
-        m["low"], m["high"] = min(m["low"], predicted * math.exp(b.low)), max(m["high"], predicted * math.exp(b.high))
+        m["low"], m["high"] = validation.widened(predicted, m["low"], m["high"], (b.low, b.high))
     return validation.band(families, "request_throughput").document()
 
 

@@ -50,6 +50,17 @@ class Band:
                 "error_range": [math.expm1(self.low), math.expm1(self.high)]}
 
 
+def widened(predicted: float, low: float, high: float, band: tuple[float, float]) -> tuple[float, float]:
+    """A range's ends widened to a band of held-out log errors around the prediction (the model's own ends kept where
+    wider): the one rule every held-out range follows."""
+    return min(low, predicted * math.exp(band[0])), max(high, predicted * math.exp(band[1]))
+
+
+def _inside(row: dict[str, Any], band: tuple[float, float]) -> bool:
+    low, high = widened(row["predicted"], row["low"], row["high"], band)
+    return low <= row["measured"] <= high
+
+
 @cache
 def recorded_rows() -> tuple[dict[str, Any], ...]:
     """The validation rows shipped with profkit (none where the file is absent: every class then extrapolated)."""
@@ -87,9 +98,7 @@ def band_of(rows: Sequence[dict[str, Any]], families: Sequence[str], metric: str
 
 def inside_held_out(row: dict[str, Any], rows: Sequence[dict[str, Any]]) -> bool:
     """Whether a row's measurement falls inside the range built without its own recordings."""
-    low, high = band_of(rows, row["families"], row["metric"], frozenset(row["recordings"]))
-    predicted = row["predicted"]
-    return min(row["low"], predicted * math.exp(low)) <= row["measured"] <= max(row["high"], predicted * math.exp(high))
+    return _inside(row, band_of(rows, row["families"], row["metric"], frozenset(row["recordings"])))
 
 
 def band(families: Sequence[str], metric: str) -> Band:
@@ -133,6 +142,4 @@ def frontier_band(metric: str, changed: bool) -> tuple[float, float]:
 
 def inside_frontier_held_out(row: dict[str, Any], rows: Sequence[dict[str, Any]]) -> bool:
     """Whether a sweep point's measurement falls inside the range built without its own recording's rows."""
-    low, high = frontier_band_of(rows, row["metric"], row["changed"], frozenset([row["recording"]]))
-    predicted = row["predicted"]
-    return min(row["low"], predicted * math.exp(low)) <= row["measured"] <= max(row["high"], predicted * math.exp(high))
+    return _inside(row, frontier_band_of(rows, row["metric"], row["changed"], frozenset([row["recording"]])))
