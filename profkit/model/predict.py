@@ -39,6 +39,10 @@ DEFAULT_NOISE = 0.03
 # token costs 0.5-1.0x its 16-bit time.
 FP8_GEMM_SPEEDUP = (1.3, 1.7, 2.2)
 FP8_KV_TOKEN_COST = (1.0, 0.8, 0.5)
+# Reading the weights in FP8: half the bytes, but at small batches vLLM's FP8 GEMMs (activations quantised per token
+# first) took as long as the 16-bit ones: the 8B's FP8 pair measured 5.8 ms TPOT at 10 req/s, its 16-bit run 5.8-7.0
+# at 7-11 req/s (tests/data/h200_model_led sweep/, in-sample: read off that sweep). Half the time at best.
+FP8_WEIGHT_READ = (1.0, 1.0, 0.5)
 # Launching a step's kernels one by one without CUDA graphs: kernels per layer x a launch each on the GPU's side...
 KERNELS_PER_LAYER, LAUNCH_S = 14, 5e-6
 GRAPH_OVERHEAD_S = 4e-4
@@ -199,7 +203,8 @@ class _Fit:
                              offline=obs.offline, length_spread=obs.length_spread)
         self.prior = _prior_cost(obs, bool(obs.config.get("enforce_eager")))
         self.engine = Engine(obs.memory.kv_tokens, int(obs.config.get("max_num_seqs") or 256),
-                             int(obs.config.get("max_num_batched_tokens") or 8192), reserve=DEFAULT_RESERVE)
+                             int(obs.config.get("max_num_batched_tokens") or 8192), reserve=DEFAULT_RESERVE,
+                             async_scheduling=obs.config.get("async_scheduling", True) is not False)
         # Requests arriving at a rate the server keeps up with (a rate-limited client, a live server): the run lasts
         # as long as the arrivals whatever a step costs, so the duration cannot fit the step's cost; the time per
         # output token can. The reserve is then fitted with that cost: how full the cache runs depends on how long
@@ -387,7 +392,8 @@ def _changed(cal: Calibrated, changes: dict[str, Any], said: _Said) -> _Change:
         said.reasoning.append(f"--max-num-batched-tokens {engine.max_num_batched_tokens} → {batched}: prompt "
                               "chunks per step")
     eager_before = bool(obs.config.get("enforce_eager"))
-    return _Change(Engine(max(kv_tokens, 1), seqs, batched, reserve=engine.reserve), tp0, tp1, dp1, share,
+    return _Change(replace(engine, kv_tokens=max(kv_tokens, 1), max_num_seqs=seqs, max_num_batched_tokens=batched),
+                   tp0, tp1, dp1, share,
                    fp8_weights, fp8_kv, eager_before, bool(changes.get("enforce_eager", eager_before)))
 
 
@@ -438,14 +444,16 @@ def _step_costs(cal: Calibrated, change: _Change, said: _Said) -> list[StepCost]
     speedups = FP8_GEMM_SPEEDUP if change.fp8_weights else (1.0, 1.0, 1.0)
     kv_costs = FP8_KV_TOKEN_COST if change.fp8_kv else (1.0, 1.0, 1.0)
     if change.fp8_weights:
-        said.reasoning.append(f"FP8 weights: each step reads half the weight bytes; GEMMs {speedups[0]}x-"
+        said.reasoning.append(f"FP8 weights: half the weight bytes, read in {FP8_WEIGHT_READ[-1]}x-"
+                              f"{FP8_WEIGHT_READ[0]}x the 16-bit time at small batches; GEMMs {speedups[0]}x-"
                               f"{speedups[-1]}x the 16-bit rate")
     if change.fp8_kv:
         said.reasoning.append(f"FP8 KV cache: a cached token read in {kv_costs[-1]}x-{kv_costs[0]}x its 16-bit time "
                               "(half the bytes, dequantised as read)")
-    return [replace(base, weights_s=base.weights_s / (2 if change.fp8_weights else 1), token_s=base.token_s / g,
+    reads = FP8_WEIGHT_READ if change.fp8_weights else (1.0, 1.0, 1.0)
+    return [replace(base, weights_s=base.weights_s * w, token_s=base.token_s / g,
                     pair_s=base.pair_s / g, kv_token_s=base.kv_token_s * k, cpu_step_s=c, comm_s=cs, comm_token_s=ct)
-            for g, k, c, (cs, ct) in zip(speedups, kv_costs, cpu_steps, comms, strict=True)]
+            for w, g, k, c, (cs, ct) in zip(reads, speedups, kv_costs, cpu_steps, comms, strict=True)]
 
 
 def spread(cal: Calibrated, noise: float | None = None) -> float:
