@@ -33,7 +33,7 @@ def engines(draw: st.DrawFn) -> Engine:
     seqs = draw(st.sampled_from([2, 8, 32, 128, 512]))
     return Engine(kv_tokens=draw(st.integers(300, 120_000)), max_num_seqs=seqs,
                   max_num_batched_tokens=seqs * draw(st.integers(1, 64)), block_size=draw(st.sampled_from([1, 16])),
-                  reserve=draw(st.sampled_from([0.0, 0.01, 0.1])))
+                  reserve=draw(st.sampled_from([0.0, 0.01, 0.1])), async_scheduling=draw(st.booleans()))
 
 
 costs = st.builds(StepCost, overhead_s=st.floats(1e-5, 5e-3), weights_s=st.floats(1e-4, 5e-2),

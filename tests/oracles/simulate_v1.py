@@ -39,13 +39,15 @@ def simulate(work: Workload, engine: Engine, cost: StepCost, max_steps: int = 2_
     waiting: list[int] = []
     next_arrival = 0
     clock = 0.0
+    horizon = 0.0  # asynchronous scheduling: the start of the step before, when the coming step's requests were chosen
     preemptions = steps = computed = 0
     batch_sum = batch_steps = batch_max = 0
     decode_time = decode_steps = full_steps = 0
     in_flight = 0
     while steps < max_steps:
         # arrivals: those due, within the client's concurrency
-        while next_arrival < n and in_flight < cap and arrival[next_arrival] <= clock:
+        due = horizon if engine.async_scheduling else clock
+        while next_arrival < n and in_flight < cap and max(arrival[next_arrival], slots[0]) <= due:
             sent[next_arrival] = max(arrival[next_arrival], slots.popleft())
             waiting.append(next_arrival)
             next_arrival += 1
@@ -54,6 +56,7 @@ def simulate(work: Workload, engine: Engine, cost: StepCost, max_steps: int = 2_
             if next_arrival >= n:
                 break
             clock = max(clock, arrival[next_arrival]) if in_flight < cap else clock
+            horizon = clock
             continue
         budget = engine.max_num_batched_tokens
         held = -(-kv // bs) * bs  # whole blocks
@@ -117,6 +120,7 @@ def simulate(work: Workload, engine: Engine, cost: StepCost, max_steps: int = 2_
             preemptions += 1
             continue
         dt = cost.step_s(tokens, kv_read, pairs, len(decoding) + len(chunks))
+        horizon = clock
         clock += dt
         steps += 1
         if len(dec):
