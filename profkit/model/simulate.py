@@ -17,6 +17,7 @@ Pure and deterministic: the same inputs give the same run. One step costs a few 
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 from collections import deque
@@ -116,13 +117,7 @@ class Latencies:
 def simulate_latencies(work: Workload, engine: Engine, cost: StepCost, engines: int = 1,
                        max_steps: int = 2_000_000) -> tuple[SimResult, Latencies]:
     """`simulate_engines`, with every request's latencies (one engine's where there are several)."""
-    _check(work, engine)
-    if engines > 1:
-        work = _share(work, engines)
-    run = _Run(work, engine, cost)
-    r = run.run(max_steps)
-    first, finish, sent = np.array(run.first), np.array(run.finish), np.array(run.sent)
-    lat = Latencies(first - sent, (finish - first) / run.decoded_np, finish - sent)
+    r, lat = _simulated(_share(work, engines) if engines > 1 else work, engine, cost, max_steps)
     return (_scaled_up(r, engines) if engines > 1 else r), lat
 
 
@@ -135,8 +130,22 @@ def simulate(work: Workload, engine: Engine, cost: StepCost, max_steps: int = 2_
     steps since, the decoding batch's KV reads one running sum, the requests needing a new KV block this step a
     count by step number modulo the block size, and the next to finish the top of a heap. The arithmetic and its
     order are the first implementation's (tests/oracles/simulate_v1.py): the same inputs give the same bits."""
+    return _simulated(work, engine, cost, max_steps)[0]
+
+
+@functools.lru_cache(maxsize=512)
+def _simulated(work: Workload, engine: Engine, cost: StepCost, max_steps: int) -> tuple[SimResult, Latencies]:
+    """One run, kept for the process: a report's search, its prescription and its frontiers simulate many of the
+    same configurations (a third of a 14B report's 213 runs were repeats). Pure, so a repeat is the same result;
+    the latencies' arrays are read-only."""
     _check(work, engine)
-    return _Run(work, engine, cost).run(max_steps)
+    run = _Run(work, engine, cost)
+    r = run.run(max_steps)
+    first, finish, sent = np.array(run.first), np.array(run.finish), np.array(run.sent)
+    lat = Latencies(first - sent, (finish - first) / run.decoded_np, finish - sent)
+    for a in (lat.ttft_s, lat.tpot_s, lat.e2el_s):
+        a.flags.writeable = False
+    return r, lat
 
 
 def _check(work: Workload, engine: Engine) -> None:
