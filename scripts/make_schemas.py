@@ -41,8 +41,9 @@ MAPS = {
     "history": set(),
 }
 _IDENT = re.compile(r"^[a-z_][a-z0-9_]*$")
-# A flag's value, before or after a change: any JSON value a vLLM flag takes (a number, a word, a JSON config).
-_FLAG_VALUE = re.compile(r"(?:(?:flags|changes)\[\]\.(?:from|to|before|after|value)|flags\.\*)$")
+# A flag's value, before or after a change, or in a map of changes by flag: any JSON value a vLLM flag takes (a
+# number, a word, a JSON config).
+_FLAG_VALUE = re.compile(r"(?:(?:flags|changes)\[\]\.(?:from|to|before|after|value)|(?:flags|changes)\.\*)$")
 DESCRIPTIONS = {
     "report": "profkit report --format json: one run's trace and evidence analysed, its findings and prescription.",
     "diff": "profkit diff --format json: two runs (or two sets of replicates) compared metric by metric.",
