@@ -82,6 +82,15 @@ class Found:
             return 0.0
         return after / before - 1 if self.higher else 1 - after / before
 
+    def loss_to(self, other: Found) -> float:
+        """What `other` predicts short of this configuration's objective, relative to this one's (what a measurement
+        of the two would have to tell apart: a benchmark's noise is relative to what it measures)."""
+        mine, theirs = self.prediction.metrics[self.objective]["predicted"], other.prediction.metrics[self.objective][
+            "predicted"]
+        if not mine or theirs is None:
+            return 0.0
+        return 1 - theirs / mine if self.higher else theirs / mine - 1
+
     def key(self) -> tuple[float, float, int]:
         return (-self.miss, self.score, -len(self.changes))
 
@@ -175,7 +184,6 @@ def minimal(cal: Calibrated, found: Found, threshold: float, noise: float | None
     bounds no more (precision changes weighed first: the costly; the GPUs' split goes whole or not at all)."""
     memo = {} if memo is None else memo
     changes = dict(found.changes)
-    full = found.gain()
     current = found
     for dest in sorted(found.changes, key=lambda d: d in levers.PRECISION, reverse=True):
         if dest not in changes:
@@ -186,7 +194,7 @@ def minimal(cal: Calibrated, found: Found, threshold: float, noise: float | None
             continue
         f = Found(rest, p, 0.0, found.objective, found.higher)
         f.miss = sum(b.miss(p.metrics[b.metric]["predicted"]) for b in found.bounds)
-        if full - f.gain() < threshold and f.miss <= found.miss:
+        if found.loss_to(f) < threshold and f.miss <= found.miss:
             changes, current = rest, f
     for dest, value in list(changes.items()):  # a value that does what vLLM's default does: the flag removed
         if value is None or dest in levers.PARALLEL or dest in levers.PRECISION \
