@@ -34,6 +34,9 @@ SWEEPS = [  # name, the capture it is predicted from, the sweep, the changes fro
      [("p99_tpot_ms", 15), ("p99_tpot_ms", 20), ("p99_ttft_ms", 150), ("p99_e2el_ms", 8000)]),
     ("14B 512/512, vLLM's defaults, the rates `profkit sweep` chose (lease 4)", "sweep14/capture", "sweep14p", {},
      [("p99_tpot_ms", 15), ("p99_tpot_ms", 20), ("p99_ttft_ms", 200), ("p99_e2el_ms", 8000)]),
+    ("14B 512/512, the FP8 pair (lease 5; read after f9c7120 predicted it)", "sweep14/capture", "sweep14fp8",
+     {"quantization": "fp8", "kv_cache_dtype": "fp8"},
+     [("p99_tpot_ms", 15), ("p99_tpot_ms", 20), ("p99_ttft_ms", 200), ("p99_e2el_ms", 8000)]),
 ]
 KEYS = ["request_throughput", "p50_ttft_ms", "p99_ttft_ms", "p50_tpot_ms", "p99_tpot_ms", "p99_e2el_ms"]
 OUT = REPO / "profkit" / "model" / "frontier_validation.json"

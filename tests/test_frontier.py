@@ -1,16 +1,17 @@
 """The SLO frontier from one run, held against sweeps measured on H200s that it never saw
 (tests/data/h200_model_led.tar.xz: an 8B at 1,024/256 and a 14B at 512/512, each captured at full load, then
-`vllm bench serve` at 5-6 request rates against one server; the 8B's FP8 pair swept as well).
+`vllm bench serve` at 5-7 request rates against one server; each shape's FP8 pair swept as well, the 14B's (lease 5)
+read only after the model of f9c7120 had predicted it).
 
 What holds and what does not is measured here (scripts/validate_frontier.py prints every point): the throughput
-the server keeps up with is predicted within 5 % (the FP8 pair's, from the bf16 run, up to +15 %); the 8B's goodput
-under TPOT and end-to-end bounds within 10 %. Below the knee latencies are under-predicted (TTFT by up to 50 %: a
-request's time outside the engine's steps is not known from a run at full load; the 14B's TPOT by 16-40 %, the FP8
-pair's by 45-60 %), so the 14B's and the FP8 pair's goodputs are over-predicted (+20 % to +47 %): docs/prediction.md
-says so."""
+the server keeps up with is predicted within 5 % (the 8B FP8 pair's, from the bf16 run, up to +15 %); the goodput
+under TPOT and end-to-end bounds within 10 % in 12 of 15 cases (the misses -12 %, +13 %, -18 %). TTFT below the knee
+is under-predicted (by 15-60 %; the FP8 pairs' by 45-90 %): a request's time outside the engine's steps is not known
+from a run at full load, so a goodput under a TTFT bound is over-predicted: docs/prediction.md says so."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from pathlib import Path
@@ -33,6 +34,7 @@ SWEEPS = {  # the sweep: the full-load capture it is predicted from, the changes
     # served 30.16 and 30.98 (a queue growing), predicted 32.34 and 35.51
     "8b_fp8pair": ("sweep/capture", "sweep/fp8pair", {"quantization": "fp8", "kv_cache_dtype": "fp8"}, 0.15),
     "14b_defaults": ("sweep14/capture", "sweep14/defaults", {}, 0.05),
+    "14b_fp8pair": ("sweep14/capture", "sweep14fp8", {"quantization": "fp8", "kv_cache_dtype": "fp8"}, 0.05),
 }
 
 
@@ -41,6 +43,7 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return unpack(tmp_path_factory, "h200_model_led")
 
 
+@functools.lru_cache(maxsize=8)
 def calibrated(folder: Path):
     from profkit.report import build_report
 
@@ -48,7 +51,9 @@ def calibrated(folder: Path):
 
 
 def sweep_points(folder: Path) -> list[dict]:
-    return sorted((json.loads(f.read_text()) for f in folder.glob("rate-*.json")), key=lambda m: m["request_rate"])
+    """A sweep's points by rate: `rate-R.json` (lease 2's), or a `profkit sweep` folder's one run a rate."""
+    found = [*folder.glob("rate-*.json"), *folder.glob("rate-*/r1/bench.json")]
+    return sorted((json.loads(f.read_text()) for f in found), key=lambda m: m["request_rate"])
 
 
 @pytest.mark.parametrize("name", sorted(SWEEPS))
@@ -69,31 +74,54 @@ def test_the_throughput_each_rate_is_served_at_is_predicted(recorded: Path, name
     assert served >= 3
 
 
-@pytest.mark.parametrize("bound", [Bound("p99_tpot_ms", "<=", 15), Bound("p99_tpot_ms", "<=", 30),
-                                   Bound("p99_e2el_ms", "<=", 5000)])
-def test_the_8bs_goodput_under_tpot_and_end_to_end_bounds_is_within_10_percent(recorded: Path, bound: Bound) -> None:
-    """Measured 17.35, 21.27 and 19.28 req/s; predicted from the one full-load run +5 %, +3 %, +5 %."""
-    cal = calibrated(recorded / "sweep" / "capture" / "r2")
-    f = frontier(cal, {}, [bound])
-    measured = measured_goodput(sweep_points(recorded / "sweep" / "defaults"), bound)
+@pytest.mark.parametrize(("name", "bound"), [
+    ("8b_defaults", Bound("p99_tpot_ms", "<=", 30)), ("8b_defaults", Bound("p99_e2el_ms", "<=", 5000)),
+    ("8b_fp8pair", Bound("p99_tpot_ms", "<=", 15)), ("8b_fp8pair", Bound("p99_e2el_ms", "<=", 5000)),
+    ("14b_defaults", Bound("p99_tpot_ms", "<=", 15)), ("14b_defaults", Bound("p99_e2el_ms", "<=", 8000)),
+    ("14b_fp8pair", Bound("p99_tpot_ms", "<=", 20))])
+def test_the_goodput_under_tpot_and_end_to_end_bounds_is_within_10_percent(recorded: Path, name: str,
+                                                                          bound: Bound) -> None:
+    """Measured 21.27 and 19.28 req/s (8B), 22.85 and 27.41 (its FP8 pair, predicted from the 16-bit run), 7.86 and
+    8.22 (14B), 15.15 (its FP8 pair, lease 5); predicted from one full-load run -7 %, -8 %, +5 %, -4 %, +3 %, +1 %,
+    -6 %."""
+    capture, sweep, changes, _ = SWEEPS[name]
+    cal = calibrated(recorded / capture / "r2")
+    f = frontier(cal, changes, [bound])
+    measured = measured_goodput(sweep_points(recorded / sweep), bound)
     assert f.goodput["rate"] == pytest.approx(measured, rel=0.10)
     assert f.goodput["low"] <= f.goodput["rate"] <= f.goodput["high"]
 
 
+@pytest.mark.parametrize(("name", "bound", "low", "high"), [
+    ("8b_defaults", Bound("p99_tpot_ms", "<=", 15), 0.80, 0.90),
+    ("14b_fp8pair", Bound("p99_e2el_ms", "<=", 8000), 0.80, 0.90)])
+def test_the_goodput_the_frontier_misses_by_more_is_said(recorded: Path, name: str, bound: Bound, low: float,
+                                                         high: float) -> None:
+    """Where the prediction falls short by more than 10 %, inside its range: the 8B's p99 TPOT <= 15 ms (measured
+    17.35 req/s, predicted -12 %: near its knee the model's TPOT runs ahead of the measured) and the 14B FP8 pair's
+    p99 E2E <= 8 s (13.93, -14 %)."""
+    capture, sweep, changes, _ = SWEEPS[name]
+    cal = calibrated(recorded / capture / "r2")
+    f = frontier(cal, changes, [bound])
+    measured = measured_goodput(sweep_points(recorded / sweep), bound)
+    assert low < f.goodput["rate"] / measured < high
+    assert f.goodput["low"] <= measured <= f.goodput["high"]
+
+
 def test_what_the_frontier_misses_is_measured_not_hidden(recorded: Path) -> None:
-    """The 8B's p99 TTFT at every rate below the knee is under-predicted (measured 91-430 ms, predicted 20-55 %
-    less), and so the goodput under a TTFT bound is over-predicted: the request's time outside the engine's steps
-    cannot be fitted on a run at full load, where queueing hides it."""
+    """The 8B's p99 TTFT at every rate below the knee is under-predicted (measured 91-430 ms, predicted 7-31 %
+    less), and so the goodput under a TTFT bound is over-predicted (+13 %): the request's time outside the engine's
+    steps cannot be fitted on a run at full load, where queueing hides it."""
     cal = calibrated(recorded / "sweep" / "capture" / "r2")
     conf = configured(cal, {})
     spread = DEFAULT_NOISE + max(cal.fit_error.values())
     for m in sweep_points(recorded / "sweep" / "defaults")[:-1]:
         p = point_at(cal, conf, m["request_rate"], m["num_prompts"], spread)
-        assert 0.45 < p.predicted["p99_ttft_ms"] / m["p99_ttft_ms"] < 0.8
+        assert 0.6 < p.predicted["p99_ttft_ms"] / m["p99_ttft_ms"] < 0.97
     bound = Bound("p99_ttft_ms", "<=", 200)
     over = frontier(cal, {}, [bound]).goodput["rate"] / measured_goodput(sweep_points(recorded / "sweep" / "defaults"),
                                                                          bound)
-    assert 1.15 < over < 1.35
+    assert 1.05 < over < 1.25
 
 
 def test_predict_frontier_on_the_readme_sample(tmp_path: Path) -> None:
@@ -129,7 +157,8 @@ def test_a_frontier_bound_on_a_metric_it_does_not_predict_is_one_line() -> None:
 
 def test_the_report_shows_the_frontier_before_and_after_its_prescription(tmp_path: Path) -> None:
     """The README sample's prescription (more KV cache, FP8) predicted to move the whole curve: at each share of
-    capacity the prescribed configuration serves more at a lower p99 TPOT; every format shows it, HTML as a chart."""
+    capacity the prescribed configuration serves more, and at about the same rate (its share against the run's next
+    one up) at a lower p99 TPOT; every format shows it, HTML as a chart."""
     doc = json.loads(profkit("report", "samples/vllm_14b_kv_bound", "--format", "json").stdout)
     f = doc["prescription"]["frontier"]
     before, after = f["before"], f["after"]
@@ -142,15 +171,17 @@ def test_the_report_shows_the_frontier_before_and_after_its_prescription(tmp_pat
         assert [p["rate"] for p in side["points"]] == pytest.approx([s * c for s in (0.25, 0.5, 0.75, 0.9)])
     for b, a in zip(before["points"], after["points"], strict=True):
         assert a["rate"] > b["rate"]
-        assert a["metrics"]["p99_tpot_ms"]["predicted"] < b["metrics"]["p99_tpot_ms"]["predicted"]
+    for a, b in ((after["points"][0], before["points"][1]), (after["points"][1], before["points"][3])):
+        assert a["rate"] >= 0.95 * b["rate"] and a["metrics"]["p99_tpot_ms"]["predicted"] < b["metrics"][
+            "p99_tpot_ms"]["predicted"]
     text = profkit("report", "samples/vllm_14b_kv_bound").stdout
-    assert "The frontier, as run and prescribed (predicted; capacity 9.15 → 19.3 req/s" in text
+    assert "The frontier, as run and prescribed (predicted; capacity 9.16 → 17.7 req/s" in text
     profkit("report", "samples/vllm_14b_kv_bound", "-o", tmp_path / "r.html")
     html = (tmp_path / "r.html").read_text()
     section = html[html.index('<section id="frontier">'):]
     assert section.index("<svg") < section.index("</section>")
     md = profkit("report", "samples/vllm_14b_kv_bound", "--format", "md").stdout
-    assert "| prescribed | all at once | 19.3 |" in md
+    assert "| prescribed | all at once | 17.7 |" in md
 
 
 def test_search_with_a_percentile_bound_ranks_by_goodput() -> None:
@@ -185,9 +216,9 @@ def test_the_shipped_frontier_rows_are_todays_model(recorded: Path) -> None:
 
 
 def test_a_rates_range_carries_what_the_sweeps_missed_by_and_its_coverage_is_the_rows_own(recorded: Path) -> None:
-    """Below the knee the model's own latency ranges held 0-9 of 33 measured points; widened to the other recording's
-    errors (leave-one-recording-out), 15-24 of 33: the rows' flags are recomputed here, and the product's ranges
-    hold the bands of every row."""
+    """Below the knee the model's own p99 TPOT ranges held 11 of 51 measured points; widened to the other
+    recording's errors (leave-one-recording-out), 33 of 51: the rows' flags are recomputed here, and the product's
+    ranges hold the bands of every row."""
     from profkit.model import validation
     from profkit.model.predict import spread
 
@@ -199,7 +230,7 @@ def test_a_rates_range_carries_what_the_sweeps_missed_by_and_its_coverage_is_the
     cal = calibrated(recorded / "sweep14" / "capture" / "r2")
     p = point_at(cal, configured(cal, {}), 8.49, 339, spread(cal))
     low, high = validation.frontier_band("p99_tpot_ms", changed=False)
-    assert high > 0.2  # the model under-predicts TPOT below the knee: its range reaches up
+    assert high > 0.1  # the model under-predicts TPOT at some rates below the knee: its range reaches up
     assert p.high["p99_tpot_ms"] >= p.predicted["p99_tpot_ms"] * math.exp(high) * (1 - 1e-12)
     assert p.low["p99_tpot_ms"] <= p.predicted["p99_tpot_ms"] * math.exp(low) * (1 + 1e-12)
     measured = json.loads((recorded / "sweep14" / "defaults" / "rate-8.49.json").read_text())["p99_tpot_ms"]

@@ -135,19 +135,23 @@ def prescribed(replicate: Path) -> tuple[dict, dict]:
 
 
 def test_the_reports_prescription_applied_in_one_restart_reaches_the_grids_best(recorded: Path) -> None:
-    """Each start's report (its third baseline replicate) prescribes a configuration that was then measured:
-    B's the FP8 pair alone (16.43 req/s, 95.4 % of the 17.22 tune found; inside its range); C's the cap lifted with
-    the FP8 pair (tune's first candidate, 17.24: 99.3 % of the FP8 pair alone, 17.37, lease 4); A's the caps and
-    eager mode undone with FP8 weights and 2 API servers (tune's first candidate: 22.26 at the recorded 320
-    prompts, below its range; 21.44 at 800 prompts, where vLLM's defaults measured 16.47 and the FP8 pair 18.93)."""
+    """Each start's report (its third baseline replicate) prescribes a configuration that was then measured, or one
+    the model cannot tell from a measured one (an FP8 KV cache it predicts to move the outcome < 3 %, left out):
+    B's: vLLM's defaults for the cache's memory and the prompt chunks with FP8 weights (not measured as such: B's
+    defaults with the FP8 pair, which the model predicts within 0.1 % of it, measured 16.75 req/s, 97.3 % of the
+    17.22 tune found, inside its range; until f9c7120 the FP8 pair alone, 16.43); C's the cap lifted with FP8
+    weights (tune's first candidate had the FP8 KV cache too: 17.24, 99.3 % of the FP8 pair alone, 17.37); A's the
+    caps and eager mode undone with FP8 weights and 2 API servers (tune's first candidate: 22.26 at the recorded 320
+    prompts, inside its range; 21.44 at 800 prompts, where vLLM's defaults measured 16.47 and the FP8 pair 18.93)."""
     changes, rt = prescribed(recorded / "B" / "tune" / "runs" / "01-baseline" / "r3")
-    assert changes == {"--quantization": "fp8", "--kv-cache-dtype": "fp8"}
-    b = measured(recorded / "B" / "prescribed")
+    assert changes == {"--max-num-batched-tokens": None, "--gpu-memory-utilization": None, "--quantization": "fp8"}
+    b = measured(recorded / "B" / "fp8pair")  # the same with an FP8 KV cache, which the model says moves it 0.1 %
     assert b >= 0.95 * grid_best(recorded / "B") and rt["low"] <= b <= rt["high"]
 
     changes, rt = prescribed(recorded / "C" / "tune" / "runs" / "01-baseline" / "r3")
     c_tune = json.loads((recorded / "C" / "tune" / "tune.json").read_text())
-    assert changes == {c["flag"]: c["to"] for c in c_tune["steps"][1]["candidate"]["changes"]}
+    tried = {c["flag"]: c["to"] for c in c_tune["steps"][1]["candidate"]["changes"]}
+    assert changes == {k: v for k, v in tried.items() if k != "--kv-cache-dtype"}  # the model: FP8 KV moves it < 3 %
     c = measured(recorded / "C" / "tune" / "runs" / "04-model")
     assert c >= 0.95 * grid_best(recorded / "C") and rt["low"] <= c <= rt["high"]
 
@@ -156,10 +160,10 @@ def test_the_reports_prescription_applied_in_one_restart_reaches_the_grids_best(
                        "--api-server-count": 2}
     a = measured(recorded / "A2" / "prescribed")
     assert a >= 0.95 * grid_best(recorded / "A2")
-    # the API servers over-predicted (+22.5 % from this replicate): below the range even once widened to the
-    # held-out errors of the pairs sharing its classes of change (their 10th percentile: -16 %)
+    # at the recorded 320 prompts: 22.26 measured, predicted +1 % from this replicate and inside its range (until
+    # f9c7120, +22.5 % and below its range: the engine's steps at A's batch, not the API servers, were mis-costed)
     a320 = measured(recorded / "A" / "tune" / "runs" / "04-model")
-    assert a320 < 0.85 * rt["predicted"] and a320 < rt["low"]
+    assert a320 == pytest.approx(rt["predicted"], rel=0.05) and rt["low"] <= a320 <= rt["high"]
 
 
 def test_the_model_draws_the_lengths_the_benchmark_drew(recorded: Path) -> None:

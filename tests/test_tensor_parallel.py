@@ -138,15 +138,19 @@ def _mean(tp2: Path, config: str, load: str, metric: str) -> float:
 def test_the_model_predicts_tp_against_dp_within_its_measured_error(tp2: Path, before: str, after: str, flags: str,
                                                                      load: str) -> None:
     """Each replicate of one layout predicts the other; measured: the other's mean over 3 replicates. The error the
-    validation measured (docs/prediction.md, P20-P23): median 3.7 %, at most 11.4 % on request throughput (from the
-    slowest TP=2 replicate), the measured mean inside all 12 ranges, the direction always right."""
+    validation measured (docs/prediction.md, P20-P23): median 4.4 %, at most 13.7 % on request throughput (from the
+    slowest TP=2 replicate; 11.4 % before f9c7120 added the weights' read to every step), the measured mean inside
+    10 of the 12 ranges (two TP=2 replicates' for DP=2 at full load end just below it), the direction always right."""
     measured = _mean(tp2, after, load, "request_throughput")
     assert measured == pytest.approx(MEASURED[(after, load)], abs=0.005)
+    inside = 0
     for run in sorted((tp2 / "ab" / before).glob(f"{load}_s*")):
         m = predict(run, flags)["metrics"]["request_throughput"]
-        assert abs(m["predicted"] / measured - 1) <= 0.12, (run.name, m["predicted"], measured)
-        assert m["low"] <= measured <= m["high"]
+        assert abs(m["predicted"] / measured - 1) <= 0.14, (run.name, m["predicted"], measured)
+        inside += m["low"] <= measured <= m["high"]
         assert (m["predicted"] > m["before"]) == (measured > m["before"])
+    # the misses, said: the TP=2 replicates' ranges for DP=2 at full load end at 25.90 and 26.77; measured 26.79
+    assert inside == (1 if (before, load) == ("tp2", "T") else 3)
 
 
 def test_the_prescription_follows_the_measured_layout(tp2: Path) -> None:
