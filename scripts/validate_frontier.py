@@ -70,7 +70,7 @@ def main() -> None:
     from profkit.model.observe import observe
     from profkit.model.predict import calibrate, configured, spread
     from profkit.model.search import Bound
-    from profkit.model.validation import inside_frontier_held_out, residual
+    from profkit.model.validation import inside_frontier_held_out, residual, rows_text
     from profkit.report import build_report
 
     rows = []
@@ -127,7 +127,7 @@ def main() -> None:
         print(f"| {name} | {len(mine)} | {100 * statistics.median(errors):+.0f}% | {100 * cuts[0]:+.0f}% to "
               f"{100 * cuts[-1]:+.0f}% | {own}/{len(mine)} | {held}/{len(mine)} |")
     if args.write:
-        OUT.write_text(json.dumps({"schema": "profkit.frontier-validation/1", "rows": rows}, indent=1) + "\n")
+        OUT.write_text(rows_text("profkit.frontier-validation/1", rows))
         print(f"\nwrote {OUT.relative_to(REPO)} ({len(rows)} rows)", file=sys.stderr)
 
 

@@ -306,12 +306,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         rows = with_coverage(validate(Path(tmp)))
     if args.write:
-        from profkit.model.validation import ROWS
+        from profkit.model.validation import ROWS, rows_text
 
         keep = ("pair", "change", "metric", "baseline", "families", "recordings", "provenance",
                 "recorded_after_model", "predicted", "low", "high", "measured", "replicates", "inside_held_out")
-        ROWS.write_text(json.dumps({"schema": "profkit.validation/1", "rows": [{k: r[k] for k in keep} for r in rows]},
-                                   indent=1) + "\n")
+        ROWS.write_text(rows_text("profkit.validation/1", [{k: r[k] for k in keep} for r in rows]))
     print(json.dumps(rows, indent=1, default=str) if args.json else table(rows))
     return 0
 

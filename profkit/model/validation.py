@@ -117,6 +117,12 @@ def _band(families: tuple[str, ...], metric: str) -> Band:
                 tuple(f for f in families if f not in validated))
 
 
+def rows_text(schema: str, rows: Sequence[dict[str, Any]]) -> str:
+    """A validation file as the scripts write it: one row a line (a diff of two versions reads row by row)."""
+    return "{\"schema\": " + json.dumps(schema) + ", \"rows\": [\n" + ",\n".join(json.dumps(r) for r in rows) \
+        + "\n]}\n"
+
+
 @cache
 def frontier_rows() -> tuple[dict[str, Any], ...]:
     """The sweep points the frontier was held against (none where the file is absent: its ranges are the model's)."""
