@@ -65,31 +65,27 @@ def steps(doc: dict) -> list[tuple]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["B", "C"])
-def test_todays_tune_makes_the_recorded_choices_and_reaches_the_grids_best(recorded: Path, tmp_path: Path,
-                                                                           name: str) -> None:
-    """B and C replayed: the model's first candidate (batch caps lifted, the FP8 pair; for B also the memory back
-    to vLLM's default and 32,768 batched tokens) is what the GPU measured, kept, and then tune stops because nothing
-    is predicted to beat it (B) or where the model does not reproduce it (C), within 6 runs and at >= 95 % of the
-    best configuration measured from that start."""
-    start = recorded / name
-    rec = json.loads((start / "tune" / "tune.json").read_text())
+def test_todays_tune_from_b_asks_first_for_what_the_recording_lacks_and_reaches_95_percent(recorded: Path,
+                                                                                          tmp_path: Path) -> None:
+    """B replayed with today's tune. Its first candidate is the recorded one less what the model predicts moves it
+    less than the noise (the FP8 KV cache, 32,768 batched tokens: f9c7120 and 6a91d96), a configuration the GPU never
+    ran: the stand-in, which serves only what was recorded, fails it and tune reverts it (on a GPU it would run:
+    predicted 16.91 req/s). Then vLLM's defaults for memory and chunks (recorded, +7 %), then the FP8 pair on them
+    (recorded: 16.75, 97.3 % of the best B's grid measured, 17.22) until the budget of 9 runs is spent. C's replay
+    asks likewise for the cap lifted with FP8 weights alone, which the recording lacks, and stops at its baseline:
+    not replayable, so not replayed here."""
+    start = recorded / "B"
     doc = replay_tune(start, tmp_path)
-    assert steps(doc) == steps(rec)
-    # B's recording stopped so too. C's stops where the model no longer leads: with its requests' lengths drawn as
-    # the benchmark drew them (--random-range-ratio 0.5), the model does not reproduce its best run (the FP8 pair's
-    # TPOT off x1.38: FP8 steps are slower than modelled, as the FP8 pair's sweep says) and so does not rank past it
-    stop = {"B": "no configuration the model knows is predicted to beat the best",
-            "C": "no finding proposes an untried change; the model does not lead here: it does not reproduce the best "
-                 "configuration's run: its simulated time per output token is off by x1.3"}[name]
-    assert doc["stopped"].startswith(stop), doc["stopped"]
-    assert doc["runs_used"] <= 6
-    best = doc["best"]["best"]
-    kept = Path(doc["steps"][doc["best"]["best_step"]]["runs"][0]["folder"]).parent.name
-    assert best == pytest.approx(measured(start / "tune" / "runs" / kept))  # the recorded runs, served back
-    assert best >= 0.95 * grid_best(start)
-    first = doc["steps"][1]["candidate"]
-    assert first["rule"] == "model" and first["predicted"]["low"] <= best <= first["predicted"]["high"]
+    first = doc["steps"][1]
+    rec = json.loads((start / "tune" / "tune.json").read_text())["steps"][1]["candidate"]
+    today = {c["flag"]: c["to"] for c in first["candidate"]["changes"]}
+    assert today == {"--max-num-batched-tokens": None, "--gpu-memory-utilization": None, "--quantization": "fp8"}
+    assert set(today) <= {c["flag"] for c in rec["changes"]} and first["decision"] == "revert"
+    assert "exited with code 1 before it was healthy" in first["why"]
+    assert [s["decision"] for s in doc["steps"][2:]] == ["keep", "keep"]
+    assert doc["stopped"].startswith("the budget of 9 runs is spent")
+    assert doc["best"]["best"] == pytest.approx(measured(start / "fp8pair"))
+    assert doc["best"]["best"] >= 0.95 * grid_best(start)
 
 
 def test_the_recorded_tune_from_the_eager_capped_start(recorded: Path) -> None:
