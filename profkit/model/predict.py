@@ -426,9 +426,9 @@ def _step_costs(cal: Calibrated, change: _Change, said: _Said) -> list[StepCost]
     layers = max(1.0, obs.layers_heads_dim / LLAMA_HIDDEN)
     overhead = cost.overhead_s - _overhead(change.eager_before, layers) + _overhead(change.eager_after, layers)
     # the engine core's CPU per step keeps the factor the run fitted on it; only the launches come or go (each end
-    # of their uncertain cost simulated)
-    cpu_steps = [cost.cpu_step_s * _cpu_step(obs, change.eager_after, e) / _cpu_step(obs, change.eager_before, e)
-                 for e in EAGER_CPU_PER_LAYER_S]
+    # of their uncertain cost simulated), the costliest end first as every (pessimistic, middle, optimistic) below
+    cpu_steps = sorted((cost.cpu_step_s * _cpu_step(obs, change.eager_after, e) / _cpu_step(obs, change.eager_before, e)
+                        for e in EAGER_CPU_PER_LAYER_S), reverse=True)
     if change.eager_after != change.eager_before:
         said.reasoning.append(f"CUDA graphs {'off' if change.eager_after else 'on'}: each step's launch overhead on "
                               f"the GPU {cost.overhead_s * 1e3:.2f} → {overhead * 1e3:.2f} ms; the engine core's "
@@ -438,7 +438,8 @@ def _step_costs(cal: Calibrated, change: _Change, said: _Said) -> list[StepCost]
     if tp1 != tp0:  # a GPU's share of the work scales; the all-reduces are those of the new parallelism
         base = replace(base, weights_s=base.weights_s * share, token_s=base.token_s * share,
                        kv_token_s=base.kv_token_s * share, pair_s=base.pair_s * share)
-    comms = [_comm(obs, tp1, end) for end in range(3)] if tp1 != tp0 else [(cost.comm_s, cost.comm_token_s)] * 3
+    # the priors' ends run low to high (0: the fastest all-reduce): the slowest first, as the FP8 factors below
+    comms = [_comm(obs, tp1, end) for end in (2, 1, 0)] if tp1 != tp0 else [(cost.comm_s, cost.comm_token_s)] * 3
     if tp1 != tp0 and (cost.comm_s or comms[1][0]):
         said.reasoning.append(f"all-reduces {cost.comm_s * 1e3:.2f} → {comms[1][0] * 1e3:.2f} ms a step (latency)"
                               + (f" + {comms[1][1] * 8192 * 1e3:.1f} ms for an 8,192-token prefill" if comms[1][1]

@@ -173,14 +173,14 @@ def ranked(cal: Calibrated, allow_precision: bool, threshold: float, bounds: Seq
     best = sorted(out.values(), key=lambda f: f.key(), reverse=True)
     safe = next((f for f in best if not set(f.changes) & levers.PRECISION), None)
     if best and safe is not None and best[0] is not safe and best[0].miss == safe.miss \
-            and best[0].gain() - safe.gain() < threshold:
+            and best[0].loss_to(safe) < threshold:
         best.remove(safe)  # a change of precision ranks first only for a gain beyond the noise over the best without
         best.insert(0, safe)
     return best[:top]
 
 
 def minimal(cal: Calibrated, found: Found, threshold: float, noise: float | None, memo: Memo | None = None) -> Found:
-    """`found` less each change whose removal loses less than `threshold` of its predicted gain and misses the
+    """`found` less each change whose removal loses less than `threshold` of its predicted objective and misses the
     bounds no more (precision changes weighed first: the costly; the GPUs' split goes whole or not at all)."""
     memo = {} if memo is None else memo
     changes = dict(found.changes)

@@ -52,7 +52,7 @@ class Engine:
     max_num_batched_tokens: int
     block_size: int = 16  # vLLM allocates the cache in blocks of this many tokens
     reserve: float = 0.0  # share of the cache an admission leaves free (fitted to the run's own preemptions)
-    # vLLM's asynchronous scheduling (its default since 0.1x; the log says 'Asynchronous scheduling is enabled'): the
+    # vLLM's asynchronous scheduling (its default in 0.26; the log says 'Asynchronous scheduling is enabled'): the
     # scheduler picks a step's requests while the step before runs, so a request that arrives during a step waits
     # for the next one to end before its prompt is computed
     async_scheduling: bool = False
@@ -77,7 +77,7 @@ class StepCost:
         scheduling the CPU prepares the next step while the GPU runs this one). The weights' read and the GEMMs'
         arithmetic add up rather than overlap (a step's time linear in its tokens, with an intercept, as measured
         step times are): with the larger of the two alone, the sweeps' TPOT below full load came out 16-40 % short
-        on the 14B, and 2-28 % long with the sum."""
+        on the 14B; with the sum, within -15 to +20 % (p99)."""
         gpu = self.overhead_s + self.weights_s + tokens * self.token_s + kv_read * self.kv_token_s \
             + pairs * self.pair_s + self.comm_s + tokens * self.comm_token_s
         return max(gpu, self.cpu_step_s + seqs * self.cpu_seq_s)
