@@ -17,7 +17,7 @@ import pytest
 from profkit.evidence.record import Evidence
 from profkit.model.observe import Unobservable, observe
 from profkit.model.predict import calibrate, predict
-from profkit.model.simulate import Engine, StepCost, Workload, simulate
+from profkit.model.simulate import Engine, StepCost, Workload, arrivals, simulate, simulate_latencies
 from profkit.report import build_report
 from tests.cli import one_error_line, profkit
 from tests.conftest import unpack
@@ -83,6 +83,22 @@ def test_a_request_held_back_by_the_client_starts_its_ttft_when_sent() -> None:
     r = simulate(Workload(2, 4, 3, max_concurrency=1), Engine(1_000, 8, 64), FLAT)
     assert r.steps == 6 and math.isclose(r.elapsed_s, 0.060)
     assert math.isclose(r.ttft_mean_s, 0.010) and math.isclose(r.tpot_mean_s, 0.010)
+
+def test_under_asynchronous_scheduling_a_request_joins_the_step_after_the_next() -> None:
+    """Steps of 10 ms; the second request arrives at 18 ms, during the second step. Scheduled as it comes (vLLM's
+    --no-async-scheduling), its prompt runs in the step from 20 ms: first token at 30 ms. With vLLM's default
+    asynchronous scheduling the step from 20 ms was chosen at 10 ms, before it came: it runs in the step from 30 ms,
+    first token at 40 ms. The latencies a run keeps for the process are read-only."""
+    work = Workload(2, 1, 50, request_rate=1 / 0.015)
+    came = float(arrivals(work)[1])
+    assert 0.01 < came < 0.02  # during the second step
+    sync = simulate_latencies(work, Engine(100_000, 8, 64), FLAT)[1]
+    assert sync.ttft_s[1] == pytest.approx(0.030 - came)
+    lat = simulate_latencies(work, Engine(100_000, 8, 64, async_scheduling=True), FLAT)[1]
+    assert lat.ttft_s[0] == pytest.approx(0.010) and lat.ttft_s[1] == pytest.approx(0.040 - came)
+    with pytest.raises(ValueError):
+        lat.ttft_s[0] = 0.0
+
 
 def test_a_small_cache_preempts_and_recomputes() -> None:
     """A cache of 40 blocks (640 tokens) for 16 requests of 64 + 64: they cannot all hold their KV at once."""
