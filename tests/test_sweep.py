@@ -196,3 +196,25 @@ def test_a_goodput_the_measured_rates_do_not_bracket_is_a_floor_or_a_ceiling(rec
     assert "goodput within p99_tpot_ms<=30: measured 12.58 req/s or more (every rate measured met it), predicted" \
         in text
     assert "goodput within p99_ttft_ms<=200: measured below 6.09 req/s (the lowest rate measured missed it)" in text
+
+
+def test_a_runs_mean_ttft_is_split_where_it_went_in_every_format(recorded: Path) -> None:
+    """The 14B at 6.09 req/s (lease 4's sweep, its run's two /metrics scrapes): vLLM's histograms over the benchmark's
+    243 requests, read off metrics-before.txt and metrics-after.txt: TTFT (server) 173.14986 - 156.83379 s, queue
+    66.81756 - 66.81517 s, prefill 80.08507 - 67.12607 s; the client's mean TTFT 75.058 ms (bench.json). Most of
+    what the model does not predict at a finite rate is outside the engine: 7.9 ms client and HTTP, 13.8 ms API
+    server."""
+    run = recorded / "sweep14p" / "rate-6.09" / "r1"
+    doc = json.loads(profkit("report", run, "--format", "json").stdout)
+    split = doc["vllm"]["ttft_split"]
+    n = 343 - 100
+    assert split["requests"] == n
+    assert split["server_ttft_ms"] == pytest.approx((173.14986371994019 - 156.83378767967224) / n * 1e3)
+    assert split["queue_ms"] == pytest.approx((66.81756154900154 - 66.81516761400201) / n * 1e3)
+    assert split["prefill_ms"] == pytest.approx((80.08507423799756 - 67.12607407699818) / n * 1e3)
+    assert split["api_server_ms"] == pytest.approx(split["server_ttft_ms"] - split["queue_ms"] - split["prefill_ms"])
+    assert split["client_ms"] == pytest.approx(75.05795673661997 - split["server_ttft_ms"])
+    line = "mean TTFT 75.1 ms = 7.9 client and HTTP + 13.8 API server + 0.0 queue + 53.3 prefill ms"
+    assert line in profkit("report", run).stdout
+    assert line in profkit("report", run, "--format", "md").stdout
+    assert line in profkit("report", run, "--format", "html").stdout

@@ -25,6 +25,7 @@ class VllmSection(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True)
     series: dict[str, float | int] | None = None  # a live window's scrapes: span, gauges' max and mean
     live: dict[str, Any] | None = None  # a live window's rates, mix and latency percentiles (profkit attach)
     spec_decode: dict[str, Any] | None = None  # speculative decoding's drafts and acceptance over the run (/metrics)
+    ttft_split: dict[str, float] | None = None  # where the mean TTFT went: client, API server, queue, prefill
     cache: dict[str, Any] | None = None  # the KV cache as vLLM's cache_config_info gauge describes it (/metrics)
     flags: dict[str, Any]  # the settings the run's command gave
     defaults: dict[str, Any]  # vLLM's defaults that depend on the GPU, and the GPU
@@ -47,6 +48,7 @@ def vllm_section(bench: BenchResult | None, log: VllmLog | None, metrics: Metric
         series=metrics.series if metrics else None,
         live=live_window(metrics) if metrics else None,
         spec_decode=spec_decode(delta) if delta is not None else None,
+        ttft_split=ttft_split(delta, bench) if delta is not None else None,
         cache=cache_info(metrics.info) if metrics else None,
         flags=flags,
         defaults={"max_num_seqs": default_max_num_seqs(gpu), "gpu": gpu},
@@ -117,6 +119,25 @@ LATENCIES = {"ttft": "vllm:time_to_first_token_seconds", "itl": "vllm:inter_toke
              "tpot": "vllm:request_time_per_output_token_seconds", "queue": "vllm:request_queue_time_seconds",
              "prefill": "vllm:request_prefill_time_seconds", "decode": "vllm:request_decode_time_seconds",
              "e2e": "vllm:e2e_request_latency_seconds"}
+
+
+def ttft_split(delta: dict[str, float], bench: BenchResult | None) -> dict[str, float] | None:
+    """Where the benchmark's mean TTFT went (ms), from vLLM's histograms over it (two scrapes): the engine's queue
+    (arrived to scheduled) and prefill (scheduled to first token), the server's TTFT (its receipt to first token)
+    less those two (the API server: tokenising, the hand-over to the engine core), and the client's mean TTFT less
+    the server's (HTTP, the client's own loop). None without the histograms or where their counts differ."""
+    names = {k: LATENCIES[k] for k in ("ttft", "queue", "prefill")}
+    counts = {delta.get(f"{n}_count") for n in names.values()}
+    sums = {k: delta.get(f"{n}_sum") for k, n in names.items()}
+    if len(counts) != 1 or not (n := counts.pop()) or any(v is None or not math.isfinite(v) for v in sums.values()):
+        return None
+    mean = {k: v / n * 1e3 for k, v in sums.items()}  # type: ignore[operator]
+    out = {"requests": n, "server_ttft_ms": mean["ttft"], "queue_ms": mean["queue"], "prefill_ms": mean["prefill"],
+           "api_server_ms": mean["ttft"] - mean["queue"] - mean["prefill"]}
+    if bench is not None and bench.ttft_mean_ms is not None:
+        out["client_ttft_ms"] = bench.ttft_mean_ms
+        out["client_ms"] = bench.ttft_mean_ms - mean["ttft"]
+    return out
 
 
 def live_window(window: MetricsWindow) -> dict[str, Any] | None:

@@ -80,7 +80,7 @@ def live_lines(report: dict[str, Any]) -> list[str]:
     """A live window (profkit attach): its load, mix and the server's own latency percentiles."""
     live = (report.get("vllm") or {}).get("live")
     if not live:
-        return spec_lines(report)
+        return ttft_lines(report) + spec_lines(report)
     head = f"  live window {live['seconds']:,.0f} s: {number(live.get('requests'))} requests finished"
     if live.get("request_rate") is not None:
         head += f" ({live['request_rate']:,.2f} req/s)"
@@ -99,7 +99,19 @@ def live_lines(report: dict[str, Any]) -> list[str]:
                             else f"{m[p]:,.1f}" for p in ("p50", "p90", "p99"))
             out.append(f"    {label:12} mean {'-' if m.get('mean') is None else format(m['mean'], ',.1f')} ms, "
                        f"p50 / p90 / p99 {ps} ms (vLLM's histograms)")
-    return out + spec_lines(report)
+    return out + ttft_lines(report) + spec_lines(report)
+
+
+def ttft_lines(report: dict[str, Any]) -> list[str]:
+    """Where the mean TTFT went, from vLLM's histograms (`vllm.ttft_split`): the client, the API server, the
+    engine's queue and its prefill."""
+    t = (report.get("vllm") or {}).get("ttft_split")
+    if not t:
+        return []
+    parts = ([f"{t['client_ms']:,.1f} client and HTTP"] if t.get("client_ms") is not None else []) + [
+        f"{t['api_server_ms']:,.1f} API server", f"{t['queue_ms']:,.1f} queue", f"{t['prefill_ms']:,.1f} prefill"]
+    total = t.get("client_ttft_ms", t["server_ttft_ms"])
+    return [f"    mean TTFT {total:,.1f} ms = " + " + ".join(parts) + " ms (vLLM's histograms)"]
 
 
 def spec_lines(report: dict[str, Any]) -> list[str]:
