@@ -218,3 +218,15 @@ def test_a_runs_mean_ttft_is_split_where_it_went_in_every_format(recorded: Path)
     assert line in profkit("report", run).stdout
     assert line in profkit("report", run, "--format", "md").stdout
     assert line in profkit("report", run, "--format", "html").stdout
+
+
+def test_a_ttft_split_is_withheld_where_the_scrapes_went_backwards(recorded: Path, tmp_path: Path) -> None:
+    """The same run's scrapes given after before (a server restarted between them reads the same): the histograms'
+    counts and sums went down, so no split is said, and the report is otherwise whole."""
+    run = recorded / "sweep14p" / "rate-6.09" / "r1"
+    r = profkit("report", "--bench", run / "bench.json", "--metrics", run / "metrics-after.txt", "--metrics",
+                run / "metrics-before.txt", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["vllm"].get("ttft_split") is None
+    assert doc["vllm"]["bench"]["ttft_mean_ms"] == pytest.approx(75.058, abs=1e-3)

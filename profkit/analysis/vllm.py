@@ -125,11 +125,13 @@ def ttft_split(delta: dict[str, float], bench: BenchResult | None) -> dict[str, 
     """Where the benchmark's mean TTFT went (ms), from vLLM's histograms over it (two scrapes): the engine's queue
     (arrived to scheduled) and prefill (scheduled to first token), the server's TTFT (its receipt to first token)
     less those two (the API server: tokenising, the hand-over to the engine core), and the client's mean TTFT less
-    the server's (HTTP, the client's own loop). None without the histograms or where their counts differ."""
+    the server's (HTTP, the client's own loop). None without the histograms, where their counts differ, or where a
+    count or sum went down between the scrapes (a server restarted, scrapes given in the wrong order)."""
     names = {k: LATENCIES[k] for k in ("ttft", "queue", "prefill")}
     counts = {delta.get(f"{n}_count") for n in names.values()}
     sums = {k: delta.get(f"{n}_sum") for k, n in names.items()}
-    if len(counts) != 1 or not (n := counts.pop()) or any(v is None or not math.isfinite(v) for v in sums.values()):
+    if len(counts) != 1 or (n := counts.pop()) is None or not n > 0 \
+            or any(v is None or not math.isfinite(v) or v < 0 for v in sums.values()):
         return None
     mean = {k: v / n * 1e3 for k, v in sums.items()}  # type: ignore[operator]
     out = {"requests": n, "server_ttft_ms": mean["ttft"], "queue_ms": mean["queue"], "prefill_ms": mean["prefill"],
