@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import lzma
 import shutil
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 from hypothesis import settings
@@ -67,6 +69,16 @@ def report_all(sqlite_path):
         return cache[name]
 
     return get
+
+
+def script(name: str) -> ModuleType:
+    """One of scripts/*.py loaded as a module (the validation scripts' readers, which the tests share)."""
+    path = Path(__file__).parent.parent / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def unpack(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:

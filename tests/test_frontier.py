@@ -25,7 +25,7 @@ from profkit.model.observe import observe
 from profkit.model.predict import DEFAULT_NOISE, calibrate, configured
 from profkit.model.search import Bound
 from tests.cli import one_error_line, profkit
-from tests.conftest import unpack
+from tests.conftest import script, unpack
 
 SAMPLE_RUN = "samples/vllm_14b_kv_bound"
 
@@ -51,10 +51,9 @@ def calibrated(folder: Path):
     return calibrate(observe(build_report(folder).document()))
 
 
-def sweep_points(folder: Path) -> list[dict]:
-    """A sweep's points by rate: `rate-R.json` (lease 2's), or a `profkit sweep` folder's one run a rate."""
-    found = [*folder.glob("rate-*.json"), *folder.glob("rate-*/r1/bench.json")]
-    return sorted((json.loads(f.read_text()) for f in found), key=lambda m: m["request_rate"])
+# a sweep's points by rate as scripts/validate_frontier.py reads them (`rate-R.json`, lease 2's; or a `profkit sweep`
+# folder's runs, averaged over a rate's replicates): one reader for the docs' tables and these tests
+sweep_points = script("validate_frontier").sweep_points
 
 
 @pytest.mark.parametrize("name", sorted(SWEEPS))

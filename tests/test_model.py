@@ -20,7 +20,7 @@ from profkit.model.predict import calibrate, predict
 from profkit.model.simulate import Engine, StepCost, Workload, arrivals, simulate, simulate_latencies
 from profkit.report import build_report
 from tests.cli import one_error_line, profkit
-from tests.conftest import unpack
+from tests.conftest import script, unpack
 
 DATA = Path(__file__).parent / "data"
 
@@ -192,14 +192,8 @@ def test_a_change_within_the_noise_is_predicted_within_it(runs: dict[str, Path])
     """The tiny model at vLLM's defaults, its API server saturated, given --max-num-batched-tokens 16384: measured
     32.44 -> 32.92 req/s. The frontend's ceiling does not move: the prediction stays within the noise."""
     folder = runs["tune"] / "s1" / "runs" / "03-kv-preemption"
-    tiny = Path(__file__).parent.parent / "scripts" / "validate_model.py"
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("validate_model", tiny)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
     config = folder.parent / "tiny-config.json"
-    config.write_text(json.dumps(module.TINY))
+    config.write_text(json.dumps(script("validate_model").TINY))
     cal = calibrate(observe(build_report(folder, Evidence.read(model_config=config)).document()))
     p = predict(cal, {"max_num_batched_tokens": 16384})
     measured = _bench(runs["tune"] / "s1" / "runs" / "04-engine-core-bound")["request_throughput"]

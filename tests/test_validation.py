@@ -4,7 +4,6 @@ say and meets the issue's 80 %, and every prediction says what its range carries
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -14,22 +13,15 @@ import pytest
 
 from profkit.model import validation
 from tests.cli import profkit
+from tests.conftest import script
 
 SAMPLE = Path(__file__).parent.parent / "samples" / "vllm_14b_kv_bound"
-
-
-def _script():
-    path = Path(__file__).parent.parent / "scripts" / "validate_model.py"
-    spec = importlib.util.spec_from_file_location("validate_model", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_the_shipped_rows_are_todays_models(tmp_path: Path) -> None:
     """Two pairs predicted afresh (a 14B FP8 KV cache on the H100, an 8B FP8 pair on the H200) give the rows the
     file holds: the file is not left behind by a change of the model."""
-    fresh = _script().validate(tmp_path, only={"P12", "Q6"})
+    fresh = script("validate_model").validate(tmp_path, only={"P12", "Q6"})
     shipped = {(r["pair"], r["baseline"], r["metric"]): r for r in validation.recorded_rows()}
     assert len(fresh) == 18
     for row in fresh:
