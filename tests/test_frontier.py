@@ -6,9 +6,9 @@ read only after the model of f9c7120 had predicted it).
 What holds and what does not is measured here (scripts/validate_frontier.py prints every point): the throughput
 the server keeps up with is predicted within 5 % (the 8B FP8 pair's, from the bf16 run, up to +15 % past its knee);
 the goodput under TPOT and end-to-end bounds within 10 % in 11 of 15 cases (the misses -12 %, -18 %, -10 %, -14 %).
-TTFT below the knee is under-predicted (by 5-61 %; the FP8 pairs' by 35-93 %): a request's time outside the engine's
-steps is not known from a run at full load, so a goodput under a TTFT bound is over-predicted: docs/prediction.md
-says so."""
+TTFT below the knee carries the frontend's time (a prior, stretched by its load): p99 within -35 % to +38 % at the
+16-bit configurations, the FP8 pairs' under-predicted (to -45 %), so their goodput under a TTFT bound is
+over-predicted: docs/prediction.md says so."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from profkit.compare.sweep import measured_goodput
@@ -109,19 +110,24 @@ def test_the_goodput_the_frontier_misses_by_more_is_said(recorded: Path, name: s
 
 
 def test_what_the_frontier_misses_is_measured_not_hidden(recorded: Path) -> None:
-    """The 8B's p99 TTFT at every rate below the knee is under-predicted (measured 91-430 ms, predicted 7-31 %
-    less), and so the goodput under a TTFT bound is over-predicted (+13 %): the request's time outside the engine's
-    steps cannot be fitted on a run at full load, where queueing hides it."""
+    """TTFT below the knee, from the 8B's full-load run against its two sweeps (neither read off): at vLLM's defaults
+    the p50 is over-predicted by 8-26 % (the idle frontend's time, a prior read off the 14B's sweeps on another host,
+    is too long here) and the goodput under p99 TTFT <= 200 ms lands within 5 %; with the FP8 pair the p50 is
+    under-predicted by 20-37 % below the knee (its prefill measured no faster than 16-bit's at 1,024-token prompts)
+    and the goodput under p99 TTFT <= 300 ms is over-predicted (+12 %)."""
     cal = calibrated(recorded / "sweep" / "capture" / "r2")
-    conf = configured(cal, {})
     spread = DEFAULT_NOISE + max(cal.fit_error.values())
-    for m in sweep_points(recorded / "sweep" / "defaults")[:-1]:
-        p = point_at(cal, conf, m["request_rate"], m["num_prompts"], spread)
-        assert 0.6 < p.predicted["p99_ttft_ms"] / m["p99_ttft_ms"] < 0.97
-    bound = Bound("p99_ttft_ms", "<=", 200)
-    over = frontier(cal, {}, [bound]).goodput["rate"] / measured_goodput(sweep_points(recorded / "sweep" / "defaults"),
-                                                                         bound)
-    assert 1.05 < over < 1.25
+    fp8 = {"quantization": "fp8", "kv_cache_dtype": "fp8"}
+    for sweep, changes, (low, high), limit, (over_low, over_high) in (
+            ("defaults", {}, (1.05, 1.3), 200, (0.95, 1.05)), ("fp8pair", fp8, (0.6, 0.82), 300, (1.05, 1.2))):
+        conf = configured(cal, changes)
+        points = sweep_points(recorded / "sweep" / sweep)
+        for m in points[:4]:  # below the knee
+            p = point_at(cal, conf, m["request_rate"], m["num_prompts"], spread)
+            assert low < p.predicted["p50_ttft_ms"] / m["p50_ttft_ms"] < high, (sweep, m["request_rate"])
+        bound = Bound("p99_ttft_ms", "<=", limit)
+        over = frontier(cal, changes, [bound]).goodput["rate"] / measured_goodput(points, bound)
+        assert over_low < over < over_high, sweep
 
 
 def test_predict_frontier_on_the_readme_sample(tmp_path: Path) -> None:
@@ -248,3 +254,28 @@ def test_a_change_to_the_runs_own_settings_is_no_change(recorded: Path) -> None:
     assert not configured(cal, {"max_num_seqs": own}).changed and configured(cal, {"max_num_seqs": 64}).changed
     same = frontier(cal, {"max_num_seqs": own}, [Bound("p99_tpot_ms", "<=", 15)]).goodput
     assert same == frontier(cal, {}, [Bound("p99_tpot_ms", "<=", 15)]).goodput
+
+
+def test_the_frontends_time_at_a_rate_is_what_vllms_histograms_measured(recorded: Path) -> None:
+    """The time a request spends outside the engine's steps at a rate (the client and HTTP, the API server), from the
+    14B's full-load run: an idle frontend's 15 ms stretched by the frontend's load at each rate, against what vLLM's
+    histograms measured on lease 4's sweep (client TTFT less the engine's queue and prefill: 21.7 ms at 6.09 req/s,
+    30-38 ms at 9-12.6): predicted 20-28 ms, its stretch milder than the measured (x1.4 from 6 to 12.6 req/s, x1.7
+    measured). In-sample: the idle time was read off these runs; the load's stretch was not."""
+    from profkit.model.frontier import _waits
+    from profkit.model.predict import IDLE_FRONTEND_S, frontend_latency
+    from profkit.report import build_report
+
+    cal = calibrated(recorded / "sweep14" / "capture" / "r2")
+    conf = configured(cal, {})
+    for m in sweep_points(recorded / "sweep14p"):
+        p = point_at(cal, conf, m["request_rate"], m["num_prompts"], DEFAULT_NOISE)
+        run = recorded / "sweep14p" / f"rate-{m['request_rate']:g}" / "r1"
+        split = build_report(run).document()["vllm"]["ttft_split"]
+        measured = split["client_ms"] + split["api_server_ms"]
+        served = p.predicted["output_throughput"]
+        predicted = frontend_latency(type("Run", (), {"output_throughput": served})(), conf.caps(cal.baseline)) * 1e3
+        assert IDLE_FRONTEND_S * 1e3 < predicted < 2 * IDLE_FRONTEND_S * 1e3
+        assert 0.6 < predicted / measured < 1.1, m["request_rate"]
+    waits = _waits(1000)
+    assert waits.mean() == pytest.approx(1.0) and 4.0 < np.percentile(waits, 99) < 5.5  # a queue's: p99 ~ ln(100)

@@ -5,11 +5,12 @@ Each point is the scheduler simulation of `vllm bench serve --request-rate R` (P
 prompt and output lengths and client cap) with the calibrated step costs, its requests' TTFT, TPOT and end-to-end
 latency read as `vllm bench` reads them (p50, p90, p99: numpy's linear interpolation). A request's time outside the
 engine's steps (HTTP, tokenising) is not known from a run at full load, where queueing sets TTFT: below the
-capacity TTFT is the engine's alone, and under-predicted (docs/prediction.md gives the measured errors). A rate's
+capacity it is an idle frontend's (a prior read off vLLM's histograms on H200s) stretched by the frontend's load
+(`predict.frontend_latency`; docs/prediction.md gives the measured errors). A rate's
 prompts span at least MIN_SECONDS, as a sweep's runs would. The rates are shares of the predicted capacity (the run
 at rate inf), dense near the knee. Ranges: the ends of what the change does to a step's cost, widened by the noise
 and the fit's error on the calibrated run, as `predict`'s are; at a finite rate, widened again to what each metric
-missed by on the measured sweeps (`validation.frontier_band`: below the knee TTFT and TPOT are under-predicted).
+missed by on the measured sweeps (`validation.frontier_band`).
 
 What a vLLM sweep (`vllm bench sweep`, benchmarks/auto_tune) measures one restart and one run a point, this
 predicts in seconds; `profkit sweep` measures the points it chooses (around the knee and the bounds' edges)."""
@@ -24,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from profkit.model import validation
-from profkit.model.predict import Calibrated, Configured, configured, host_stretch
+from profkit.model.predict import Calibrated, Configured, configured, frontend_latency, host_stretch
 from profkit.model.predict import spread as predict_spread
 from profkit.model.simulate import Infeasible, Latencies, SimResult, simulate_latencies
 
@@ -136,11 +137,13 @@ def _prompts(cal: Calibrated, rate: float) -> int:
 
 def _metrics(cal: Calibrated, conf: Configured, r: SimResult, lat: Latencies, rate: float | None) -> dict[str, float]:
     """One simulated run's metrics under the host's ceilings (past one, every time stretches alike)."""
-    scale = host_stretch(r, conf.caps(r))
+    caps = conf.caps(r)
+    scale = host_stretch(r, caps)
     # the latency fitted outside the engine's steps is what the run's mean TTFT exceeded the simulated one by at
     # full load, where queueing sets TTFT: it stands for that run alone (added to a rate's, it put 0-200 ms on a
-    # 45 ms TTFT across the 8B's three replicates)
-    latency = cal.request_latency_s if rate is None else 0.0
+    # 45 ms TTFT across the 8B's three replicates); at a rate, the frontend's own time under its load, each
+    # request's drawn as a queue's wait is (exponential about its mean): the frontend's tail is the TTFT's
+    latency = cal.request_latency_s if rate is None else frontend_latency(r, caps) * _waits(len(lat.ttft_s))
     extra = {"ttft": latency, "tpot": 0.0, "e2el": latency}
     out = {"request_throughput": r.request_throughput * scale, "output_throughput": r.output_throughput * scale}
     gpus = cal.observation.tensor_parallel * conf.engines
@@ -152,6 +155,15 @@ def _metrics(cal: Calibrated, conf: Configured, r: SimResult, lat: Latencies, ra
             out[f"p{q}_{m}_ms"] = float(v) * 1e3
     out["tokens_per_user"] = 1e3 / out["mean_tpot_ms"] if out["mean_tpot_ms"] > 0 else math.inf
     return out
+
+
+FRONTEND_SEED = 2
+
+
+def _waits(n: int) -> np.ndarray:
+    """n waits of mean 1, exponential (a fixed seed; scaled to mean 1 exactly, as the arrivals' gaps are)."""
+    draws = np.random.default_rng(FRONTEND_SEED).exponential(1.0, n)
+    return draws / draws.mean() if n else draws
 
 
 QUEUE_GROWTH = 2.0, 0.1  # a queue grows where the last quarter's median TTFT exceeds the first's x2 + 0.1 s

@@ -56,6 +56,12 @@ EAGER_CPU_PER_LAYER_S = (4e-4, 5.5e-4, 7e-4)
 # A request's latency outside the engine's steps (HTTP, tokenising, the client's own work): fitted on the run as
 # what its mean TTFT exceeds the simulated one by, up to this much; a larger excess is the model's error.
 REQUEST_LATENCY_MAX_S = 0.2
+# ... and at a rate the server keeps up with, where a run at full load cannot give it (its frontend is flooded): the
+# time an idle frontend takes (the client's HTTP, the API server's tokenising and hand-over to the engine core),
+# stretched by the frontend's load as a queue's wait is, 1 / (1 - its busiest process's share of its ceiling). Read
+# off vLLM's histograms on the 14B (H200, lease 4 and 5 sweeps, 512-token prompts: 20-58 ms outside the engine at
+# 6-19 req/s, 15 ms at an idle frontend, 14-21 ms across their rates): in-sample there, held out on the 8B's sweeps.
+IDLE_FRONTEND_S, FRONTEND_LOAD_MAX = 0.015, 0.9
 # The share of the KV cache an admission leaves free: vLLM's scheduler admits less eagerly than a greedy fill (a
 # greedy fill preempts 3x what the 14B run measured; 1 % reproduces it, and was vLLM V0's watermark). Fitted per run
 # where its preemptions are known.
@@ -596,6 +602,13 @@ def host_ceilings(obs: Observation, changes: dict[str, Any], before: SimResult,
         if own > 0.2 * cpu:  # else its CPU is its steps' (eager launches): no cost per token to read off it
             caps["engine_core"] = 1.0 / (after_step / max(batch_after, 1.0) + own / out)
     return caps
+
+
+def frontend_latency(r: SimResult, caps: dict[str, float]) -> float:
+    """A request's time outside the engine's steps at a rate the server keeps up with (s): IDLE_FRONTEND_S, waiting
+    longer the busier the frontend (its busiest process's share of its ceiling at the simulated run's throughput)."""
+    load = max((r.output_throughput / caps[name] for name in FRONTEND if caps.get(name)), default=0.0)
+    return IDLE_FRONTEND_S / (1.0 - min(load, FRONTEND_LOAD_MAX))
 
 
 def host_stretch(r: SimResult, caps: dict[str, float]) -> float:

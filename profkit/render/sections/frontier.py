@@ -9,8 +9,9 @@ from typing import Any
 from profkit.render.sections.table import text_table
 from profkit.units import figure
 
-LATENCY_NOTE = ("below the knee the model under-predicts TTFT (by 5-61 % on measured sweeps, 35-93 % after a change "
-                "of precision; TPOT -24 % to +67 %): read the curves' shapes, and measure the rate you need")
+LATENCY_NOTE = ("below the knee the model's TTFT missed measured sweeps by -35 % to +38 % at p99 (under-predicted by "
+                "up to 45 % after a change of precision; TPOT -24 % to +67 %): read the curves' shapes, and measure "
+                "the rate you need")
 
 
 
