@@ -396,3 +396,26 @@ def test_tune_shows_each_candidates_prediction_beside_its_measurement() -> None:
     for fmt in ("text", "md"):
         out = render(doc, fmt)
         assert "predicted 18.9, range 13.8-27.5, +72 %" in out and "17.9" in out
+
+
+def test_a_prescription_keeps_only_changes_a_measurement_could_tell_apart() -> None:
+    """minimal() on the README sample (14B at --gpu-memory-utilization 0.6): `--max-num-batched-tokens 32768` beside
+    the FP8 pair is predicted to add 1.6 % (18.03 against 17.74 req/s), under the 3 % a benchmark can tell apart of
+    the configuration itself: dropped, the FP8 pair and the memory kept; a flag set to what vLLM's default does
+    (0.92, the default's value) is the flag removed, at the same prediction."""
+    from profkit.model.search import Found, minimal
+
+    cal = calibrate(observe(build_report("samples/vllm_14b_kv_bound").document()))
+    pair = {"gpu_memory_utilization": None, "quantization": "fp8", "kv_cache_dtype": "fp8"}
+    found = Found({**pair, "max_num_batched_tokens": 32768}, predict(cal, {**pair, "max_num_batched_tokens": 32768}),
+                  0.0)
+    kept = minimal(cal, found, 0.03, None)
+    assert kept.changes == pair
+    assert 0.01 < found.loss_to(kept) < 0.03
+    assert minimal(cal, found, 0.01, None).changes == found.changes  # a finer threshold keeps it
+    default = Found({"gpu_memory_utilization": 0.92, "quantization": "fp8"},
+                    predict(cal, {"gpu_memory_utilization": 0.92, "quantization": "fp8"}), 0.0)
+    same = minimal(cal, default, 0.03, None)
+    assert same.changes == {"gpu_memory_utilization": None, "quantization": "fp8"}
+    assert same.prediction.metrics["request_throughput"]["predicted"] == pytest.approx(
+        default.prediction.metrics["request_throughput"]["predicted"], rel=1e-9)

@@ -204,7 +204,7 @@ def minimal(cal: Calibrated, found: Found, threshold: float, noise: float | None
             continue
         f = Found({**changes, dest: None}, p, 0.0, found.objective, found.higher)
         f.miss = sum(b.miss(p.metrics[b.metric]["predicted"]) for b in found.bounds)
-        if f.gain() >= current.gain() - SAME and f.miss <= found.miss:
+        if current.loss_to(f) <= SAME and f.miss <= found.miss:  # relative to the configuration, as above
             changes, current = f.changes, f
     if current is found:
         return found
