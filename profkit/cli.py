@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 import click
 
@@ -22,6 +23,9 @@ from profkit.escape import one_line, shell_word, terminal
 from profkit.inputs import refuse_overwrite
 from profkit.render import output_format, render
 from profkit.resources import SCHEMA_KINDS, document_schema, give_back_freed_memory
+
+if TYPE_CHECKING:
+    from profkit.model.search import Bound
 
 
 def parse_window(text: str) -> str:
@@ -225,17 +229,36 @@ def predict_cmd(run: str | None, changes: tuple[str, ...], fmt: str | None, outp
               help='exit 3 when a condition holds, e.g. "request_throughput<-5%" "p99_ttft_ms>+10%"')
 @click.option("--top", type=click.IntRange(min=1, max=1_000_000), default=10, show_default=True,
               help="rows per table in text and Markdown")
+@click.option("--slo", "slos", multiple=True,
+              help='with two sweep folders: a latency bound whose goodput each measured, e.g. "p99_tpot_ms<=15"')
 def diff_cmd(before: str, after: str, fmt: str | None, output: Path | None, noise: str, fail_on: tuple[str, ...],
-             top: int) -> None:
+             top: int, slos: tuple[str, ...]) -> None:
     """Compare two runs: BEFORE and AFTER are each a trace, a capture folder (with or without a trace),
     a folder of capture folders (replicates), a saved report JSON, or history runs (runs.db:ID,
-    runs.db:last, runs.db:last-1, runs.db:label=L)."""
+    runs.db:last, runs.db:last-1, runs.db:label=L). Or two sweep folders (`profkit sweep`): their curves rate by
+    rate, and with --slo each bound's goodput."""
     from profkit.compare.diff import diff
     from profkit.compare.gate import check, parse_condition
+    from profkit.compare.sweep import diff_sweeps, is_sweep_folder
 
     fmt = output_format(fmt, str(output) if output else None)
     conditions = [parse_condition(c) for c in fail_on]  # bad conditions fail before any work
     threshold = _parse_share(noise, "--noise")
+    sweeps = [is_sweep_folder(Path(p)) for p in (before, after)]
+    if any(sweeps):
+        if not all(sweeps):
+            sweep, other = (before, after) if sweeps[0] else (after, before)
+            raise ProfkitError(f"{sweep} is a sweep folder and {other} is not: profkit diff compares two sweeps, or "
+                               f"two runs (profkit sweep --show {sweep} --from RUN puts a run's predicted curve "
+                               "beside a sweep)")
+        if conditions:
+            raise click.UsageError("--fail-on gates a diff of two runs, not of two sweeps")
+        if output:
+            refuse_overwrite(output, [Path(before), Path(after)])
+        emit(render(diff_sweeps(Path(before), Path(after), _bounds(slos), noise=threshold), fmt, top), output)
+        return
+    if slos:
+        raise click.UsageError("--slo applies to two sweep folders")
     if output:
         from profkit.evidence.folder import PROTECTED
 
@@ -312,6 +335,21 @@ def schema_cmd(kind: str) -> None:
     import json
 
     click.echo(json.dumps(document_schema(kind), indent=1))
+
+
+def _bounds(slos: tuple[str, ...]) -> list[Bound]:
+    """--slo texts as the frontier's bounds (`median_` read as `p50_`); one line for a metric a sweep lacks."""
+    from profkit.model.frontier import canonical_metric
+    from profkit.model.search import Bound
+    from profkit.tune.loop import parse_slo
+
+    out = []
+    for c in map(parse_slo, slos):
+        try:
+            out.append(Bound(canonical_metric(c.metric), c.op, c.value))
+        except ValueError as exc:
+            raise ProfkitError(f"--slo {c.text!r}: {exc}") from None
+    return out
 
 
 def _parse_share(text: str, option: str) -> float:

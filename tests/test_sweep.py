@@ -230,3 +230,44 @@ def test_a_ttft_split_is_withheld_where_the_scrapes_went_backwards(recorded: Pat
     doc = json.loads(r.stdout)
     assert doc["vllm"].get("ttft_split") is None
     assert doc["vllm"]["bench"]["ttft_mean_ms"] == pytest.approx(75.058, abs=1e-3)
+
+
+def test_two_sweeps_are_compared_rate_by_rate_with_each_bounds_goodput(recorded: Path, tmp_path: Path) -> None:
+    """The 14B's defaults (lease 4) against its FP8 pair (lease 5), both measured by `profkit sweep`: at a rate one
+    sweep did not measure its figure is read between its neighbours (the defaults' p50 TTFT at 9 req/s: 65.0 at 6.09
+    and 92.0 at 9.13 -> 90.8; the FP8 pair measured 79.2 there); goodput under p99 TPOT <= 15 ms 7.75 -> 12.96 req/s,
+    as scripts/validate_frontier.py measures each."""
+    a, b = recorded / "sweep14p", recorded / "sweep14fp8"
+    r = profkit("diff", a, b, "--slo", "p99_tpot_ms<=15", "--slo", "median_ttft_ms<=100", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["schema"] == "profkit.sweep-diff/1"
+    assert doc["before"]["rates"] == [6.09, 9.13, 10.29, 10.96, 11.43, 12.17, 12.58]
+    row = {x["rate"]: x for x in doc["rows"]}[9.0]
+    assert row["measured"] == [False, True]
+    assert row["before"]["p50_ttft_ms"] == pytest.approx(65.0 + (92.0 - 65.0) * (9.0 - 6.09) / (9.13 - 6.09), abs=0.1)
+    assert row["after"]["p50_ttft_ms"] == pytest.approx(79.2, abs=0.05)
+    assert row["change"]["p99_tpot_ms"] == pytest.approx(row["after"]["p99_tpot_ms"] / row["before"]["p99_tpot_ms"]
+                                                         - 1)
+    assert all(x["rate"] >= 6.09 and x["rate"] <= 12.58 for x in doc["rows"])  # no curve extrapolated: 6 and 14-19
+    tpot = doc["goodput"][0]
+    assert tpot["bound"] == "p99_tpot_ms<=15"
+    assert (round(tpot["before"]["measured"], 2), round(tpot["after"]["measured"], 2)) == (7.75, 12.96)
+    assert doc["goodput"][1]["bound"] == "p50_ttft_ms<=100"
+    text = profkit("diff", a, b, "--slo", "p99_tpot_ms<=15").stdout
+    assert "goodput within p99_tpot_ms<=15: 7.75 → 12.96 req/s (+67%)" in text
+    assert "     9  7.95* → 8.22 (+3%~)" in text  # the throughput's change within the 5 % noise
+    md = tmp_path / "d.md"
+    assert profkit("diff", a, b, "-o", md).returncode == 0
+    assert "| rate | req/s | TTFT p50 |" in md.read_text()
+
+
+def test_a_sweep_against_what_is_not_a_sweep_is_one_line(recorded: Path) -> None:
+    one_error_line(profkit("diff", recorded / "sweep14p", recorded / "sweep14" / "capture"),
+                   "is a sweep folder and")
+    one_error_line(profkit("diff", recorded / "sweep14p", recorded / "sweep14fp8", "--fail-on",
+                           "request_throughput<-5%"), "--fail-on gates a diff of two runs")
+    one_error_line(profkit("diff", recorded / "sweep14p", recorded / "sweep14fp8", "--slo", "p95_ttft_ms<=3"),
+                   "p95_ttft_ms")
+    one_error_line(profkit("diff", recorded / "sweep14" / "capture" / "r1", recorded / "sweep14" / "capture" / "r2",
+                           "--slo", "p99_ttft_ms<=3"), "--slo applies to two sweep folders")

@@ -166,7 +166,7 @@ def show_sweep(out: Path, predicted: SweepModel | None = None) -> dict[str, Any]
     return doc
 
 
-def _goodput(points: list[dict[str, Any]], bound: Any, predicted: SweepModel) -> dict[str, Any]:
+def _goodput(points: list[dict[str, Any]], bound: Any, predicted: SweepModel | None) -> dict[str, Any]:
     """One bound's goodput: the measured (between the last measured point that meets it and the next, each point's
     mean over its replicates; where the highest point still meets it, that rate and no more is known) beside the
     model's."""
@@ -181,7 +181,7 @@ def _goodput(points: list[dict[str, Any]], bound: Any, predicted: SweepModel) ->
         out["below"] = measured_points[0]["request_rate"]
     elif measured_points:
         out["measured"] = measured_goodput(measured_points, bound)
-    good = predicted.goodputs.get(text)
+    good = predicted.goodputs.get(text) if predicted is not None else None
     if good:
         out["predicted"] = {k: good[k] for k in ("rate", "low", "high")}
         if out["measured"]:
@@ -216,3 +216,65 @@ def predictor(run: str | Path, bounds: Sequence[tuple[str, str, float]] = ()) ->
     alone = {f"{b.metric}{b.op}{b.value:g}": frontier(cal, {}, [b]).goodput for b in checked}
     return SweepModel(lambda rate, prompts: point_at(cal, conf, rate, prompts, width).document(),
                       frontier(cal, {}, checked).document(), checked, alone)
+
+
+# ------------------------------------------------------------------------------------------------ two sweeps
+
+DIFF_SCHEMA = "profkit.sweep-diff/1"
+# the metrics two sweeps are compared on (the columns `profkit sweep` shows)
+DIFF_METRICS = ("request_throughput", "p50_ttft_ms", "p99_ttft_ms", "p50_tpot_ms", "p99_tpot_ms", "p99_e2el_ms")
+
+
+def is_sweep_folder(path: Path) -> bool:
+    """A folder `profkit sweep` wrote (a rate-R/r*/bench.json in it)."""
+    return path.is_dir() and bool(measured_rates(path))
+
+
+def _at(points: list[dict[str, Any]], rate: float, key: str) -> float | None:
+    """A sweep's measured `key` at `rate`: its own point's, else linear between the two measured rates around it
+    (None outside what it measured: a curve is not extrapolated)."""
+    known = [(p["rate"], p["measured"][key]) for p in points if key in p["measured"]]
+    for r, v in known:
+        if r == rate:
+            return float(v)
+    for (r0, v0), (r1, v1) in zip(known, known[1:], strict=False):
+        if r0 < rate < r1:
+            return float(v0 + (v1 - v0) * (rate - r0) / (r1 - r0))
+    return None
+
+
+def diff_sweeps(before: Path, after: Path, bounds: Sequence[Any] = (), noise: float = 0.05) -> dict[str, Any]:
+    """Two measured sweeps (two configurations, or one measured twice) rate by rate: at every rate either measured
+    within both's range, each metric before and after (a rate a sweep did not measure read between its two
+    neighbours) and the change, flagged where it is within the larger of `noise` and the points' replicate spread;
+    and each bound's goodput measured on each (`bounds`: `profkit.model.search.Bound`s)."""
+    sides = [show_sweep(before), show_sweep(after)]
+    own = [{p["rate"]: p for p in side["points"]} for side in sides]
+    rows = []
+    for rate in sorted(set(own[0]) | set(own[1])):
+        values: dict[str, tuple[float, float]] = {}
+        for k in DIFF_METRICS:
+            a, b = (_at(side["points"], rate, k) for side in sides)
+            if a is not None and b is not None:
+                values[k] = (a, b)
+        if not values:
+            continue
+        change = {k: (b / a - 1 if a else None) for k, (a, b) in values.items()}
+        spread = {k: max([noise] + [own[i][rate]["spread"].get(k, 0.0) for i in (0, 1) if rate in own[i]])
+                  for k in values}
+        rows.append({"rate": rate, "measured": [rate in own[0], rate in own[1]],
+                     "before": {k: a for k, (a, _) in values.items()}, "after": {k: b for k, (_, b) in values.items()},
+                     "change": change, "within_noise": {k: c is not None and abs(c) <= spread[k]
+                                                        for k, c in change.items()}})
+    goodput = []
+    for b in bounds:
+        each = [_goodput(side["points"], b, None) for side in sides]
+        g: dict[str, Any] = {"bound": each[0]["bound"], "before": each[0], "after": each[1], "change": None}
+        if each[0]["measured"] and each[1]["measured"]:
+            g["change"] = each[1]["measured"] / each[0]["measured"] - 1
+        goodput.append(g)
+    said = [{"folder": side["folder"], "rates": [p["rate"] for p in side["points"]],
+             "replicates": [p["replicates"] for p in side["points"]], "benchmark_s": side.get("benchmark_s")}
+            for side in sides]
+    return {"schema": DIFF_SCHEMA, "before": said[0], "after": said[1], "noise": noise, "rows": rows,
+            "goodput": goodput}

@@ -13,7 +13,8 @@ from typing import Any
 from profkit.errors import ProfkitError
 
 SCHEMAS = {"profkit.report/1": "report", "profkit.diff/1": "diff", "profkit.diff/2": "diff",
-           "profkit.tune/1": "tune", "profkit.history/1": "history", "profkit.prediction/1": "prediction"}
+           "profkit.tune/1": "tune", "profkit.history/1": "history", "profkit.prediction/1": "prediction",
+           "profkit.sweep-diff/1": "sweep-diff"}
 
 # (kind, format) -> (module, function, takes `top`); a kind's formats in the order its errors list them.
 RENDERERS: dict[tuple[str, str], tuple[str, str, bool]] = {
@@ -35,6 +36,9 @@ RENDERERS: dict[tuple[str, str], tuple[str, str, bool]] = {
     ("prediction", "json"): ("profkit.render.json", "render_json", False),
     ("prediction", "md"): ("profkit.render.prediction", "render_prediction_markdown", False),
     ("prediction", "html"): ("profkit.render.prediction", "render_prediction_html", False),
+    ("sweep-diff", "text"): ("profkit.render.sweep", "sweep_diff_text", False),
+    ("sweep-diff", "json"): ("profkit.render.json", "render_json", False),
+    ("sweep-diff", "md"): ("profkit.render.sweep", "sweep_diff_markdown", False),
 }
 
 
