@@ -37,6 +37,9 @@ SWEEPS = [  # name, the capture it is predicted from, the sweep, the changes fro
     ("14B 512/512, the FP8 pair (lease 5; read after f9c7120 predicted it)", "sweep14/capture", "sweep14fp8",
      {"quantization": "fp8", "kv_cache_dtype": "fp8"},
      [("p99_tpot_ms", 15), ("p99_tpot_ms", 20), ("p99_ttft_ms", 200), ("p99_e2el_ms", 8000)]),
+    ("8B 128/256, vLLM's defaults, 1 API server (lease 6; the rates and predictions `profkit sweep --from` made on the "
+     "GPU box, 243a8c4's model)", "api/s2_api1", "sweep8s", {},
+     [("p99_tpot_ms", 15), ("p99_ttft_ms", 150), ("p99_tpot_ms", 10), ("p99_e2el_ms", 3000)]),
 ]
 KEYS = ["request_throughput", "p50_ttft_ms", "p99_ttft_ms", "p50_tpot_ms", "p99_tpot_ms", "p99_e2el_ms"]
 OUT = REPO / "profkit" / "model" / "frontier_validation.json"
