@@ -104,9 +104,7 @@ LED = [
     ("Q18", "14B defaults: 1 -> 4 API servers", "GPU-bound (14B, 256/768, 400)", "api/api1_14b", "api/api4_14b",
      {"api_server_count": 4}),
     # lease 6 (one H200, 16 cores): the API-server ladder's second shape, predicted from the 1-API-server runs before
-    # the others were read (lease6-predicted)
-    ("Q19", "8B defaults: 1 -> 2 API servers", "API-server-bound (8B, 128/256, 2,000)", "api/s2_api1",
-     "api/s2_api2", {"api_server_count": 2}),
+    # the others were read (lease6-predicted; the 2-API-server runs, Q19, ran out of device time)
     ("Q20", "8B defaults: 1 -> 4 API servers", "API-server-bound (8B, 128/256, 2,000)", "api/s2_api1",
      "api/s2_api4", {"api_server_count": 4}),
 ]
@@ -115,9 +113,9 @@ LED = [
 IN_SAMPLE = {"P1", "P2", "P3", "P4", "P5", "P6", "P8", "P9", "P19", "Q3", "Q12"}
 # recorded after the model predicted them (lease 4, the model of 1207f25: Q15's and Q16's predictions, made from the
 # median baseline run before the runs, kept in tests/data/h200_model_led's lease4-predicted; lease 6, the model of
-# 243a8c4: Q19's and Q20's, made from the 1-API-server runs before the others were read, in lease6-predicted):
+# 243a8c4: Q20's, made from the 1-API-server runs before the 4-API-server runs were read, in lease6-predicted):
 # held-out, counted apart too
-AFTER_MODEL = {"Q15", "Q16", "Q17", "Q19", "Q20"}
+AFTER_MODEL = {"Q15", "Q16", "Q17", "Q20"}
 
 PAIRS = [
     ("P1", "--kv-cache-memory-bytes 3e8 removed", "KV capacity (tiny)", "h100_tune.tar.xz",
@@ -206,14 +204,38 @@ def _bench(folder: Path) -> dict[str, float]:
             "mean_tpot_ms": b.tpot_mean_ms}
 
 
+def imbalances(work: Path) -> dict[str, float]:
+    """Each recorded run with several API servers (tests/data/h200_model_led): how unevenly they shared the load,
+    the busiest one's share of their CPU past an even split (`predict.busiest_share`'s API_SERVER_IMBALANCE)."""
+    from profkit.analysis.host import host_section
+    from profkit.diagnose.facts import host_facts
+    from profkit.evidence.bench import read_bench
+    from profkit.evidence.host import read_host
+
+    root = _unpacked("h200_model_led.tar.xz", work)
+    out = {}
+    for host in sorted(root.glob("h200_model_led/**/host.json")):
+        if (bench := host.parent / "bench.json").is_file():  # the host facts over the benchmark's window
+            facts = host_facts(host_section(read_host(host), read_bench(bench).elapsed_s))
+            n, share = facts["host.api_server_count"], facts["host.api_server_busiest_share"]
+        if bench.is_file() and n and n > 1 and share:
+            out[f"h200_model_led.tar.xz:{host.parent.relative_to(root)}"] = (share - 1 / n) / (1 - 1 / n)
+    return out
+
+
 def validate(work: Path, only: set[str] | None = None) -> list[dict]:
-    """Every pair's rows (`only`: those pairs alone)."""
+    """Every pair's rows (`only`: those pairs alone). The API servers' imbalance each pair is predicted with (its
+    median and 10th-90th percentiles) is read off the recorded runs with several API servers less the pair's own
+    (the constants profkit ships are those of them all)."""
     from profkit.evidence.record import Evidence
+    from profkit.model import predict as model
     from profkit.model.levers import families
     from profkit.model.observe import observe
     from profkit.model.predict import calibrate, predict
     from profkit.model.validation import HELD_OUT
     from profkit.report import build_report
+
+    shares = imbalances(work)
 
     tiny, big = work / "tiny-config.json", work / "big-config.json"
     tiny.write_text(json.dumps(TINY))
@@ -226,6 +248,11 @@ def validate(work: Path, only: set[str] | None = None) -> list[dict]:
         measured: dict[str, list[float]] = {}
         recordings = [f"{archive}:{b}" for b in bases] + [f"{c[0]}:{c[1]}" if isinstance(c, tuple) else
                                                          f"{archive}:{c}" for c in changed]
+        own = {r.rsplit("/r", 1)[0] if r.rsplit("/r", 1)[-1].isdigit() else r for r in recordings}
+        others = [v for k, v in shares.items() if (k.rsplit("/r", 1)[0] if k.rsplit("/r", 1)[-1].isdigit() else k)
+                  not in own]
+        cuts = statistics.quantiles(others, n=10, method="inclusive")
+        model.API_SERVER_IMBALANCE, model.API_SERVER_IMBALANCE_ENDS = statistics.median(others), (cuts[-1], cuts[0])
         for c in changed:
             folder = _unpacked(c[0], work) / c[1] if isinstance(c, tuple) else root / c
             for k, v in _bench(folder).items():
@@ -247,7 +274,11 @@ def validate(work: Path, only: set[str] | None = None) -> list[dict]:
                              "before": m["before"], "predicted": m["predicted"], "low": m["low"], "high": m["high"],
                              "measured": truth, "replicates": len(values),
                              "error": m["predicted"] / truth - 1, "inside": m["low"] <= truth <= m["high"],
-                             "fit": cal.fit_error, "limit_before": p.limit_before, "limit_after": p.limit_after})
+                             "fit": cal.fit_error, "limit_before": p.limit_before, "limit_after": p.limit_after,
+                             "imbalance": model.API_SERVER_IMBALANCE})
+    cuts = statistics.quantiles(shares.values(), n=10, method="inclusive")
+    model.API_SERVER_IMBALANCE = statistics.median(shares.values())
+    model.API_SERVER_IMBALANCE_ENDS = cuts[-1], cuts[0]
     return rows
 
 

@@ -419,3 +419,30 @@ def test_a_prescription_keeps_only_changes_a_measurement_could_tell_apart() -> N
     assert same.changes == {"gpu_memory_utilization": None, "quantization": "fp8"}
     assert same.prediction.metrics["request_throughput"]["predicted"] == pytest.approx(
         default.prediction.metrics["request_throughput"]["predicted"], rel=1e-9)
+
+
+@pytest.fixture(scope="module")
+def led(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return unpack(tmp_path_factory, "h200_model_led")
+
+
+def test_several_api_servers_share_the_load_unevenly(led: Path, tmp_path: Path) -> None:
+    """The 8B at 128/256 with 4 API servers (lease 6): over the benchmark the busiest carried 0.83 of their CPU in r2
+    (0.53 and 0.73 in the others), near one API server's ceiling while the rest idled, so 4 API servers served 1.22x
+    one's. The ceiling the model gives N API servers is the busiest's: 1/N plus the imbalance of the rest, whose
+    shipped value and range ends are the median and 10th-90th percentiles over every run recorded with several
+    (scripts/validate_model.py reads them)."""
+    from profkit.model.predict import API_SERVER_IMBALANCE, API_SERVER_IMBALANCE_ENDS, busiest_share
+
+    facts = build_report(led / "api" / "s2_api4" / "r2").document()["facts"]
+    assert facts["host.api_server_count"] == 4
+    assert facts["host.api_server_busiest_share"] == pytest.approx(0.829, abs=0.001)
+    assert build_report(led / "api" / "s2_api1" / "r2").document()["facts"]["host.api_server_busiest_share"] == 1.0
+    shares = script("validate_model").imbalances(tmp_path)
+    assert len(shares) == 19 and min(shares.values()) < 0.1 and max(shares.values()) > 0.75
+    cuts = statistics.quantiles(shares.values(), n=10, method="inclusive")
+    read = round(statistics.median(shares.values()), 2), (round(cuts[-1], 2), round(cuts[0], 2))
+    assert read == (API_SERVER_IMBALANCE, API_SERVER_IMBALANCE_ENDS)
+    assert busiest_share(1) == 1.0
+    assert busiest_share(2) == pytest.approx(0.5 + 0.5 * API_SERVER_IMBALANCE)
+    assert busiest_share(4) == pytest.approx(0.25 + 0.75 * API_SERVER_IMBALANCE)

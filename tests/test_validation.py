@@ -52,7 +52,7 @@ def test_a_band_is_the_percentiles_of_its_classes_errors_and_leaves_a_recording_
     own = frozenset(q2[0]["recordings"])  # start A's baseline, which Q1 shares: both left out
     left = [r for r in rows if "API servers" in r["families"] and r["metric"] == "request_throughput"
             and r["provenance"] == "held-out" and not own & set(r["recordings"])]
-    assert {r["pair"] for r in left} == {"Q11", "Q13", "Q14", "Q16", "Q17", "Q18"}  # Q3 is in-sample
+    assert {r["pair"] for r in left} == {"Q11", "Q13", "Q14", "Q16", "Q17", "Q18", "Q20"}  # Q3 is in-sample
     low, high = validation.band_of(rows, ["API servers"], "request_throughput", own)
     left_errors = list(map(validation.residual, left))
     assert len(left_errors) >= validation.QUANTILE_ROWS  # Q18's rows (lease 5) made it percentiles, not extremes
@@ -106,5 +106,24 @@ def test_the_pairs_predicted_before_they_ran(tmp_path_factory: pytest.TempPathFa
         assert said["predicted"] / measured - 1 == pytest.approx(error, abs=0.001)
         assert said["low"] <= measured <= said["high"]
     after = [r for r in validation.recorded_rows() if r.get("recorded_after_model")]
-    assert {r["pair"] for r in after} == {"Q15", "Q16", "Q17"}
+    assert {r["pair"] for r in after} == {"Q15", "Q16", "Q17", "Q20"}
     assert all(r["provenance"] == validation.HELD_OUT for r in after)
+
+
+def test_the_api_server_ladder_predicted_before_it_ran_missed(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Lease 6 (lease6-predicted): the model of 243a8c4 predicted 4 API servers at the 8B's 128/256 shape from its
+    1-API-server runs, 73.35 req/s (61.26-87.81); measured 57.96, 55.31, 56.44: +29.7 %, outside. The validation rows
+    keep the miss as it is (today's model predicts the same middle at the other runs' median imbalance)."""
+    from tests.conftest import unpack
+
+    root = unpack(tmp_path_factory, "h200_model_led")
+    said = json.loads((root / "lease6-predicted" / "s2_api4.json").read_text())["metrics"]["request_throughput"]
+    benches = sorted((root / "api" / "s2_api4").glob("r*/bench.json"))
+    runs = [json.loads(b.read_text())["request_throughput"] for b in benches]
+    measured = sum(runs) / len(runs)
+    assert said["predicted"] / measured - 1 == pytest.approx(0.297, abs=0.001)
+    assert not said["low"] <= measured <= said["high"]
+    rows = [r for r in validation.recorded_rows() if r["pair"] == "Q20" and r["metric"] == "request_throughput"]
+    assert len(rows) == 3 and all(r["measured"] == pytest.approx(measured) for r in rows)
+    assert all(r["predicted"] / measured - 1 == pytest.approx(0.297, abs=0.002) and not r["inside_held_out"]
+               for r in rows)

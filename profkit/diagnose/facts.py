@@ -179,6 +179,8 @@ def _declare() -> dict[str, Fact]:
                                                      "core"),
         ("host.api_server_count", "count", "API-server processes seen (the vllm serve process itself when there is "
                                            "one)"),
+        ("host.api_server_busiest_share", "share", "the busiest API server's share of the API servers' CPU (1 with "
+                                                   "one; 1/N where N share the load evenly)"),
         ("host.engine_core_cpu", "cores", "mean CPU of the engine-core process, in cores"),
         ("host.engine_core_saturated_share", "share", "share of samples the engine core used >= 90 % of a core"),
         ("host.client_cpu", "cores", "mean CPU of the benchmark client (vllm bench serve), in cores"),
@@ -521,6 +523,9 @@ def host_facts(host: dict[str, Any] | None) -> dict[str, Any]:
         facts[f"{prefix}_cpu"] = r["cpu_mean"] if r else None
         facts[f"{prefix}_saturated_share"] = r["saturated_share"] if r else None
     facts["host.api_server_count"] = roles["api_server"]["count"] if "api_server" in roles else None
+    api = roles.get("api_server")
+    facts["host.api_server_busiest_share"] = (api["cpu_mean"] / api["cpu_total_mean"] if api and api["count"] > 1
+                                              and api["cpu_total_mean"] > 0 else 1.0 if api else None)
     facts["host.cores"] = (host or {}).get("cores")
     facts["host.gpu_util_mean"] = (host or {}).get("gpu_util_mean")
     return facts
