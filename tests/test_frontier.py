@@ -8,8 +8,9 @@ What holds and what does not is measured here (scripts/validate_frontier.py prin
 the server keeps up with is predicted within 5 % (the 8B FP8 pair's, from the bf16 run, up to +15 % past its knee);
 the goodput under TPOT and end-to-end bounds within 10 % in 11 of 15 cases (the misses -12 %, -18 %, -10 %, -14 %).
 TTFT below the knee carries the frontend's time (a prior, stretched by its load): p99 within -35 % to +38 % at the
-16-bit configurations, the FP8 pairs' under-predicted (to -45 %), so their goodput under a TTFT bound is
-over-predicted: docs/prediction.md says so."""
+16-bit configurations of 512-1,024-token prompts, over-predicted at 128-token prompts (+84 % to +235 %, lease 6), the
+FP8 pairs' under-predicted (to -45 %): the goodput under a TTFT bound misses by -39 % to +23 %; docs/prediction.md
+says so."""
 
 from __future__ import annotations
 

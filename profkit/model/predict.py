@@ -60,7 +60,8 @@ REQUEST_LATENCY_MAX_S = 0.2
 # time an idle frontend takes (the client's HTTP, the API server's tokenising and hand-over to the engine core),
 # stretched by the frontend's load as a queue's wait is, 1 / (1 - its busiest process's share of its ceiling). Read
 # off vLLM's histograms on the 14B (H200, lease 4 and 5 sweeps, 512-token prompts: 20-58 ms outside the engine at
-# 6-19 req/s, 15 ms at an idle frontend, 14-21 ms across their rates): in-sample there, held out on the 8B's sweeps.
+# 6-19 req/s, 15 ms at an idle frontend, 14-21 ms across their rates): in-sample there; held out on the 8B's sweeps,
+# where it is too long at 128-token prompts (lease 6, predicted before it ran: TTFT p50 +6 to +90 %).
 IDLE_FRONTEND_S, FRONTEND_LOAD_MAX = 0.015, 0.9
 # The share of the KV cache an admission leaves free: vLLM's scheduler admits less eagerly than a greedy fill (a
 # greedy fill preempts 3x what the 14B run measured; 1 % reproduces it, and was vLLM V0's watermark). Fitted per run
