@@ -13,7 +13,6 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING
 
 import click
 
@@ -23,9 +22,6 @@ from profkit.escape import one_line, shell_word, terminal
 from profkit.inputs import refuse_overwrite
 from profkit.render import output_format, render
 from profkit.resources import SCHEMA_KINDS, document_schema, give_back_freed_memory
-
-if TYPE_CHECKING:
-    from profkit.model.search import Bound
 
 
 def parse_window(text: str) -> str:
@@ -255,7 +251,10 @@ def diff_cmd(before: str, after: str, fmt: str | None, output: Path | None, nois
             raise click.UsageError("--fail-on gates a diff of two runs, not of two sweeps")
         if output:
             refuse_overwrite(output, [Path(before), Path(after)])
-        emit(render(diff_sweeps(Path(before), Path(after), _bounds(slos), noise=threshold), fmt, top), output)
+        from profkit.tune.loop import parse_slo
+
+        bounds = [(c.metric, c.op, c.value) for c in map(parse_slo, slos)]
+        emit(render(diff_sweeps(Path(before), Path(after), bounds, noise=threshold), fmt, top), output)
         return
     if slos:
         raise click.UsageError("--slo applies to two sweep folders")
@@ -335,21 +334,6 @@ def schema_cmd(kind: str) -> None:
     import json
 
     click.echo(json.dumps(document_schema(kind), indent=1))
-
-
-def _bounds(slos: tuple[str, ...]) -> list[Bound]:
-    """--slo texts as the frontier's bounds (`median_` read as `p50_`); one line for a metric a sweep lacks."""
-    from profkit.model.frontier import canonical_metric
-    from profkit.model.search import Bound
-    from profkit.tune.loop import parse_slo
-
-    out = []
-    for c in map(parse_slo, slos):
-        try:
-            out.append(Bound(canonical_metric(c.metric), c.op, c.value))
-        except ValueError as exc:
-            raise ProfkitError(f"--slo {c.text!r}: {exc}") from None
-    return out
 
 
 def _parse_share(text: str, option: str) -> float:

@@ -223,6 +223,12 @@ def imbalances(work: Path) -> dict[str, float]:
     return out
 
 
+def _configuration(recording: str) -> str:
+    """A recording's configuration: its replicates (`.../r2`) are one."""
+    head, _, tail = recording.rpartition("/r")
+    return head if head and tail.isdigit() else recording
+
+
 def validate(work: Path, only: set[str] | None = None) -> list[dict]:
     """Every pair's rows (`only`: those pairs alone). The API servers' imbalance each pair is predicted with (its
     median and 10th-90th percentiles) is read off the recorded runs with several API servers less the pair's own
@@ -248,9 +254,8 @@ def validate(work: Path, only: set[str] | None = None) -> list[dict]:
         measured: dict[str, list[float]] = {}
         recordings = [f"{archive}:{b}" for b in bases] + [f"{c[0]}:{c[1]}" if isinstance(c, tuple) else
                                                          f"{archive}:{c}" for c in changed]
-        own = {r.rsplit("/r", 1)[0] if r.rsplit("/r", 1)[-1].isdigit() else r for r in recordings}
-        others = [v for k, v in shares.items() if (k.rsplit("/r", 1)[0] if k.rsplit("/r", 1)[-1].isdigit() else k)
-                  not in own]
+        own = {_configuration(r) for r in recordings}
+        others = [v for k, v in shares.items() if _configuration(k) not in own]
         cuts = statistics.quantiles(others, n=10, method="inclusive")
         model.API_SERVER_IMBALANCE, model.API_SERVER_IMBALANCE_ENDS = statistics.median(others), (cuts[-1], cuts[0])
         for c in changed:

@@ -16,6 +16,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from profkit.capture.plan import Plan
 from profkit.capture.run import CaptureError, ServerSession
 from profkit.evidence.bench import is_figure
@@ -197,16 +199,15 @@ def predictor(run: str | Path, bounds: Sequence[tuple[str, str, float]] = ()) ->
     """The model calibrated on `run` (a full-load run of the swept configuration): its prediction of a point
     (rate, prompts), its frontier within `bounds` (which chooses the rates) and its goodput under each."""
     from profkit.errors import ProfkitError
-    from profkit.model.frontier import canonical_metric, frontier, point_at
+    from profkit.model.frontier import bounds_of, frontier, point_at
     from profkit.model.observe import Unobservable, observe
     from profkit.model.predict import calibrate, configured, spread
     from profkit.model.refusals import unreproduced
-    from profkit.model.search import Bound
     from profkit.report.build import build_report
 
     try:
         cal = calibrate(observe(build_report(run).document()))
-        checked = [Bound(canonical_metric(m), op, v) for m, op, v in bounds]
+        checked = bounds_of(bounds)
     except (Unobservable, ValueError) as exc:
         raise ProfkitError(f"--from {run}: {exc}") from None
     if (miss := unreproduced(cal)) is not None:
@@ -233,21 +234,25 @@ def is_sweep_folder(path: Path) -> bool:
 def _at(points: list[dict[str, Any]], rate: float, key: str) -> float | None:
     """A sweep's measured `key` at `rate`: its own point's, else linear between the two measured rates around it
     (None outside what it measured: a curve is not extrapolated)."""
-    known = [(p["rate"], p["measured"][key]) for p in points if key in p["measured"]]
-    for r, v in known:
-        if r == rate:
-            return float(v)
-    for (r0, v0), (r1, v1) in zip(known, known[1:], strict=False):
-        if r0 < rate < r1:
-            return float(v0 + (v1 - v0) * (rate - r0) / (r1 - r0))
-    return None
+    rates = [p["rate"] for p in points if key in p["measured"]]
+    if not rates or not rates[0] <= rate <= rates[-1]:
+        return None
+    return float(np.interp(rate, rates, [p["measured"][key] for p in points if key in p["measured"]]))
 
 
-def diff_sweeps(before: Path, after: Path, bounds: Sequence[Any] = (), noise: float = 0.05) -> dict[str, Any]:
+def diff_sweeps(before: Path, after: Path, bounds: Sequence[tuple[str, str, float]] = (),
+                noise: float = 0.05) -> dict[str, Any]:
     """Two measured sweeps (two configurations, or one measured twice) rate by rate: at every rate either measured
     within both's range, each metric before and after (a rate a sweep did not measure read between its two
     neighbours) and the change, flagged where it is within the larger of `noise` and the points' replicate spread;
-    and each bound's goodput measured on each (`bounds`: `profkit.model.search.Bound`s)."""
+    and each bound's goodput measured on each (`bounds`: (metric, op, value), as --slo gives them)."""
+    from profkit.errors import ProfkitError
+    from profkit.model.frontier import bounds_of
+
+    try:
+        checked = bounds_of(bounds)
+    except ValueError as exc:
+        raise ProfkitError(f"--slo: {exc}") from None
     sides = [show_sweep(before), show_sweep(after)]
     own = [{p["rate"]: p for p in side["points"]} for side in sides]
     rows = []
@@ -267,8 +272,8 @@ def diff_sweeps(before: Path, after: Path, bounds: Sequence[Any] = (), noise: fl
                      "change": change, "within_noise": {k: c is not None and abs(c) <= spread[k]
                                                         for k, c in change.items()}})
     goodput = []
-    for b in bounds:
-        each = [_goodput(side["points"], b, None) for side in sides]
+    for bound in checked:
+        each = [_goodput(side["points"], bound, None) for side in sides]
         g: dict[str, Any] = {"bound": each[0]["bound"], "before": each[0], "after": each[1], "change": None}
         if each[0]["measured"] and each[1]["measured"]:
             g["change"] = each[1]["measured"] / each[0]["measured"] - 1

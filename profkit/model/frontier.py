@@ -27,6 +27,7 @@ import numpy as np
 from profkit.model import validation
 from profkit.model.predict import Calibrated, Configured, configured, frontend_latency, host_stretch
 from profkit.model.predict import spread as predict_spread
+from profkit.model.search import Bound
 from profkit.model.simulate import Infeasible, Latencies, SimResult, simulate_latencies
 
 LATENCIES = ("ttft", "tpot", "e2el")
@@ -45,6 +46,12 @@ def frontier_metrics() -> tuple[str, ...]:
     """The metrics a frontier point predicts: vLLM's bench names (`p99_ttft_ms`, `mean_tpot_ms`, ...)."""
     return ("request_throughput", "output_throughput", "output_throughput_per_gpu", "tokens_per_user",
             *(f"{s}_{m}_ms" for m in LATENCIES for s in STATS))
+
+
+def bounds_of(specs: Sequence[tuple[str, str, float]]) -> list[Bound]:
+    """(metric, op, value) triples, e.g. from --slo, as the frontier's bounds (`median_` read as `p50_`); ValueError
+    naming the known metrics for one it does not predict."""
+    return [Bound(canonical_metric(m), op, v) for m, op, v in specs]
 
 
 def canonical_metric(name: str) -> str:

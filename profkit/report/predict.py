@@ -153,10 +153,10 @@ def frontier_run(run: str | os.PathLike | None, changes: str | None = None, evid
     """The run's predicted SLO frontier (`profkit predict --frontier`), under `changes` where given: throughput and
     the latency percentiles over request rates, and within `slos` ((metric, op, value): `p99_ttft_ms <= 2000`) the
     largest rate that meets them all (`profkit.model.frontier`)."""
-    from profkit.model.frontier import canonical_metric, frontier
+    from profkit.model.frontier import bounds_of, frontier
 
     try:
-        bounds = [Bound(canonical_metric(m), op, v) for m, op, v in slos]
+        bounds = bounds_of(slos)
     except ValueError as exc:
         raise ProfkitError(f"--slo: {exc}") from None
     asked = parse_changes(changes) if changes else {}
