@@ -464,6 +464,9 @@ MAX_SWEEP_RATE = 10_000  # req/s: each rate sends 40 s of prompts; past this a t
                                          "each point, shown beside the measurement (and chooses the rates)")
 @click.option("--slo", "slos", multiple=True, help='with --from: a latency bound whose edge is measured, e.g. '
                                                    '"p99_ttft_ms<=2000"')
+@click.option("--changes", help='with --from: the swept server is the run\'s configuration with these vLLM flags, e.g. '
+                                '"--api-server-count 2" (its frontier predicted as `profkit predict RUN --frontier -- '
+                                'CHANGES` predicts it: a prescription\'s, measured)')
 @click.option("--replicates", type=click.IntRange(min=1, max=20), default=1, show_default=True,
               help="runs at each rate (each its own --seed)")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -475,13 +478,15 @@ MAX_SWEEP_RATE = 10_000  # req/s: each rate sends 40 s of prompts; past this a t
               help="what it prints")
 @click.option("--vllm", "vllm_exe", default="vllm", show_default=True, help="vllm executable")
 @serve_run_options
-def sweep(rates: str | None, from_run: str | None, slos: tuple[str, ...], replicates: int, out: Path | None,
+def sweep(rates: str | None, from_run: str | None, slos: tuple[str, ...], changes: str | None, replicates: int,
+          out: Path | None,
           dry_run: bool, show: Path | None, fmt: str, vllm_exe: str, timeout: float, model: str | None,
           server_args: str, bench_args: str, port: int, health_timeout: float, command: tuple[str, ...]) -> None:
     """Measure a served configuration at a few request rates against one server (the measured frontier).
 
     \b
     profkit sweep --from RUN [--slo "p99_ttft_ms<=2000"] serve --model M [--server-args ".."] [--bench-args ".."]
+    profkit sweep --from RUN --changes "--max-num-seqs 64" serve --model M --server-args "--max-num-seqs 64"
     profkit sweep --rates 5,10,15 serve --model M ...
     profkit sweep --show FOLDER [--from RUN --slo "p99_tpot_ms<=15"]
     """
@@ -490,14 +495,24 @@ def sweep(rates: str | None, from_run: str | None, slos: tuple[str, ...], replic
     from profkit.capture.plan import CaptureOptions, commands_from_cli
     from profkit.capture.plan import plan as make_plan
     from profkit.capture.run import main_interrupt_safe
-    from profkit.compare.sweep import chosen_rates, folder_name, predictor, prompts_for, run_sweep, show_sweep
+    from profkit.compare.sweep import (
+        chosen_rates,
+        folder_name,
+        predictor,
+        prompts_for,
+        run_sweep,
+        show_sweep,
+        unserved_changes,
+    )
     from profkit.render.sweep import sweep_text
     from profkit.tune.loop import parse_slo
 
     if slos and not from_run:
         raise click.UsageError("--slo chooses rates from a predicted frontier: add --from RUN")
+    if changes and not from_run:
+        raise click.UsageError("--changes says how the swept server differs from --from's run: add --from RUN")
     bounds = [parse_slo(s) for s in slos]
-    predicted = predictor(from_run, [(c.metric, c.op, c.value) for c in bounds]) if from_run else None
+    predicted = predictor(from_run, [(c.metric, c.op, c.value) for c in bounds], changes) if from_run else None
     front = predicted.frontier if predicted else None
     if show is not None:
         import json
@@ -523,6 +538,11 @@ def sweep(rates: str | None, from_run: str | None, slos: tuple[str, ...], replic
                                     health_timeout_s=health_timeout))
     if plan.kind != "serve":
         raise click.UsageError("a sweep measures a server: profkit sweep ... serve --model M ...")
+    if changes:
+        assert plan.server is not None
+        if (unserved := unserved_changes(changes, plan.server.argv)):
+            raise click.UsageError(f"--changes {unserved}: the swept server's flags do not set it so (give it in "
+                                   "--server-args too)")
     if dry_run:
         click.echo(f"rates: {', '.join(f'{r:g}' for r in chosen)} req/s")
         assert plan.server is not None

@@ -195,15 +195,33 @@ def _goodput(points: list[dict[str, Any]], bound: Any, predicted: SweepModel | N
     return out
 
 
-def predictor(run: str | Path, bounds: Sequence[tuple[str, str, float]] = ()) -> SweepModel:
-    """The model calibrated on `run` (a full-load run of the swept configuration): its prediction of a point
-    (rate, prompts), its frontier within `bounds` (which chooses the rates) and its goodput under each."""
+def unserved_changes(changes: str, server_argv: Sequence[str]) -> str | None:
+    """The first of `changes` (vLLM flags as written) the server's command does not set so ("flag=value"), or None:
+    a sweep predicted for one configuration and run with another would compare two different things."""
+    from profkit.report.predict import parse_changes
+    from profkit.vllm.command import VllmCommand
+
+    served = VllmCommand.find_in(list(server_argv))
+    flags = served.flags() if served else {}
+    for key, value in parse_changes(changes).items():
+        if (key in flags if value is None else str(flags.get(key)) != str(value)):
+            return f"{key}={'default' if value is None else value}"
+    return None
+
+
+def predictor(run: str | Path, bounds: Sequence[tuple[str, str, float]] = (),
+              changes: str | None = None) -> SweepModel:
+    """The model calibrated on `run` (a full-load run): its prediction of a point (rate, prompts) of the swept
+    configuration, its frontier within `bounds` (which chooses the rates) and its goodput under each. `changes`
+    (vLLM flags as written, `--api-server-count 2`): the swept configuration is the run's with them, predicted as
+    `profkit predict RUN --frontier -- CHANGES` predicts it (its refusals one line)."""
     from profkit.errors import ProfkitError
     from profkit.model.frontier import bounds_of, frontier, point_at
     from profkit.model.observe import Unobservable, observe
     from profkit.model.predict import calibrate, configured, spread
     from profkit.model.refusals import unreproduced
     from profkit.report.build import build_report
+    from profkit.report.predict import parse_changes, said_of
 
     try:
         cal = calibrate(observe(build_report(run).document()))
@@ -212,11 +230,14 @@ def predictor(run: str | Path, bounds: Sequence[tuple[str, str, float]] = ()) ->
         raise ProfkitError(f"--from {run}: {exc}") from None
     if (miss := unreproduced(cal)) is not None:
         raise ProfkitError(f"--from {run}: the model does not reproduce this run ({miss})")
-    conf = configured(cal, {})
+    asked = parse_changes(changes) if changes else {}
     width = spread(cal)
-    alone = {f"{b.metric}{b.op}{b.value:g}": frontier(cal, {}, [b]).goodput for b in checked}
-    return SweepModel(lambda rate, prompts: point_at(cal, conf, rate, prompts, width).document(),
-                      frontier(cal, {}, checked).document(), checked, alone)
+    with said_of(changes):
+        conf = configured(cal, asked)
+        alone = {f"{b.metric}{b.op}{b.value:g}": frontier(cal, asked, [b]).goodput for b in checked}
+        front = frontier(cal, asked, checked).document()
+    return SweepModel(lambda rate, prompts: point_at(cal, conf, rate, prompts, width).document(), front, checked,
+                      alone)
 
 
 # ------------------------------------------------------------------------------------------------ two sweeps

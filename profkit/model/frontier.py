@@ -124,6 +124,8 @@ def point_at(cal: Calibrated, conf: Configured, rate: float | None, prompts: int
     sims = [simulate_latencies(work, conf.engine, cost, conf.engines) for cost in conf.costs]
     runs = [_metrics(cal, conf, r, lat, rate) for r, lat in sims]
     mid = runs[len(runs) // 2]
+    # where the API servers' count changes, their ceiling at the imbalance's ends bounds the range too (as predict's)
+    runs += [_metrics(cal, conf, r, lat, rate, i) for r, lat in sims for i in conf.imbalance_ends]
     low = {k: min(r[k] for r in runs) * math.exp(-spread) for k in mid}
     high = {k: max(r[k] for r in runs) * math.exp(spread) for k in mid}
     if held_out and rate is not None:
@@ -142,9 +144,11 @@ def _prompts(cal: Calibrated, rate: float) -> int:
     return max(cal.workload.requests, math.ceil(rate * MIN_SECONDS))
 
 
-def _metrics(cal: Calibrated, conf: Configured, r: SimResult, lat: Latencies, rate: float | None) -> dict[str, float]:
-    """One simulated run's metrics under the host's ceilings (past one, every time stretches alike)."""
-    caps = conf.caps(r)
+def _metrics(cal: Calibrated, conf: Configured, r: SimResult, lat: Latencies, rate: float | None,
+             imbalance: float | None = None) -> dict[str, float]:
+    """One simulated run's metrics under the host's ceilings (past one, every time stretches alike); `imbalance`:
+    the API servers' (default the median's)."""
+    caps = conf.caps(r, imbalance)
     scale = host_stretch(r, caps)
     # the latency fitted outside the engine's steps is what the run's mean TTFT exceeded the simulated one by at
     # full load, where queueing sets TTFT: it stands for that run alone (added to a rate's, it put 0-200 ms on a

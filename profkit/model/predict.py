@@ -318,8 +318,7 @@ def predict(cal: Calibrated, changes: dict[str, Any], noise: float | None = None
             said.reasoning.append(f"{HOST_NAMES[name]} carries up to {caps_before[name]:,.0f} → {cap:,.0f} tok/s")
     # where the API servers' count changes, their ceiling at the imbalance's ends bounds the range too
     ends_caps = [host_ceilings(obs, changes, before, mid, imbalance) for imbalance in API_SERVER_IMBALANCE_ENDS] \
-        if "api_server_count" in changes and changes["api_server_count"] != obs.config.get("api_server_count") \
-        and ends else []
+        if _counts_api_servers(obs, changes) and ends else []
     metrics = _ranged(cal, runs, mid, [caps, *ends_caps], caps_before, noise)
     checked = _widened(metrics, levers.families(changes)) if held_out else None
     limit_after = limit_of(mid, change.engine, cal.workload, caps)
@@ -335,8 +334,10 @@ class Configured:
     engine: Engine
     costs: list[StepCost]  # the low, middle and high ends of what the change does to a step's costs (one: none)
     engines: int  # data-parallel engines
-    caps: Callable[[SimResult], dict[str, float]]  # the host's ceilings, given the simulated run's batch
+    # the host's ceilings, given the simulated run's batch (and the API servers' imbalance: default the median's)
+    caps: Callable[..., dict[str, float]]
     changed: bool = False  # another configuration than the run's own
+    imbalance_ends: tuple[float, ...] = ()  # where the API servers' count changes: the imbalances a range spans
 
 
 def configured(cal: Calibrated, changes: dict[str, Any]) -> Configured:
@@ -350,7 +351,13 @@ def configured(cal: Calibrated, changes: dict[str, Any]) -> Configured:
     change = _changed(cal, changes, said)
     costs = _step_costs(cal, change, said)
     return Configured(change.engine, costs if change.moves_costs else costs[1:2], change.dp,
-                      lambda after: host_ceilings(obs, changes, cal.baseline, after), changed)
+                      lambda after, imbalance=None: host_ceilings(obs, changes, cal.baseline, after, imbalance),
+                      changed, API_SERVER_IMBALANCE_ENDS if _counts_api_servers(obs, changes) else ())
+
+
+def _counts_api_servers(obs: Observation, changes: dict[str, Any]) -> bool:
+    """Whether `changes` moves the API servers' count from the run's (their imbalance then bounds a range)."""
+    return "api_server_count" in changes and changes["api_server_count"] != obs.config.get("api_server_count")
 
 
 @dataclass

@@ -49,7 +49,7 @@ GOODPUT_CANDIDATES = 8  # the search's best configurations whose frontiers a goo
 
 
 @contextmanager
-def _said_of(changes: str | None) -> Iterator[None]:
+def said_of(changes: str | None) -> Iterator[None]:
     """The model's refusal of `changes`, or a configuration vLLM could not serve the workload with: one line."""
     try:
         yield
@@ -129,7 +129,7 @@ def predict_run(run: str | os.PathLike | None, changes: str, evidence: Evidence 
     try:
         cal = calibrate(obs)
         _refuse_unreproduced(cal, run)
-        with _said_of(changes):
+        with said_of(changes):
             prediction = predict(cal, asked, noise=noise).document()
     except Unobservable as exc:
         raise ProfkitError(f"{run or 'the evidence'}: cannot model this run: {exc}") from None
@@ -164,7 +164,7 @@ def frontier_run(run: str | os.PathLike | None, changes: str | None = None, evid
     where = run or "the evidence"
     _refuse_unreproduced(cal, run)
     try:
-        with _said_of(changes):
+        with said_of(changes):
             f = frontier(cal, asked, bounds, noise=noise)
     except ValueError as exc:
         raise ProfkitError(f"{where}: no frontier: {exc}") from None
