@@ -299,3 +299,35 @@ def test_the_frontends_time_at_a_rate_is_what_vllms_histograms_measured(recorded
         assert 0.6 < predicted / measured < 1.1, m["request_rate"]
     waits = _waits(1000)
     assert waits.mean() == pytest.approx(1.0) and 4.0 < np.percentile(waits, 99) < 5.5  # a queue's: p99 ~ ln(100)
+
+
+def test_the_frontier_of_more_api_servers_spans_their_imbalance(recorded: Path, monkeypatch: pytest.MonkeyPatch
+                                                                ) -> None:
+    """Where the API servers' count changes, a point's range spans their ceiling at the imbalance's ends, and the
+    capacity's range is as wide as `predict`'s for the same change (the same question, one answer): from lease 6's
+    1-API-server 8B at 128/256, 4 API servers measured 56.57 req/s at full load (three replicates), predicted 73.35 at
+    the median imbalance (Q20, +30 %); the frontier's capacity range holds the measurement with the ends and misses it
+    without them. The ends are the 10th-90th percentiles over the 19 runs recorded with several API servers, these
+    three among them: in-sample for this check."""
+    from profkit.model.predict import predict as predict_change
+    import profkit.model.predict as predict
+
+    cal = calibrated(recorded / "api" / "s2_api1")
+    measured = np.mean([json.loads(p.read_text())["request_throughput"]
+                        for p in sorted((recorded / "api" / "s2_api4").glob("r*/bench.json"))])
+    assert measured == pytest.approx(56.57, abs=0.01)
+
+    def capacity() -> dict[str, float]:
+        return frontier(cal, {"api_server_count": 4}, shares=(0.5,)).capacity.document()["metrics"][
+            "request_throughput"]
+
+    spanned = capacity()
+    assert spanned["low"] <= measured <= spanned["high"]
+    said = predict_change(cal, {"api_server_count": 4}).metrics["request_throughput"]
+    assert [spanned[k] / said[k] for k in ("predicted", "low", "high")] == pytest.approx([1, 1, 1], abs=0.01)
+    assert spanned["predicted"] / measured - 1 == pytest.approx(0.30, abs=0.02)
+    monkeypatch.setattr(predict, "API_SERVER_IMBALANCE_ENDS", ())
+    narrow = capacity()
+    assert narrow["predicted"] == spanned["predicted"] and not narrow["low"] <= measured
+    # the run's own configuration has no such ends: its range is the model's own
+    assert configured(cal, {}).imbalance_ends == ()

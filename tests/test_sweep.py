@@ -27,14 +27,15 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return unpack(tmp_path_factory, "h200_model_led")
 
 
-def sweep(recorded: Path, tmp: Path, *options: object) -> tuple:
+def sweep(recorded: Path, tmp: Path, *options: object,
+          server_args: str = "--max-model-len 2048 --load-format dummy") -> tuple:
     model = tmp / "model"
     model.mkdir(exist_ok=True)
     (model / "config.json").write_text((recorded / "sweep" / "capture" / "r1" / "model-config.json").read_text())
     env = {**os.environ, "PATH": f"{FAKES}:{os.environ['PATH']}", "FAKE_VLLM_RECORDED": str(recorded / "sweep"),
            "FAKE_VLLM_STATE": str(tmp), "FAKE_GPU": "NVIDIA H200, 580.159.04"}
     return profkit("sweep", *options, "--out", tmp / "out", "--port", free_port(), "serve", "--model", model,
-                   "--server-args", "--max-model-len 2048 --load-format dummy", "--bench-args", BENCH, env=env,
+                   "--server-args", server_args, "--bench-args", BENCH, env=env,
                    timeout=300)
 
 
@@ -117,6 +118,34 @@ def test_the_rates_come_from_the_predicted_frontier_around_its_knee_and_the_boun
     benches = [shlex.split(line) for line in lines[3:]]
     assert [float(b[b.index("--request-rate") + 1]) for b in benches] == rates
     assert [int(b[b.index("--num-prompts") + 1]) for b in benches] == [prompts_for(x) for x in rates]
+
+
+def test_a_changed_configurations_sweep_is_predicted_as_predict_predicts_its_frontier(recorded: Path,
+                                                                                     tmp_path: Path) -> None:
+    """`--changes`: the swept server is the run's configuration with those flags (a prescription, measured). Lease 6's
+    1-API-server 8B at 128/256 with 2 API servers: the rates come from the frontier `profkit predict RUN --frontier --
+    --api-server-count 2` predicts (its capacity 1.5x the run's, the API servers' ceiling at the median imbalance), and
+    a change the swept server does not make, a change the model refuses, or --changes without a run are one line."""
+    from profkit.report.predict import frontier_run
+
+    run, two = recorded / "api" / "s2_api1", "--max-model-len 2048 --load-format dummy --api-server-count 2"
+    slo = ("--slo", "p99_tpot_ms<=10")
+    r = sweep(recorded, tmp_path, "--from", run, "--changes", "--api-server-count 2", *slo, "--dry-run",
+              server_args=two)
+    assert r.returncode == 0, r.stderr
+    predicted = frontier_run(run, "--api-server-count 2", slos=[("p99_tpot_ms", "<=", 10.0)])["frontier"]
+    own = frontier_run(run, None, slos=[("p99_tpot_ms", "<=", 10.0)])["frontier"]
+    rates = chosen_rates(predicted)
+    assert r.stdout.splitlines()[0] == f"rates: {', '.join(f'{x:g}' for x in rates)} req/s"
+    assert rates != chosen_rates(own)
+    capacity = [f["capacity"]["metrics"]["request_throughput"]["predicted"] for f in (own, predicted)]
+    assert capacity[1] / capacity[0] == pytest.approx(1.5, abs=0.05)
+    assert "--api-server-count 2" in r.stdout.splitlines()[1]  # the server swept is the changed one
+    one_error_line(sweep(recorded, tmp_path, "--from", run, "--changes", "--api-server-count 4", "--dry-run",
+                         server_args=two), "--changes api_server_count=4: the swept server's flags do not set it")
+    one_error_line(sweep(recorded, tmp_path, "--from", run, "--changes", "--quantization awq", "--dry-run",
+                         server_args=two), "changes: not predicted:")
+    one_error_line(sweep(recorded, tmp_path, "--rates", "5", "--changes", "--api-server-count 2"), "add --from RUN")
 
 
 def test_a_sweep_needs_its_rates_or_a_run_to_choose_them(recorded: Path, tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from profkit.model import validation
-from profkit.model.predict import Calibrated, Configured, configured, frontend_latency, host_stretch
+from profkit.model.predict import Calibrated, Configured, configured, frontend_latency, host_stretch, range_width
 from profkit.model.predict import spread as predict_spread
 from profkit.model.search import Bound
 from profkit.model.simulate import Infeasible, Latencies, SimResult, simulate_latencies
@@ -105,7 +105,9 @@ def frontier(cal: Calibrated, changes: dict[str, Any] | None = None, bounds: Seq
     changes = dict(changes or {})
     conf = configured(cal, changes)
     spread = predict_spread(cal, noise)
-    capacity = point_at(cal, conf, None, prompts or cal.workload.requests, spread)
+    # the capacity is what `predict` predicts for the change: its range as wide
+    capacity = point_at(cal, conf, None, prompts or cal.workload.requests, range_width(cal, conf.caps(cal.baseline),
+                                                                                      noise))
     top = capacity.predicted["request_throughput"]
     points = [point_at(cal, conf, top * s, prompts or _prompts(cal, top * s), spread) for s in shares]
     gpus = cal.observation.tensor_parallel * int(changes.get("data_parallel_size") or cal.observation.data_parallel)
@@ -128,6 +130,10 @@ def point_at(cal: Calibrated, conf: Configured, rate: float | None, prompts: int
     runs += [_metrics(cal, conf, r, lat, rate, i) for r, lat in sims for i in conf.imbalance_ends]
     low = {k: min(r[k] for r in runs) * math.exp(-spread) for k in mid}
     high = {k: max(r[k] for r in runs) * math.exp(spread) for k in mid}
+    if held_out and rate is None:  # the capacity: as `predict` widens the change's, to its class's held-out errors
+        for k, v in mid.items():
+            b = validation.band(conf.families, k)
+            low[k], high[k] = validation.widened(v, low[k], high[k], (b.low, b.high))
     if held_out and rate is not None:
         for k, v in mid.items():
             source, sign = BAND_OF.get(k, (k, 1))

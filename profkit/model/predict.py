@@ -338,6 +338,7 @@ class Configured:
     caps: Callable[..., dict[str, float]]
     changed: bool = False  # another configuration than the run's own
     imbalance_ends: tuple[float, ...] = ()  # where the API servers' count changes: the imbalances a range spans
+    families: tuple[str, ...] = ()  # the classes of change (validation's), where it is another configuration
 
 
 def configured(cal: Calibrated, changes: dict[str, Any]) -> Configured:
@@ -352,7 +353,8 @@ def configured(cal: Calibrated, changes: dict[str, Any]) -> Configured:
     costs = _step_costs(cal, change, said)
     return Configured(change.engine, costs if change.moves_costs else costs[1:2], change.dp,
                       lambda after, imbalance=None: host_ceilings(obs, changes, cal.baseline, after, imbalance),
-                      changed, API_SERVER_IMBALANCE_ENDS if _counts_api_servers(obs, changes) else ())
+                      changed, API_SERVER_IMBALANCE_ENDS if _counts_api_servers(obs, changes) else (),
+                      levers.families(changes) if changed else ())
 
 
 def _counts_api_servers(obs: Observation, changes: dict[str, Any]) -> bool:
@@ -495,9 +497,7 @@ def _ranged(cal: Calibrated, runs: list[SimResult], mid: SimResult, cap_ends: li
     simulated (the fit's bias cancels), widened by the noise and the fit's error. `cap_ends`: the host's ceilings
     (the middle first, then any ends the range spans)."""
     caps = cap_ends[0]
-    width = spread(cal, noise)
-    if caps and not cal.fit_error:
-        width += EXTRAPOLATED_CEILING  # a ceiling read off an unsaturated process, and an uncalibrated GPU
+    width = range_width(cal, caps, noise)
     metrics: dict[str, dict[str, float | None]] = {}
     latency = {"mean_ttft_ms": cal.request_latency_s * 1e3}  # the same for every request, before and after
     base_values = _metrics(cal.baseline, caps_before)
@@ -511,6 +511,13 @@ def _ranged(cal: Calibrated, runs: list[SimResult], mid: SimResult, cap_ends: li
         metrics[name] = {"before": meas, "predicted": (_metrics(mid, caps)[name] + latency.get(name, 0.0)) * ratio,
                          "low": min(scaled) * math.exp(-err), "high": max(scaled) * math.exp(err)}
     return metrics
+
+
+def range_width(cal: Calibrated, caps: dict[str, float], noise: float | None = None) -> float:
+    """How far a prediction at full load reaches either side (log): the noise and the fit's error, and where host
+    ceilings count without a trace's fit, what a ceiling read off an unsaturated process may be off by."""
+    width = spread(cal, noise)
+    return width + EXTRAPOLATED_CEILING if caps and not cal.fit_error else width
 
 
 def _widened(metrics: dict[str, dict[str, float | None]], families: tuple[str, ...]) -> dict[str, Any]:
