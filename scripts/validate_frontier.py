@@ -40,6 +40,9 @@ SWEEPS = [  # name, the capture it is predicted from, the sweep, the changes fro
     ("8B 128/256, vLLM's defaults, 1 API server (lease 6; the rates and predictions `profkit sweep --from` made on the "
      "GPU box, 243a8c4's model)", "api/s2_api1", "sweep8s", {},
      [("p99_tpot_ms", 15), ("p99_ttft_ms", 150), ("p99_tpot_ms", 10), ("p99_e2el_ms", 3000)]),
+    ("8B 128/256, 2 API servers, predicted from the 1-API-server capture (lease 7; 3 replicates a rate; the points "
+     "predicted on the GPU box by 5d1f19b's model before the sweep ran)", "api/s2_api1", "sweep8s2",
+     {"api_server_count": 2}, [("p99_tpot_ms", 10), ("p99_ttft_ms", 150), ("p99_e2el_ms", 3000)]),
 ]
 KEYS = ["request_throughput", "p50_ttft_ms", "p99_ttft_ms", "p50_tpot_ms", "p99_tpot_ms", "p99_e2el_ms"]
 OUT = REPO / "profkit" / "model" / "frontier_validation.json"
