@@ -113,6 +113,8 @@ def sweep_document(out: Path, rates: Sequence[float], predicted: SweepModel | No
                   for k in measured if len(runs) > 1 and measured[k]}
         point: dict[str, Any] = {"rate": rate, "prompts": prompts_for(rate), "replicates": len(runs),
                                  "measured": measured, "spread": spread}
+        if len(runs) > 1:  # each replicate's own, in seed order (a bound's goodput per replicate reads them)
+            point["runs"] = [{k: r[k] for k in measured if k in r} for r in runs]
         if predicted is not None:
             p = predicted.point(rate, prompts_for(rate))
             point["predicted"] = {k: v for k, v in p["metrics"].items() if k in METRICS}
@@ -183,6 +185,8 @@ def _goodput(points: list[dict[str, Any]], bound: Any, predicted: SweepModel | N
         out["below"] = measured_points[0]["request_rate"]
     elif measured_points:
         out["measured"] = measured_goodput(measured_points, bound)
+    if out["measured"] is not None and (each := _each_replicate(points, bound)):
+        out["replicates"] = each  # the goodput each replicate's runs measure alone: the measurement's own noise
     good = predicted.goodputs.get(text) if predicted is not None else None
     if good:
         out["predicted"] = {k: good[k] for k in ("rate", "low", "high")}
@@ -207,6 +211,22 @@ def unserved_changes(changes: str, server_argv: Sequence[str]) -> str | None:
         if (key in flags if value is None else str(flags.get(key)) != str(value)):
             return f"{key}={'default' if value is None else value}"
     return None
+
+
+def _each_replicate(points: list[dict[str, Any]], bound: Any) -> list[float] | None:
+    """The goodput under `bound` that the k-th runs of every rate measure alone, for each k every rate has (a
+    replicate's own sweep); None with one run a rate, or where one of them does not bracket the bound."""
+    counts = [len(p.get("runs") or ()) for p in points]
+    if not counts or min(counts) < 2:
+        return None
+    out = []
+    for k in range(min(counts)):
+        runs = [{"request_rate": p["rate"], **p["runs"][k]} for p in points if bound.metric in p["runs"][k]]
+        met = [bound.holds(m[bound.metric]) for m in runs]
+        if not runs or all(met) or not met[0]:
+            return None
+        out.append(measured_goodput(runs, bound))
+    return out
 
 
 def predictor(run: str | Path, bounds: Sequence[tuple[str, str, float]] = (),

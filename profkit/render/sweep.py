@@ -49,7 +49,9 @@ def sweep_text(doc: dict[str, Any]) -> str:
 def _goodput_line(g: dict[str, Any]) -> str:
     """A bound's goodput, measured beside predicted; a measurement whose points all met the bound is a floor."""
     if g["measured"] is not None:
-        measured = f"{g['measured']:,.2f} req/s"
+        each = g.get("replicates")
+        measured = f"{g['measured']:,.2f} req/s" + (f" (each replicate alone {min(each):,.2f}-{max(each):,.2f})"
+                                                     if each else "")
     elif g.get("at_least") is not None:
         measured = f"{g['at_least']:,.2f} req/s or more (every rate measured met it)"
     elif g.get("below") is not None:
