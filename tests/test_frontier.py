@@ -7,10 +7,10 @@ rates `profkit sweep --from` chose and predicted on the GPU box before it ran, l
 What holds and what does not is measured here (scripts/validate_frontier.py prints every point): the throughput
 the server keeps up with is predicted within 5 % (the 8B FP8 pair's, from the bf16 run, up to +15 % past its knee);
 the goodput under TPOT and end-to-end bounds within 10 % in 11 of 15 cases (the misses -12 %, -18 %, -10 %, -14 %).
-TTFT below the knee carries the frontend's time (a prior, stretched by its load): p99 within -35 % to +38 % at the
-16-bit configurations of 512-1,024-token prompts, over-predicted at 128-token prompts (+84 % to +235 %, lease 6), the
-FP8 pairs' under-predicted (to -45 %): the goodput under a TTFT bound misses by -39 % to +23 %; docs/prediction.md
-says so."""
+TTFT below the knee carries the frontend's time (a step and a half of the engine's, stretched by its load, read off
+the three sweeps with vLLM's histograms): the goodput under a p99 TTFT bound within +1 % to +13 % on the five sweeps
+that decide it (was -39 % to +23 % with a fixed 15 ms); p50 over-predicted near the knees (to +110 %), the FP8 pairs'
+under-predicted below them (to -40 %); docs/prediction.md says so."""
 
 from __future__ import annotations
 
@@ -130,19 +130,20 @@ def test_the_sweep_predicted_on_the_gpu_box_before_it_ran(recorded: Path) -> Non
 
 
 def test_what_the_frontier_misses_is_measured_not_hidden(recorded: Path) -> None:
-    """TTFT below the knee, from the 8B's full-load run against its two sweeps (neither read off): at vLLM's defaults
-    the p50 is over-predicted by 8-26 % (the idle frontend's time, a prior read off the 14B's sweeps on another host,
-    is too long here) and the goodput under p99 TTFT <= 200 ms lands within 5 %; with the FP8 pair the p50 is
-    under-predicted by 20-37 % below the knee (its prefill measured no faster than 16-bit's at 1,024-token prompts)
-    and the goodput under p99 TTFT <= 300 ms is over-predicted (+12 %)."""
+    """TTFT below the knee, from the 8B's full-load run against its two sweeps (neither has vLLM's histograms: the
+    frontend's step and a half was not read off them, its gamma shape was chosen on all six sweeps): at vLLM's
+    defaults the p50 is over-predicted by 10-40 %, the more the nearer the knee (the frontend's time grows with the
+    step and with its load, both), and the goodput under p99 TTFT <= 200 ms lands within 1 %; with the FP8 pair the
+    p50 is under-predicted by 25-40 % at the three lowest rates (its prefill measured no faster than 16-bit's at
+    1,024-token prompts; +16 % at the fourth) and the goodput under p99 TTFT <= 300 ms is over-predicted (+6 %)."""
     cal = calibrated(recorded / "sweep" / "capture" / "r2")
     spread = DEFAULT_NOISE + max(cal.fit_error.values())
     fp8 = {"quantization": "fp8", "kv_cache_dtype": "fp8"}
     for sweep, changes, (low, high), limit, (over_low, over_high) in (
-            ("defaults", {}, (1.05, 1.3), 200, (0.95, 1.05)), ("fp8pair", fp8, (0.6, 0.82), 300, (1.05, 1.2))):
+            ("defaults", {}, (1.05, 1.45), 200, (0.95, 1.05)), ("fp8pair", fp8, (0.6, 0.8), 300, (1.03, 1.1))):
         conf = configured(cal, changes)
         points = sweep_points(recorded / "sweep" / sweep)
-        for m in points[:4]:  # below the knee
+        for m in points[:3 if changes else 4]:  # below the knee
             p = point_at(cal, conf, m["request_rate"], m["num_prompts"], spread)
             assert low < p.predicted["p50_ttft_ms"] / m["p50_ttft_ms"] < high, (sweep, m["request_rate"])
         bound = Bound("p99_ttft_ms", "<=", limit)
@@ -277,28 +278,42 @@ def test_a_change_to_the_runs_own_settings_is_no_change(recorded: Path) -> None:
 
 
 def test_the_frontends_time_at_a_rate_is_what_vllms_histograms_measured(recorded: Path) -> None:
-    """The time a request spends outside the engine's steps at a rate (the client and HTTP, the API server), from the
-    14B's full-load run: an idle frontend's 15 ms stretched by the frontend's load at each rate, against what vLLM's
-    histograms measured on lease 4's sweep (client TTFT less the engine's queue and prefill: 21.7 ms at 6.09 req/s,
-    30-38 ms at 9-12.6): predicted 20-28 ms, its stretch milder than the measured (x1.4 from 6 to 12.6 req/s, x1.7
-    measured). In-sample: the idle time was read off these runs; the load's stretch was not."""
+    """The time a request spends outside the engine's steps at a rate (the client and HTTP, the API server): a step
+    and a half of the simulated engine's, stretched by the frontend's load, against what vLLM's histograms measured on
+    the three sweeps that have them (the client's TTFT less the engine's queue and prefill; the 14B's and its FP8
+    pair's, 20-58 ms; the 8B's at 128-token prompts, 15-19 ms below 24 req/s). In-sample: the step and a half was
+    read off these points (the median of measured over simulated step, load taken out, over the 17 below a load of
+    0.8); what this holds is that the constant reproduces them: median predicted/measured 1.04, and where it misses
+    (0.47-1.97: the FP8 pair's 16 req/s measured 152 ms, its neighbours 58). The waits about that mean are a sum's,
+    not one queue's: their p99 is 2.8x their mean."""
+    from dataclasses import replace
+
     from profkit.model.frontier import _waits
-    from profkit.model.predict import IDLE_FRONTEND_S, frontend_latency
+    from profkit.model.predict import FRONTEND, frontend_latency
+    from profkit.model.simulate import simulate_latencies
     from profkit.report import build_report
 
-    cal = calibrated(recorded / "sweep14" / "capture" / "r2")
-    conf = configured(cal, {})
-    for m in sweep_points(recorded / "sweep14p"):
-        p = point_at(cal, conf, m["request_rate"], m["num_prompts"], DEFAULT_NOISE)
-        run = recorded / "sweep14p" / f"rate-{m['request_rate']:g}" / "r1"
-        split = build_report(run).document()["vllm"]["ttft_split"]
-        measured = split["client_ms"] + split["api_server_ms"]
-        served = p.predicted["output_throughput"]
-        predicted = frontend_latency(type("Run", (), {"output_throughput": served})(), conf.caps(cal.baseline)) * 1e3
-        assert IDLE_FRONTEND_S * 1e3 < predicted < 2 * IDLE_FRONTEND_S * 1e3
-        assert 0.6 < predicted / measured < 1.1, m["request_rate"]
+    fp8 = {"quantization": "fp8", "kv_cache_dtype": "fp8"}
+    ratios = []
+    for capture, swept, changes in (("sweep14/capture/r2", "sweep14p", {}), ("sweep14/capture/r2", "sweep14fp8", fp8),
+                                    ("api/s2_api1/r2", "sweep8s", {})):
+        cal = calibrated(recorded / capture)
+        conf = configured(cal, changes)
+        for m in sweep_points(recorded / swept):
+            work = replace(cal.workload, requests=m["num_prompts"], request_rate=m["request_rate"])
+            r, lat = simulate_latencies(work, conf.engine, conf.costs[len(conf.costs) // 2], conf.engines)
+            caps = conf.caps(r)
+            if max(r.output_throughput / caps[n] for n in FRONTEND if caps.get(n)) >= 0.8:
+                continue
+            split = build_report(recorded / swept / f"rate-{m['request_rate']:g}" / "r1").document()["vllm"][
+                "ttft_split"]
+            ratios.append(frontend_latency(r, caps, float(lat.tpot_s.mean())) * 1e3
+                          / (split["client_ms"] + split["api_server_ms"]))
+    assert len(ratios) == 17
+    assert np.median(ratios) == pytest.approx(1.04, abs=0.01)
+    assert 0.45 < min(ratios) < 0.5 and 1.9 < max(ratios) < 2.0
     waits = _waits(1000)
-    assert waits.mean() == pytest.approx(1.0) and 4.0 < np.percentile(waits, 99) < 5.5  # a queue's: p99 ~ ln(100)
+    assert waits.mean() == pytest.approx(1.0) and 2.5 < np.percentile(waits, 99) < 3.1  # gamma(3): p99 2.8x
 
 
 def test_the_frontier_of_more_api_servers_spans_their_imbalance(recorded: Path, monkeypatch: pytest.MonkeyPatch
@@ -309,8 +324,8 @@ def test_the_frontier_of_more_api_servers_spans_their_imbalance(recorded: Path, 
     the median imbalance (Q20, +30 %); the frontier's capacity range holds the measurement with the ends and misses it
     without them. The ends are the 10th-90th percentiles over the 19 runs recorded with several API servers, these
     three among them: in-sample for this check."""
-    from profkit.model.predict import predict as predict_change
     import profkit.model.predict as predict
+    from profkit.model.predict import predict as predict_change
 
     cal = calibrated(recorded / "api" / "s2_api1")
     measured = np.mean([json.loads(p.read_text())["request_throughput"]

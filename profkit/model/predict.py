@@ -56,13 +56,16 @@ EAGER_CPU_PER_LAYER_S = (4e-4, 5.5e-4, 7e-4)
 # A request's latency outside the engine's steps (HTTP, tokenising, the client's own work): fitted on the run as
 # what its mean TTFT exceeds the simulated one by, up to this much; a larger excess is the model's error.
 REQUEST_LATENCY_MAX_S = 0.2
-# ... and at a rate the server keeps up with, where a run at full load cannot give it (its frontend is flooded): the
-# time an idle frontend takes (the client's HTTP, the API server's tokenising and hand-over to the engine core),
-# stretched by the frontend's load as a queue's wait is, 1 / (1 - its busiest process's share of its ceiling). Read
-# off vLLM's histograms on the 14B (H200, lease 4 and 5 sweeps, 512-token prompts: 20-58 ms outside the engine at
-# 6-19 req/s, 15 ms at an idle frontend, 14-21 ms across their rates): in-sample there; held out on the 8B's sweeps,
-# where it is too long at 128-token prompts (lease 6, predicted before it ran: TTFT p50 +6 to +90 %).
-IDLE_FRONTEND_S, FRONTEND_LOAD_MAX = 0.015, 0.9
+# ... and at a rate the server keeps up with, where a run at full load cannot give it (its frontend is flooded): about
+# a step and a half of the engine's at that rate (a request's input waits for the step in flight before the engine
+# core takes it; its first token for a step's outputs to be sent back and handed out), stretched by the frontend's
+# load as a queue's wait is, 1 / (1 - its busiest process's share of its ceiling). Read off vLLM's histograms (client
+# and API server: the client's TTFT less the engine's queue and prefill) on the three sweeps that have them: the 14B
+# at 512/512 and its FP8 pair (leases 4, 5: 20-58 ms at 6-19 req/s) and the 8B at 128/256 (lease 6: 15-19 ms at 18-23
+# req/s, 50-84 ms at 35-46), their load taken out: 1.48 of the simulated step, the median over their 17 points below
+# the API server's 0.8 (0.7-1.8). In-sample there; a fixed 15 ms read off the 14B alone had put the 8B's 128-token
+# TTFT p99 +86 to +234 %.
+FRONTEND_STEPS, FRONTEND_LOAD_MAX = 1.5, 0.9
 # The share of the KV cache an admission leaves free: vLLM's scheduler admits less eagerly than a greedy fill (a
 # greedy fill preempts 3x what the 14B run measured; 1 % reproduces it, and was vLLM V0's watermark). Fitted per run
 # where its preemptions are known.
@@ -636,11 +639,12 @@ def host_ceilings(obs: Observation, changes: dict[str, Any], before: SimResult,
     return caps
 
 
-def frontend_latency(r: SimResult, caps: dict[str, float]) -> float:
-    """A request's time outside the engine's steps at a rate the server keeps up with (s): IDLE_FRONTEND_S, waiting
-    longer the busier the frontend (its busiest process's share of its ceiling at the simulated run's throughput)."""
+def frontend_latency(r: SimResult, caps: dict[str, float], step_s: float) -> float:
+    """A request's mean time outside the engine's steps at a rate the server keeps up with (s): FRONTEND_STEPS of the
+    engine's step at that rate (`step_s`), waiting longer the busier the frontend (its busiest process's share of its
+    ceiling at the simulated run's throughput)."""
     load = max((r.output_throughput / caps[name] for name in FRONTEND if caps.get(name)), default=0.0)
-    return IDLE_FRONTEND_S / (1.0 - min(load, FRONTEND_LOAD_MAX))
+    return FRONTEND_STEPS * step_s / (1.0 - min(load, FRONTEND_LOAD_MAX))
 
 
 def busiest_share(count: int, imbalance: float | None = None) -> float:
