@@ -40,6 +40,8 @@ SWEEPS = {  # the sweep: the full-load capture it is predicted from, the changes
     "14b_defaults": ("sweep14/capture", "sweep14/defaults", {}, 0.05),
     "14b_fp8pair": ("sweep14/capture", "sweep14fp8", {"quantization": "fp8", "kv_cache_dtype": "fp8"}, 0.05),
     "8b_128_256": ("api/s2_api1", "sweep8s", {}, 0.05),  # lease 6: one API server, frontend-bound at full load
+    # lease 7: two API servers, predicted from lease 6's one (the frontier of a change), 3 replicates a rate
+    "8b_128_256_api2": ("api/s2_api1", "sweep8s2", {"api_server_count": 2}, 0.05),
 }
 
 
@@ -127,6 +129,37 @@ def test_the_sweep_predicted_on_the_gpu_box_before_it_ran(recorded: Path) -> Non
     assert tpot["at_least"] == 46.27 and tpot["predicted"]["rate"] > 46.27 and tpot["inside_range"]
     assert ttft["bound"] == "p99_ttft_ms<=150" and ttft["error"] == pytest.approx(-0.388, abs=0.001)
     assert not ttft["inside_range"]
+
+
+def test_the_frontier_of_a_change_measured_by_a_replicated_sweep(recorded: Path) -> None:
+    """Lease 7: the 8B at 128/256 with 2 API servers, swept at 5 rates x 3 replicates, each point predicted on the GPU
+    box before it ran from lease 6's 1-API-server capture with the change (`profkit sweep --from api/s2_api1 --changes
+    --api-server-count=2`, 5d1f19b's model). Held out. Throughput within 2 % at every rate (60.2 req/s served at 63);
+    TPOT over-predicted, p50 +15 % at 28 req/s to +82 % at 63 (the full-load run was paced by its API server, so the
+    step costs are the GPU's priors, not fitted: their cost per sequence in the batch runs ahead of the measured), so
+    the goodput under p99 TPOT <= 10 ms came out -28 % (40.13 against 55.79, outside its range; each replicate's runs
+    alone measured 43.74-57.05) and under p99 TTFT <= 150 ms every rate met it where 30.45 was predicted. Today's
+    model (the frontend's time a step and a half of the engine's, committed before these results were read, 60b4e34)
+    gives the TTFT bound 45.38: -28 % or more. (Today's ranges hold both: the held-out bands they are widened to now
+    carry this sweep's own misses.)"""
+    doc = json.loads((recorded / "sweep8s2" / "sweep.json").read_text())
+    assert [p["rate"] for p in doc["points"]] == [28, 38, 46, 54, 63]
+    assert all(p["replicates"] == 3 for p in doc["points"])
+    for p in doc["points"]:
+        assert abs(p["error"]["request_throughput"]) < 0.02 and p["spread"]["request_throughput"] < 0.01
+    tpot = [p["error"]["p50_tpot_ms"] for p in doc["points"]]
+    assert tpot == sorted(tpot) and 0.14 < tpot[0] < 0.16 and 0.8 < tpot[-1] < 0.84
+    g_tpot, g_ttft = doc["goodput"]
+    assert g_tpot["error"] == pytest.approx(-0.281, abs=0.001) and not g_tpot["inside_range"]
+    assert g_ttft["at_least"] == 63 and g_ttft["predicted"]["rate"] == pytest.approx(30.45, abs=0.01)
+    shown = profkit("sweep", "--show", recorded / "sweep8s2", "--from", recorded / "api" / "s2_api1", "--changes",
+                    "--api-server-count 2", "--slo", "p99_tpot_ms<=10", "--slo", "p99_ttft_ms<=150",
+                    "--format", "json")
+    assert shown.returncode == 0, shown.stderr
+    now = {g["bound"]: g for g in json.loads(shown.stdout)["goodput"]}
+    assert now["p99_tpot_ms<=10"]["replicates"] == pytest.approx([43.74, 55.54, 57.05], abs=0.01)
+    assert now["p99_ttft_ms<=150"]["at_least"] == 63
+    assert now["p99_ttft_ms<=150"]["predicted"]["rate"] == pytest.approx(45.38, abs=0.05)
 
 
 def test_what_the_frontier_misses_is_measured_not_hidden(recorded: Path) -> None:

@@ -5,8 +5,8 @@ Each point is the scheduler simulation of `vllm bench serve --request-rate R` (P
 prompt and output lengths and client cap) with the calibrated step costs, its requests' TTFT, TPOT and end-to-end
 latency read as `vllm bench` reads them (p50, p90, p99: numpy's linear interpolation). A request's time outside the
 engine's steps (HTTP, tokenising) is not known from a run at full load, where queueing sets TTFT: below the
-capacity it is an idle frontend's (a prior read off vLLM's histograms on H200s) stretched by the frontend's load
-(`predict.frontend_latency`; docs/prediction.md gives the measured errors). A rate's
+capacity it is a step and a half of the engine's (read off vLLM's histograms on H200s) stretched by the frontend's
+load (`predict.frontend_latency`; docs/prediction.md gives the measured errors). A rate's
 prompts span at least MIN_SECONDS, as a sweep's runs would. The rates are shares of the predicted capacity (the run
 at rate inf), dense near the knee. Ranges: the ends of what the change does to a step's cost, widened by the noise
 and the fit's error on the calibrated run, as `predict`'s are; at a finite rate, widened again to what each metric

@@ -9,9 +9,9 @@ from typing import Any
 from profkit.render.sections.table import text_table
 from profkit.units import figure
 
-LATENCY_NOTE = ("below the knee the model's TTFT missed measured sweeps by -35 % to +38 % at p99 at 512-1,024-token "
-                "prompts, +84 % to +235 % at 128 (under-predicted by up to 45 % after a change of precision; TPOT "
-                "-24 % to +67 %): read the curves' shapes, and measure the rate you need")
+LATENCY_NOTE = ("below the knee the model's p99 TTFT missed measured sweeps by -40 % to +102 % at the run's own "
+                "configuration, -83 % to +33 % after a change of precision, +48 % to +483 % after one of API servers "
+                "(TPOT -24 % to +82 %): read the curves' shapes, and measure the rate you need")
 
 
 
