@@ -500,6 +500,7 @@ def sweep(rates: str | None, from_run: str | None, slos: tuple[str, ...], change
         folder_name,
         predictor,
         prompts_for,
+        recorded_changes,
         run_sweep,
         show_sweep,
         unserved_changes,
@@ -509,17 +510,28 @@ def sweep(rates: str | None, from_run: str | None, slos: tuple[str, ...], change
 
     if slos and not from_run:
         raise click.UsageError("--slo chooses rates from a predicted frontier: add --from RUN")
-    if changes and not from_run:
+    if changes is not None and not from_run:
         raise click.UsageError("--changes says how the swept server differs from --from's run: add --from RUN")
-    bounds = [parse_slo(s) for s in slos]
-    predicted = predictor(from_run, [(c.metric, c.op, c.value) for c in bounds], changes) if from_run else None
-    front = predicted.frontier if predicted else None
+    bounds = [(c.metric, c.op, c.value) for c in (parse_slo(s) for s in slos)]
     if show is not None:
         import json
 
-        shown = show_sweep(show, predicted)
+        # the changes the sweep was predicted with, unless told: a 2-API-server sweep is not the run's own
+        changes = recorded_changes(show, from_run, changes)
+        shown = show_sweep(show, predictor(from_run, bounds, changes) if from_run else None)
         click.echo(json.dumps(shown, indent=2) if fmt == "json" else sweep_text(shown), nl=fmt == "json")
         return
+    folder = out or Path(time.strftime("sweep-%Y%m%d-%H%M%S"))
+    user = commands_from_cli(list(command), model, server_args, bench_args, port, vllm=vllm_exe, verb="sweep")
+    plan = make_plan(CaptureOptions(out=folder, user=user, tool="none", timeout_s=timeout,
+                                    health_timeout_s=health_timeout))
+    if plan.kind != "serve":
+        raise click.UsageError("a sweep measures a server: profkit sweep ... serve --model M ...")
+    if changes is not None and (unserved := unserved_changes(changes, user.role("server"))):
+        raise click.UsageError(f"--changes {unserved}: the swept server's flags do not set it so (give it in "
+                               "--server-args too)")
+    predicted = predictor(from_run, bounds, changes) if from_run else None
+    front = predicted.frontier if predicted else None
     if rates:
         try:
             chosen = sorted({float(r) for r in rates.split(",") if r.strip()})
@@ -532,17 +544,6 @@ def sweep(rates: str | None, from_run: str | None, slos: tuple[str, ...], change
         chosen = chosen_rates(front)
     else:
         raise click.UsageError("give --rates, or --from RUN to choose them from its predicted frontier")
-    folder = out or Path(time.strftime("sweep-%Y%m%d-%H%M%S"))
-    user = commands_from_cli(list(command), model, server_args, bench_args, port, vllm=vllm_exe, verb="sweep")
-    plan = make_plan(CaptureOptions(out=folder, user=user, tool="none", timeout_s=timeout,
-                                    health_timeout_s=health_timeout))
-    if plan.kind != "serve":
-        raise click.UsageError("a sweep measures a server: profkit sweep ... serve --model M ...")
-    if changes:
-        assert plan.server is not None
-        if (unserved := unserved_changes(changes, plan.server.argv)):
-            raise click.UsageError(f"--changes {unserved}: the swept server's flags do not set it so (give it in "
-                                   "--server-args too)")
     if dry_run:
         click.echo(f"rates: {', '.join(f'{r:g}' for r in chosen)} req/s")
         assert plan.server is not None

@@ -206,7 +206,7 @@ def _bench(folder: Path) -> dict[str, float]:
 
 
 def imbalances(work: Path) -> dict[str, float]:
-    """Each recorded run with several API servers and every request sent at once (tests/data/h200_model_led): how
+    """Each recorded run with several API servers at full load (request rate inf; tests/data/h200_model_led): how
     unevenly they shared the load, the busiest one's share of their CPU past an even split (`predict.busiest_share`'s
     API_SERVER_IMBALANCE). The full-load runs alone: the predictions it serves are theirs; at a finite rate (lease 7's
     sweep) the API servers shared nearly evenly."""
@@ -218,10 +218,12 @@ def imbalances(work: Path) -> dict[str, float]:
     root = _unpacked("h200_model_led.tar.xz", work)
     out = {}
     for host in sorted(root.glob("h200_model_led/**/host.json")):
-        bench = host.parent / "bench.json"
-        if not bench.is_file() or math.isfinite(read_bench(bench).request_rate or math.inf):
+        if not (path := host.parent / "bench.json").is_file():
             continue
-        facts = host_facts(host_section(read_host(host), read_bench(bench).elapsed_s))  # over the benchmark's window
+        bench = read_bench(path)
+        if math.isfinite(bench.request_rate or math.inf):
+            continue
+        facts = host_facts(host_section(read_host(host), bench.elapsed_s))  # over the benchmark's window
         n, share = facts["host.api_server_count"], facts["host.api_server_busiest_share"]
         if n and n > 1 and share:
             out[f"h200_model_led.tar.xz:{host.parent.relative_to(root)}"] = (share - 1 / n) / (1 - 1 / n)

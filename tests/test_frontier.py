@@ -157,7 +157,9 @@ def test_the_frontier_of_a_change_measured_by_a_replicated_sweep(recorded: Path)
                     "--format", "json")
     assert shown.returncode == 0, shown.stderr
     now = {g["bound"]: g for g in json.loads(shown.stdout)["goodput"]}
-    assert now["p99_tpot_ms<=10"]["replicates"] == pytest.approx([43.74, 55.54, 57.05], abs=0.01)
+    assert [r["measured"] for r in now["p99_tpot_ms<=10"]["per_replicate"]] == pytest.approx([43.74, 55.54, 57.05],
+                                                                                           abs=0.01)
+    assert now["p99_ttft_ms<=150"]["per_replicate"] == [{"at_least": 63}] * 3
     assert now["p99_ttft_ms<=150"]["at_least"] == 63
     assert now["p99_ttft_ms<=150"]["predicted"]["rate"] == pytest.approx(45.38, abs=0.05)
 

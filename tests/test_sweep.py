@@ -144,8 +144,38 @@ def test_a_changed_configurations_sweep_is_predicted_as_predict_predicts_its_fro
     one_error_line(sweep(recorded, tmp_path, "--from", run, "--changes", "--api-server-count 4", "--dry-run",
                          server_args=two), "--changes api_server_count=4: the swept server's flags do not set it")
     one_error_line(sweep(recorded, tmp_path, "--from", run, "--changes", "--quantization awq", "--dry-run",
-                         server_args=two), "changes: not predicted:")
+                         server_args=two + " --quantization awq"), "changes: not predicted:")
     one_error_line(sweep(recorded, tmp_path, "--rates", "5", "--changes", "--api-server-count 2"), "add --from RUN")
+    # a flag that takes a value, given none, would read as True (== 1 API server): refused, not predicted
+    one_error_line(sweep(recorded, tmp_path, "--from", run, "--changes", "--api-server-count", "--dry-run",
+                         server_args=two), "--api-server-count takes a value")
+    # values compare as vLLM reads them: 1 and 1.0 are one setting
+    assert sweep(recorded, tmp_path, "--from", run, "--changes", "--api-server-count 2 --gpu-memory-utilization 0.9",
+                 "--dry-run", server_args=two + " --gpu-memory-utilization 0.90").returncode == 0
+
+
+def test_a_changed_sweep_is_shown_beside_the_prediction_it_was_made_with(recorded: Path, tmp_path: Path) -> None:
+    """A sweep measured with --changes records them (sweep.json's predicted_from, as run_sweep writes the document),
+    so reading it again beside the run predicts the configuration that was swept (lease 7's 2 API servers), not the
+    run's own; other changes given are one line."""
+    import shutil
+
+    from profkit.compare.sweep import predictor, sweep_document
+
+    folder = tmp_path / "sweep8s2"
+    shutil.copytree(recorded / "sweep8s2", folder)
+    run = recorded / "api" / "s2_api1"
+    doc = sweep_document(folder, [28, 38, 46, 54, 63], predictor(run, [], "--api-server-count  2"))
+    assert doc["predicted_from"] == {"run": str(run), "changes": "--api-server-count 2"}
+    (folder / "sweep.json").write_text(json.dumps(doc))
+    shown = profkit("sweep", "--show", folder, "--from", run, "--format", "json")
+    assert shown.returncode == 0, shown.stderr
+    again = json.loads(shown.stdout)
+    assert [p["predicted"] for p in again["points"]] == [p["predicted"] for p in doc["points"]]
+    own = json.loads(profkit("sweep", "--show", recorded / "sweep8s2", "--from", run, "--format", "json").stdout)
+    assert own["points"][-1]["predicted"] != doc["points"][-1]["predicted"]  # the 1-API-server run's own frontier
+    one_error_line(profkit("sweep", "--show", folder, "--from", run, "--changes", "--api-server-count 4"),
+                   "swept with the changes '--api-server-count 2'")
 
 
 def test_a_sweep_needs_its_rates_or_a_run_to_choose_them(recorded: Path, tmp_path: Path) -> None:

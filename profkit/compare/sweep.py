@@ -74,8 +74,9 @@ class SweepModel:
     chooses the rates) and its goodput under each bound alone (what a sweep's measurement is held against)."""
 
     def __init__(self, point: Callable[[float, int], dict[str, Any]], frontier: dict[str, Any], bounds: list[Any],
-                 goodputs: dict[str, dict[str, Any] | None]) -> None:
+                 goodputs: dict[str, dict[str, Any] | None], run: str = "", changes: str | None = None) -> None:
         self.point, self.frontier, self.bounds, self.goodputs = point, frontier, bounds, goodputs
+        self.run, self.changes = run, changes  # what predicts it: the run, and the swept configuration's changes
 
 
 def run_sweep(plan: Plan, rates: Sequence[float], replicates: int = 1, say: Callable[[str], None] = lambda _m: None,
@@ -105,16 +106,17 @@ def sweep_document(out: Path, rates: Sequence[float], predicted: SweepModel | No
     points = []
     benchmark_s = 0.0
     for rate in rates:
-        runs = [_figures(r) for p in sorted((out / folder_name(rate)).glob("r*/bench.json"))
-                if isinstance(r := read_json(p, "benchmark result"), dict)]
+        numbered = {int(p.parent.name[1:]): r for p in (out / folder_name(rate)).glob("r*/bench.json")
+                    if p.parent.name[1:].isdigit() and isinstance(r := read_json(p, "benchmark result"), dict)}
+        runs = [_figures(numbered[k]) for k in sorted(numbered)]
         benchmark_s += sum(r.get("duration", 0.0) for r in runs)
         measured = {k: statistics.mean(r[k] for r in runs) for k in METRICS if runs and all(k in r for r in runs)}
         spread = {k: (max(r[k] for r in runs) - min(r[k] for r in runs)) / measured[k]
                   for k in measured if len(runs) > 1 and measured[k]}
         point: dict[str, Any] = {"rate": rate, "prompts": prompts_for(rate), "replicates": len(runs),
                                  "measured": measured, "spread": spread}
-        if len(runs) > 1:  # each replicate's own, in seed order (a bound's goodput per replicate reads them)
-            point["runs"] = [{k: r[k] for k in measured if k in r} for r in runs]
+        if len(runs) > 1:  # each replicate's own by its number (a bound's goodput per replicate pairs them)
+            point["runs"] = {str(k): {m: r[m] for m in measured} for k, r in zip(sorted(numbered), runs, strict=True)}
         if predicted is not None:
             p = predicted.point(rate, prompts_for(rate))
             point["predicted"] = {k: v for k, v in p["metrics"].items() if k in METRICS}
@@ -125,6 +127,7 @@ def sweep_document(out: Path, rates: Sequence[float], predicted: SweepModel | No
         points.append(point)
     errors = [abs(e) for p in points for e in (p.get("error") or {}).values() if not math.isnan(e)]
     return {"schema": SCHEMA, "folder": str(out), "points": points,
+            "predicted_from": {"run": predicted.run, "changes": predicted.changes} if predicted else None,
             "median_abs_error": statistics.median(errors) if errors else None,
             "goodput": [_goodput(points, b, predicted) for b in predicted.bounds] if predicted else [],
             "benchmark_s": round(benchmark_s, 1)}
@@ -151,6 +154,24 @@ def measured_rates(out: Path) -> list[float]:
         if math.isfinite(rate) and rate > 0 and folder_name(rate) == d.name and any(d.glob("r*/bench.json")):
             rates.append(rate)
     return sorted(rates)
+
+
+def recorded_changes(out: Path, run: str | None, changes: str | None) -> str | None:
+    """The changes `--show` predicts a sweep folder with: those given, else those its sweep was predicted with
+    (sweep.json's `predicted_from`: the swept server was the run's configuration with them); given ones that differ
+    from the recorded are one line."""
+    from profkit.errors import ProfkitError
+    from profkit.report.predict import parse_changes
+
+    ran = read_json(out / "sweep.json", "sweep.json") if (out / "sweep.json").is_file() else None
+    said = (ran.get("predicted_from") or {}) if isinstance(ran, dict) else {}
+    if not run or not said.get("changes"):
+        return changes
+    if changes is None:
+        return said["changes"]
+    if parse_changes(changes) != parse_changes(said["changes"]):
+        raise ProfkitError(f"{out}: swept with the changes {said['changes']!r} from {said['run']}, not {changes!r}")
+    return changes
 
 
 def show_sweep(out: Path, predicted: SweepModel | None = None) -> dict[str, Any]:
@@ -185,8 +206,8 @@ def _goodput(points: list[dict[str, Any]], bound: Any, predicted: SweepModel | N
         out["below"] = measured_points[0]["request_rate"]
     elif measured_points:
         out["measured"] = measured_goodput(measured_points, bound)
-    if out["measured"] is not None and (each := _each_replicate(points, bound)):
-        out["replicates"] = each  # the goodput each replicate's runs measure alone: the measurement's own noise
+    if measured_points and (each := _goodput_per_replicate(points, bound)):
+        out["per_replicate"] = each  # what each replicate's runs measure alone: the measurement's own noise
     good = predicted.goodputs.get(text) if predicted is not None else None
     if good:
         out["predicted"] = {k: good[k] for k in ("rate", "low", "high")}
@@ -199,33 +220,46 @@ def _goodput(points: list[dict[str, Any]], bound: Any, predicted: SweepModel | N
     return out
 
 
-def unserved_changes(changes: str, server_argv: Sequence[str]) -> str | None:
-    """The first of `changes` (vLLM flags as written) the server's command does not set so ("flag=value"), or None:
-    a sweep predicted for one configuration and run with another would compare two different things."""
+def unserved_changes(changes: str, server: Any) -> str | None:
+    """The first of `changes` (vLLM flags as written) the server's command (a `VllmCommand`) does not set so
+    ("flag=value"), or None: a sweep predicted for one configuration and run with another would compare two
+    different things. Values compare as vLLM's parser reads them (1 and 1.0 alike)."""
     from profkit.report.predict import parse_changes
-    from profkit.vllm.command import VllmCommand
 
-    served = VllmCommand.find_in(list(server_argv))
-    flags = served.flags() if served else {}
+    flags = server.flags() if server is not None else {}
     for key, value in parse_changes(changes).items():
-        if (key in flags if value is None else str(flags.get(key)) != str(value)):
-            return f"{key}={'default' if value is None else value}"
+        if value is None:
+            if key in flags:
+                return f"{key}=default"
+        elif not _same_value(flags.get(key), value):
+            return f"{key}={value}"
     return None
 
 
-def _each_replicate(points: list[dict[str, Any]], bound: Any) -> list[float] | None:
-    """The goodput under `bound` that the k-th runs of every rate measure alone, for each k every rate has (a
-    replicate's own sweep); None with one run a rate, or where one of them does not bracket the bound."""
-    counts = [len(p.get("runs") or ()) for p in points]
-    if not counts or min(counts) < 2:
+def _same_value(a: Any, b: Any) -> bool:
+    numbers = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (a, b))
+    return float(a) == float(b) if numbers else a == b
+
+
+def _goodput_per_replicate(points: list[dict[str, Any]], bound: Any) -> list[dict[str, Any]] | None:
+    """The goodput under `bound` that each replicate's runs measure alone (the runs numbered alike at every rate):
+    {"measured": rate}, or {"at_least": the highest rate} where its runs met the bound at every rate, or {"below":
+    the lowest} where they missed it at the first. None with one run a rate."""
+    shared = set.intersection(*(set(p.get("runs") or ()) for p in points)) if points else set()
+    if not shared:
         return None
     out = []
-    for k in range(min(counts)):
+    for k in sorted(shared, key=int):
         runs = [{"request_rate": p["rate"], **p["runs"][k]} for p in points if bound.metric in p["runs"][k]]
-        met = [bound.holds(m[bound.metric]) for m in runs]
-        if not runs or all(met) or not met[0]:
+        if not runs:
             return None
-        out.append(measured_goodput(runs, bound))
+        met = [bound.holds(m[bound.metric]) for m in runs]
+        if all(met):
+            out.append({"at_least": runs[-1]["request_rate"]})
+        elif not met[0]:
+            out.append({"below": runs[0]["request_rate"]})
+        else:
+            out.append({"measured": measured_goodput(runs, bound)})
     return out
 
 
@@ -245,19 +279,22 @@ def predictor(run: str | Path, bounds: Sequence[tuple[str, str, float]] = (),
 
     try:
         cal = calibrate(observe(build_report(run).document()))
-        checked = bounds_of(bounds)
+        bounds_checked = bounds_of(bounds)
     except (Unobservable, ValueError) as exc:
         raise ProfkitError(f"--from {run}: {exc}") from None
     if (miss := unreproduced(cal)) is not None:
         raise ProfkitError(f"--from {run}: the model does not reproduce this run ({miss})")
-    asked = parse_changes(changes) if changes else {}
+    asked = parse_changes(changes) if changes is not None else {}
     width = spread(cal)
-    with said_of(changes):
-        conf = configured(cal, asked)
-        alone = {f"{b.metric}{b.op}{b.value:g}": frontier(cal, asked, [b]).goodput for b in checked}
-        front = frontier(cal, asked, checked).document()
-    return SweepModel(lambda rate, prompts: point_at(cal, conf, rate, prompts, width).document(), front, checked,
-                      alone)
+    try:
+        with said_of(changes):
+            conf = configured(cal, asked)
+            alone = {f"{b.metric}{b.op}{b.value:g}": frontier(cal, asked, [b]).goodput for b in bounds_checked}
+            front = frontier(cal, asked, bounds_checked).document()
+    except (ValueError, TypeError) as exc:  # an offline run; a change's value vLLM would not take
+        raise ProfkitError(f"--from {run}: no frontier: {exc}") from None
+    return SweepModel(lambda rate, prompts: point_at(cal, conf, rate, prompts, width).document(), front,
+                      bounds_checked, alone, str(run), " ".join(changes.split()) if changes else None)
 
 
 # ------------------------------------------------------------------------------------------------ two sweeps

@@ -9,8 +9,11 @@ capacity it is a step and a half of the engine's (read off vLLM's histograms on 
 load (`predict.frontend_latency`; docs/prediction.md gives the measured errors). A rate's
 prompts span at least MIN_SECONDS, as a sweep's runs would. The rates are shares of the predicted capacity (the run
 at rate inf), dense near the knee. Ranges: the ends of what the change does to a step's cost, widened by the noise
-and the fit's error on the calibrated run, as `predict`'s are; at a finite rate, widened again to what each metric
-missed by on the measured sweeps (`validation.frontier_band`).
+and the fit's error on the calibrated run, as `predict`'s are, and where the API servers' count changes, their
+ceiling at the imbalance's ends (the full-load runs' 10th-90th percentiles, kept at a finite rate too, where they
+shared more evenly: wider, not narrower); the capacity as wide as `predict`'s for the change (its class's held-out
+errors); at a finite rate, widened again to what each metric missed by on the measured sweeps
+(`validation.frontier_band`).
 
 What a vLLM sweep (`vllm bench sweep`, benchmarks/auto_tune) measures one restart and one run a point, this
 predicts in seconds; `profkit sweep` measures the points it chooses (around the knee and the bounds' edges)."""
@@ -160,8 +163,8 @@ def _metrics(cal: Calibrated, conf: Configured, r: SimResult, lat: Latencies, ra
     # full load, where queueing sets TTFT: it stands for that run alone (added to a rate's, it put 0-200 ms on a
     # 45 ms TTFT across the 8B's three replicates); at a rate, the frontend's own time under its load (a step and a
     # half of the simulated run's, its mean TPOT), each request's drawn about its mean (_waits)
-    step_s = float(lat.tpot_s.mean()) if len(lat.tpot_s) else 0.0
-    latency = cal.request_latency_s if rate is None else frontend_latency(r, caps, step_s) * _waits(len(lat.ttft_s))
+    latency = cal.request_latency_s if rate is None else \
+        frontend_latency(r, caps, _engine_step_s(r, lat)) * _waits(len(lat.ttft_s))
     extra = {"ttft": latency, "tpot": 0.0, "e2el": latency}
     out = {"request_throughput": r.request_throughput * scale, "output_throughput": r.output_throughput * scale}
     gpus = cal.observation.tensor_parallel * conf.engines
@@ -179,6 +182,17 @@ def _metrics(cal: Calibrated, conf: Configured, r: SimResult, lat: Latencies, ra
 # its mean), not as one queue's (exponential, p99 4.6x): of shapes 1, 3 and 5 on the six recorded sweeps, 3 put the
 # goodput under a p99 TTFT bound nearest the measured (+1 to +13 %; 1: -15 to +7 %, 5: +1 to +22 %). In-sample.
 FRONTEND_SEED, FRONTEND_SHAPE = 2, 3.0
+
+
+def _engine_step_s(r: SimResult, lat: Latencies) -> float:
+    """The engine's step at the simulated rate, as the requests saw it: their mean TPOT; where no request had a
+    second token, a step with no prompt's tokens, else any step (the run's time over its steps)."""
+    tpot = float(lat.tpot_s.mean()) if len(lat.tpot_s) else math.nan
+    if math.isfinite(tpot) and tpot > 0:
+        return tpot
+    if math.isfinite(r.decode_step_s) and r.decode_step_s > 0:
+        return r.decode_step_s
+    return r.elapsed_s / r.steps if r.steps else 0.0
 
 
 def _waits(n: int) -> np.ndarray:

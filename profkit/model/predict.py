@@ -360,9 +360,17 @@ def configured(cal: Calibrated, changes: dict[str, Any]) -> Configured:
                       levers.families(changes) if changed else ())
 
 
+def api_server_counts(obs: Observation, changes: dict[str, Any]) -> tuple[int, int]:
+    """The API servers the run had and the configuration under `changes` has (vLLM runs one per engine unless told)."""
+    before = int(obs.config.get("api_server_count") or 1)
+    default = max(1, round(before * int(changes.get("data_parallel_size") or obs.data_parallel) / obs.data_parallel))
+    return before, int(changes.get("api_server_count") or default)
+
+
 def _counts_api_servers(obs: Observation, changes: dict[str, Any]) -> bool:
     """Whether `changes` moves the API servers' count from the run's (their imbalance then bounds a range)."""
-    return "api_server_count" in changes and changes["api_server_count"] != obs.config.get("api_server_count")
+    before, after = api_server_counts(obs, changes)
+    return before != after
 
 
 @dataclass
@@ -612,10 +620,7 @@ def host_ceilings(obs: Observation, changes: dict[str, Any], before: SimResult,
         cpu = obs.host.get(f"{name}_cpu")
         if not cpu or cpu <= 0 or not out:
             continue
-        processes = int(obs.config.get("api_server_count") or 1) if name == "api_server" else 1
-        default = max(1, round(processes * int(changes.get("data_parallel_size") or obs.data_parallel)
-                                / obs.data_parallel))  # vLLM runs one API server per engine unless told
-        count = int(changes.get("api_server_count") or default) if name == "api_server" else 1
+        processes, count = api_server_counts(obs, changes) if name == "api_server" else (1, 1)
         per_process = cpu  # the host facts' CPU is the busiest process's own
         if obs.host.get(f"{name}_saturated_share", 0.0) >= SATURATED:
             per_process = 1.0  # it carried what one core carries

@@ -49,15 +49,15 @@ def sweep_text(doc: dict[str, Any]) -> str:
 def _goodput_line(g: dict[str, Any]) -> str:
     """A bound's goodput, measured beside predicted; a measurement whose points all met the bound is a floor."""
     if g["measured"] is not None:
-        each = g.get("replicates")
-        measured = f"{g['measured']:,.2f} req/s" + (f" (each replicate alone {min(each):,.2f}-{max(each):,.2f})"
-                                                     if each else "")
+        measured = f"{g['measured']:,.2f} req/s"
     elif g.get("at_least") is not None:
         measured = f"{g['at_least']:,.2f} req/s or more (every rate measured met it)"
     elif g.get("below") is not None:
         measured = f"below {g['below']:,.2f} req/s (the lowest rate measured missed it)"
     else:
         measured = "- (not measured)"
+    if g.get("per_replicate"):
+        measured += f" (each replicate alone: {', '.join(_one_replicate(r) for r in g['per_replicate'])})"
     line = f"  goodput within {terminal(g['bound'])}: measured {measured}"
     p = g.get("predicted")
     if p:
@@ -67,6 +67,12 @@ def _goodput_line(g: dict[str, Any]) -> str:
         if g.get("inside_range") is not None:
             line += f"{':' if g.get('error') is None else ','} {'inside' if g['inside_range'] else 'outside'} the range"
     return line
+
+
+def _one_replicate(r: dict[str, Any]) -> str:
+    if "measured" in r:
+        return f"{r['measured']:,.2f}"
+    return f">= {r['at_least']:,.2f}" if "at_least" in r else f"< {r['below']:,.2f}"
 
 
 def _diff_cell(row: dict[str, Any], key: str, side: int) -> str:

@@ -28,9 +28,15 @@ from profkit.vllm.command import VllmCommand
 def parse_changes(text: str) -> dict[str, Any]:
     """vLLM flags as written (`--kv-cache-dtype fp8 --max-num-seqs 256`) -> {setting: value}."""
     try:
-        flags = VllmCommand.parse(text).flags()
+        command = VllmCommand.parse(text)
+        flags = command.flags()
     except ValueError as exc:  # shlex: an unclosed quote
         raise ProfkitError(f"changes: {exc}") from None
+    spec = command.spec()
+    for arg in command.parsed[0]:  # `--api-server-count` alone would read as True (== 1)
+        found = spec.find(arg.name) if spec and arg.key is None else None
+        if found and found[1].takes_value and not arg.values:
+            raise ProfkitError(f"changes: {arg.name} takes a value (e.g. {arg.name} 2, or {arg.name}=2)")
     if not flags:
         raise ProfkitError(f"changes: no vLLM flag in {text!r} (give them after --, e.g. -- --max-num-seqs 256)")
     # `--flag default`: the flag removed, vLLM's default in force (what the prescription writes as "not set")
