@@ -451,3 +451,23 @@ def test_several_api_servers_share_the_load_unevenly(led: Path, tmp_path: Path) 
     assert busiest_share(1) == 1.0
     assert busiest_share(2) == pytest.approx(0.5 + 0.5 * API_SERVER_IMBALANCE)
     assert busiest_share(4) == pytest.approx(0.25 + 0.75 * API_SERVER_IMBALANCE)
+
+
+def test_a_run_paced_by_its_frontend_takes_the_gpu_prior_the_fitted_runs_measured(led: Path) -> None:
+    """The eight 16-bit configurations recorded on H200s at full load whose step cost could be fitted (the GPU or the
+    engine core set their pace) found the prior's step 15 % too slow to 18 % too fast, median 0.87: what a run paced
+    by its frontend, which cannot be fitted, takes (lease 6's 8B at 128/256 with one API server)."""
+    from profkit.model.predict import UNFITTED_FACTOR, unfitted_factor
+
+    fitted = ["A/tune/runs/01-baseline", "A3/tune/runs/01-baseline", "B/defaults", "B/tune/runs/01-baseline",
+              "api/api1_14b", "api/api4_14b", "sweep/capture", "sweep14/capture"]
+    factors = []
+    for folder in fitted:
+        cal = calibrate(observe(build_report(led / folder / "r2").document()))
+        assert cal.fit_error and not cal.observation.config.get("quantization"), folder
+        assert "H200" in (cal.observation.gpu or ""), folder
+        factors.append(cal.memory_factor)
+    assert min(factors) > 0.84 and max(factors) < 1.19
+    assert round(statistics.median(factors), 2) == UNFITTED_FACTOR[("H200", False)] == 0.87
+    paced = calibrate(observe(build_report(led / "api" / "s2_api1" / "r2").document()))
+    assert not paced.fit_error and paced.memory_factor == unfitted_factor(paced.observation) == 0.87

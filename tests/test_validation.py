@@ -112,8 +112,10 @@ def test_the_pairs_predicted_before_they_ran(tmp_path_factory: pytest.TempPathFa
 
 def test_the_api_server_ladder_predicted_before_it_ran_missed(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Lease 6 (lease6-predicted): the model of 243a8c4 predicted 4 API servers at the 8B's 128/256 shape from its
-    1-API-server runs, 73.35 req/s (61.26-87.81); measured 57.96, 55.31, 56.44: +29.7 %, outside. The validation rows
-    keep the miss as it is (today's model predicts the same middle at the other runs' median imbalance)."""
+    1-API-server runs, 73.35 req/s (61.26-87.81); measured 57.96, 55.31, 56.44: +29.7 %, outside. Today's model misses
+    by more, +37 % to +38 % from each of the three: the GPU's prior step, corrected by the runs that could be fitted on
+    H200s (13 % faster), lifts the engine's limit, so the API servers' ceiling at the median imbalance binds higher. The
+    two errors had cancelled in part; the validation rows keep today's."""
     from tests.conftest import unpack
 
     root = unpack(tmp_path_factory, "h200_model_led")
@@ -125,5 +127,5 @@ def test_the_api_server_ladder_predicted_before_it_ran_missed(tmp_path_factory: 
     assert not said["low"] <= measured <= said["high"]
     rows = [r for r in validation.recorded_rows() if r["pair"] == "Q20" and r["metric"] == "request_throughput"]
     assert len(rows) == 3 and all(r["measured"] == pytest.approx(measured) for r in rows)
-    assert all(r["predicted"] / measured - 1 == pytest.approx(0.297, abs=0.002) and not r["inside_held_out"]
+    assert all(0.37 < r["predicted"] / measured - 1 < 0.39 and not r["inside_held_out"]
                for r in rows)

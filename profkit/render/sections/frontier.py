@@ -9,9 +9,9 @@ from typing import Any
 from profkit.render.sections.table import text_table
 from profkit.units import figure
 
-LATENCY_NOTE = ("below the knee the model's p99 TTFT missed measured sweeps by -40 % to +102 % at the run's own "
-                "configuration, -83 % to +33 % after a change of precision, +48 % to +483 % after one of API servers "
-                "(TPOT -24 % to +82 %): read the curves' shapes, and measure the rate you need")
+LATENCY_NOTE = ("below the knee the model's p99 TTFT missed measured sweeps by -37 % to +74 % at the run's own "
+                "configuration, -83 % to +40 % after a change of precision, +32 % to +339 % after one of API servers "
+                "(TPOT -24 % to +62 %): read the curves' shapes, and measure the rate you need")
 
 
 
