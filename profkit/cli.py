@@ -469,6 +469,9 @@ MAX_SWEEP_RATE = 10_000  # req/s: each rate sends 40 s of prompts; past this a t
                                 'CHANGES` predicts it: a prescription\'s, measured)')
 @click.option("--replicates", type=click.IntRange(min=1, max=20), default=1, show_default=True,
               help="runs at each rate (each its own --seed)")
+@click.option("--runs", "max_runs", type=click.IntRange(min=1), default=None,
+              help="with --from and no --rates: at most this many benchmark runs in all (rates x replicates), the "
+                   "rates that decide the goodput first, then the knee's")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="sweep folder (default: sweep-YYYYmmdd-HHMMSS)")
 @click.option("--dry-run", is_flag=True, help="print the rates and every command it would run, and stop")
@@ -479,7 +482,7 @@ MAX_SWEEP_RATE = 10_000  # req/s: each rate sends 40 s of prompts; past this a t
 @click.option("--vllm", "vllm_exe", default="vllm", show_default=True, help="vllm executable")
 @serve_run_options
 def sweep(rates: str | None, from_run: str | None, slos: tuple[str, ...], changes: str | None, replicates: int,
-          out: Path | None,
+          max_runs: int | None, out: Path | None,
           dry_run: bool, show: Path | None, fmt: str, vllm_exe: str, timeout: float, model: str | None,
           server_args: str, bench_args: str, port: int, health_timeout: float, command: tuple[str, ...]) -> None:
     """Measure a served configuration at a few request rates against one server (the measured frontier).
@@ -487,6 +490,7 @@ def sweep(rates: str | None, from_run: str | None, slos: tuple[str, ...], change
     \b
     profkit sweep --from RUN [--slo "p99_ttft_ms<=2000"] serve --model M [--server-args ".."] [--bench-args ".."]
     profkit sweep --from RUN --changes "--max-num-seqs 64" serve --model M --server-args "--max-num-seqs 64"
+    profkit sweep --from RUN --slo "p99_tpot_ms<=50" --replicates 3 --runs 15 serve --model M
     profkit sweep --rates 5,10,15 serve --model M ...
     profkit sweep --show FOLDER [--from RUN --slo "p99_tpot_ms<=15"]
     """
@@ -512,6 +516,12 @@ def sweep(rates: str | None, from_run: str | None, slos: tuple[str, ...], change
         raise click.UsageError("--slo chooses rates from a predicted frontier: add --from RUN")
     if changes is not None and not from_run:
         raise click.UsageError("--changes says how the swept server differs from --from's run: add --from RUN")
+    if max_runs is not None and (rates or not from_run):
+        raise click.UsageError("--runs limits the rates chosen from --from's predicted frontier: give --from RUN "
+                               "and no --rates")
+    if max_runs is not None and max_runs < replicates:
+        raise click.BadParameter(f"{max_runs} run(s) cannot hold one rate's {replicates} replicates",
+                                 param_hint="--runs")
     bounds = [(c.metric, c.op, c.value) for c in (parse_slo(s) for s in slos)]
     if show is not None:
         import json
@@ -541,7 +551,7 @@ def sweep(rates: str | None, from_run: str | None, slos: tuple[str, ...], change
             raise click.BadParameter(f"{rates!r}: positive request rates up to {MAX_SWEEP_RATE:,} req/s, e.g. "
                                      "5,10,15", param_hint="--rates")
     elif front is not None:
-        chosen = chosen_rates(front)
+        chosen = chosen_rates(front, max_runs // replicates if max_runs is not None else None)
     else:
         raise click.UsageError("give --rates, or --from RUN to choose them from its predicted frontier")
     if dry_run:

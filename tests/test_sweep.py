@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from profkit.compare.sweep import chosen_rates, prompts_for
+from profkit.model.observe import observe
+from profkit.model.predict import calibrate
 from tests.cli import one_error_line, profkit
 from tests.conftest import unpack
 from tests.test_capture import FAKES, free_port
@@ -176,6 +178,33 @@ def test_a_changed_sweep_is_shown_beside_the_prediction_it_was_made_with(recorde
     assert own["points"][-1]["predicted"] != doc["points"][-1]["predicted"]  # the 1-API-server run's own frontier
     one_error_line(profkit("sweep", "--show", folder, "--from", run, "--changes", "--api-server-count 4"),
                    "swept with the changes '--api-server-count 2'")
+
+
+def test_a_run_budget_keeps_the_rates_that_decide_the_goodput_first(recorded: Path, tmp_path: Path) -> None:
+    """`--replicates 3 --runs 10`: 3 rates of the 7 the frontier marks, those around the goodput (what a replicated
+    sweep is for: its edge, measured with its noise), 9 runs; a budget below one rate's replicates, or with --rates,
+    is one line."""
+    from profkit.model.frontier import frontier
+    from profkit.model.search import Bound
+    from profkit.report import build_report
+
+    capture = recorded / "sweep" / "capture" / "r2"
+    cal = calibrate(observe(build_report(capture).document()))
+    front = frontier(cal, {}, [Bound("p99_tpot_ms", "<=", 15)]).document()
+    good = front["goodput"]["rate"]
+    assert chosen_rates(front, 3) == sorted(round(good * s, 2) for s in (0.9, 1.0, 1.1))
+    assert chosen_rates(front, 4)[-1] == round(front["capacity"]["metrics"]["request_throughput"]["predicted"], 2)
+    assert chosen_rates(front, 99) == chosen_rates(front) and len(chosen_rates(front)) == 7
+    r = sweep(recorded, tmp_path, "--from", capture, "--slo", "p99_tpot_ms<=15", "--replicates", "3", "--runs", "10",
+              "--dry-run")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == f"rates: {', '.join(f'{x:g}' for x in chosen_rates(front, 3))} req/s"
+    assert len(lines[3:]) == 9  # each rate's three replicates
+    one_error_line(sweep(recorded, tmp_path, "--from", capture, "--replicates", "3", "--runs", "2", "--dry-run"),
+                   "cannot hold one rate's 3 replicates")
+    one_error_line(sweep(recorded, tmp_path, "--rates", "5", "--runs", "4", "--dry-run"),
+                   "give --from RUN and no --rates")
 
 
 def test_a_sweep_needs_its_rates_or_a_run_to_choose_them(recorded: Path, tmp_path: Path) -> None:

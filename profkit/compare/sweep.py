@@ -30,7 +30,7 @@ MIN_PROMPTS = 60
 # read as `p50_X`; the percentiles other than 99 only where the benchmark ran with --metric-percentiles 50,90,99)
 METRICS = ("request_throughput", "output_throughput",
            *(f"{s}_{m}_ms" for m in ("ttft", "tpot", "e2el") for s in ("mean", "p50", "p90", "p99")))
-KNEE = (0.5, 0.75, 0.9, 1.0)  # shares of the predicted capacity measured without bounds
+KNEE = (1.0, 0.75, 0.5, 0.9)  # shares of the predicted capacity measured, in the order a limit on the runs keeps them
 EDGE = (0.9, 1.1)  # around a bound's edge: shares of the predicted goodput
 
 
@@ -53,15 +53,16 @@ def prompts_for(rate: float) -> int:
     return max(MIN_PROMPTS, int(rate * SECONDS))
 
 
-def chosen_rates(front: dict[str, Any]) -> list[float]:
+def chosen_rates(front: dict[str, Any], limit: int | None = None) -> list[float]:
     """The rates worth measuring on a predicted frontier (`Frontier.document()`): its knee, and around the goodput
-    where it has one; rounded to 0.01 req/s, ascending."""
+    where it has one; rounded to 0.01 req/s, ascending. `limit`: at most so many, those that decide the goodput
+    first (the goodput, then its edges), then the knee's (the capacity, then 0.75, 0.5 and 0.9 of it)."""
     capacity = front["capacity"]["metrics"]["request_throughput"]["predicted"]
-    rates = {round(capacity * s, 2) for s in KNEE}
     good = (front.get("goodput") or {}).get("rate") or 0.0
-    if good > 0:
-        rates |= {round(good * s, 2) for s in EDGE} | {round(good, 2)}
-    return sorted(r for r in rates if r > 0)
+    ranked = [good * s for s in (1.0, *EDGE)] if good > 0 else []
+    ranked += [capacity * s for s in KNEE]
+    rates = [r for r in dict.fromkeys(round(x, 2) for x in ranked) if r > 0]
+    return sorted(rates[:limit] if limit is not None else rates)
 
 
 def folder_name(rate: float) -> str:
