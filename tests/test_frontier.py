@@ -173,7 +173,7 @@ def test_the_frontier_of_a_change_measured_by_a_replicated_sweep(recorded: Path)
 
 def test_what_the_frontier_misses_is_measured_not_hidden(recorded: Path) -> None:
     """TTFT below the knee, from the 8B's full-load run against its two sweeps (neither has vLLM's histograms: the
-    frontend's step and a half was not read off them, its gamma shape was chosen on all six sweeps): at vLLM's
+    frontend's 1.6 steps were not read off them, its gamma shape was chosen on all six sweeps): at vLLM's
     defaults the p50 is over-predicted by 10-40 %, the more the nearer the knee (the frontend's time grows with the
     step and with its load, both), and the goodput under p99 TTFT <= 200 ms lands within 1 %; with the FP8 pair the
     p50 is under-predicted by 25-40 % at the three lowest rates (its prefill measured no faster than 16-bit's at
@@ -323,7 +323,7 @@ def test_the_frontends_time_at_a_rate_is_what_vllms_histograms_measured(recorded
     """The time a request spends outside the engine's steps at a rate (the client and HTTP, the API server): 1.6
     steps of the simulated engine's, stretched by the frontend's load, against what vLLM's histograms measured on
     the three sweeps that have them (the client's TTFT less the engine's queue and prefill; the 14B's and its FP8
-    pair's, 20-58 ms; the 8B's at 128-token prompts, 15-19 ms below 24 req/s). In-sample: the step and a half was
+    pair's, 20-58 ms; the 8B's at 128-token prompts, 15-19 ms below 24 req/s). In-sample: the 1.6 steps were
     read off these points (the median of measured over simulated step, load taken out, over the 17 below a load of
     0.8); what this holds is that the constant reproduces them: median predicted/measured 1.01, and where it misses
     (0.50-2.10: the FP8 pair's 16 req/s measured 152 ms, its neighbours 58). The waits about that mean are a sum's,

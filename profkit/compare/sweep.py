@@ -198,15 +198,9 @@ def _goodput(points: list[dict[str, Any]], bound: Any, predicted: SweepModel | N
     model's."""
     text = f"{bound.metric}{bound.op}{bound.value:g}"
     measured_points = [{"request_rate": p["rate"], **p["measured"]} for p in points if bound.metric in p["measured"]]
-    met = [bound.holds(m[bound.metric]) for m in measured_points]
-    # where every rate met the bound the goodput is at least the highest; where none did, below the lowest
     out: dict[str, Any] = {"bound": text, "measured": None, "at_least": None, "below": None}
-    if measured_points and all(met):
-        out["at_least"] = measured_points[-1]["request_rate"]
-    elif measured_points and not met[0]:
-        out["below"] = measured_points[0]["request_rate"]
-    elif measured_points:
-        out["measured"] = measured_goodput(measured_points, bound)
+    if measured_points:
+        out.update(_edge(measured_points, bound))
     if measured_points and (each := _goodput_per_replicate(points, bound)):
         out["per_replicate"] = each  # what each replicate's runs measure alone: the measurement's own noise
     good = predicted.goodputs.get(text) if predicted is not None else None
@@ -254,14 +248,20 @@ def _goodput_per_replicate(points: list[dict[str, Any]], bound: Any) -> list[dic
         runs = [{"request_rate": p["rate"], **p["runs"][k]} for p in points if bound.metric in p["runs"][k]]
         if not runs:
             return None
-        met = [bound.holds(m[bound.metric]) for m in runs]
-        if all(met):
-            out.append({"at_least": runs[-1]["request_rate"]})
-        elif not met[0]:
-            out.append({"below": runs[0]["request_rate"]})
-        else:
-            out.append({"measured": measured_goodput(runs, bound)})
+        out.append(_edge(runs, bound))
     return out
+
+
+def _edge(points: list[dict[str, Any]], bound: Any) -> dict[str, float]:
+    """Where measured points (`vllm bench serve` results, ascending by rate, at least one) put a bound's goodput:
+    {"measured": rate} between two points; where every rate met it, {"at_least": the highest}; where the first
+    missed it, {"below": the lowest}."""
+    met = [bound.holds(m[bound.metric]) for m in points]
+    if all(met):
+        return {"at_least": points[-1]["request_rate"]}
+    if not met[0]:
+        return {"below": points[0]["request_rate"]}
+    return {"measured": measured_goodput(points, bound)}
 
 
 def predictor(run: str | Path, bounds: Sequence[tuple[str, str, float]] = (),

@@ -5,7 +5,7 @@ Each point is the scheduler simulation of `vllm bench serve --request-rate R` (P
 prompt and output lengths and client cap) with the calibrated step costs, its requests' TTFT, TPOT and end-to-end
 latency read as `vllm bench` reads them (p50, p90, p99: numpy's linear interpolation). A request's time outside the
 engine's steps (HTTP, tokenising) is not known from a run at full load, where queueing sets TTFT: below the
-capacity it is a step and a half of the engine's (read off vLLM's histograms on H200s) stretched by the frontend's
+capacity it is 1.6 of the engine's steps (read off vLLM's histograms on H200s) stretched by the frontend's
 load (`predict.frontend_latency`; docs/prediction.md gives the measured errors). A rate's
 prompts span at least MIN_SECONDS, as a sweep's runs would. The rates are shares of the predicted capacity (the run
 at rate inf), dense near the knee. Ranges: the ends of what the change does to a step's cost, widened by the noise
@@ -109,8 +109,8 @@ def frontier(cal: Calibrated, changes: dict[str, Any] | None = None, bounds: Seq
     conf = configured(cal, changes)
     spread = predict_spread(cal, noise)
     # the capacity is what `predict` predicts for the change: its range as wide
-    capacity = point_at(cal, conf, None, prompts or cal.workload.requests, range_width(cal, conf.caps(cal.baseline),
-                                                                                      noise))
+    capacity = point_at(cal, conf, None, prompts or cal.workload.requests,
+                        range_width(cal, bool(conf.caps(cal.baseline)), noise))
     top = capacity.predicted["request_throughput"]
     points = [point_at(cal, conf, top * s, prompts or _prompts(cal, top * s), spread) for s in shares]
     gpus = cal.observation.tensor_parallel * int(changes.get("data_parallel_size") or cal.observation.data_parallel)
@@ -162,7 +162,7 @@ def _metrics(cal: Calibrated, conf: Configured, r: SimResult, lat: Latencies, ra
     # the latency fitted outside the engine's steps is what the run's mean TTFT exceeded the simulated one by at
     # full load, where queueing sets TTFT: it stands for that run alone (added to a rate's, it put 0-200 ms on a
     # 45 ms TTFT across the 8B's three replicates); at a rate, the frontend's own time under its load (a step and a
-    # half of the simulated run's, its mean TPOT), each request's drawn about its mean (_waits)
+    # 1.6 steps of the simulated run's, its mean TPOT), each request's drawn about its mean (_waits)
     latency = cal.request_latency_s if rate is None else \
         frontend_latency(r, caps, _engine_step_s(r, lat)) * _waits(len(lat.ttft_s))
     extra = {"ttft": latency, "tpot": 0.0, "e2el": latency}

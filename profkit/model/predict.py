@@ -57,7 +57,7 @@ EAGER_CPU_PER_LAYER_S = (4e-4, 5.5e-4, 7e-4)
 # what its mean TTFT exceeds the simulated one by, up to this much; a larger excess is the model's error.
 REQUEST_LATENCY_MAX_S = 0.2
 # ... and at a rate the server keeps up with, where a run at full load cannot give it (its frontend is flooded): about
-# a step and a half of the engine's at that rate (a request's input waits for the step in flight before the engine
+# 1.6 of the engine's steps at that rate (a request's input waits for the step in flight before the engine
 # core takes it; its first token for a step's outputs to be sent back and handed out), stretched by the frontend's
 # load as a queue's wait is, 1 / (1 - its busiest process's share of its ceiling). Read off vLLM's histograms (client
 # and API server: the client's TTFT less the engine's queue and prefill) on the three sweeps that have them: the 14B
@@ -372,8 +372,8 @@ def configured(cal: Calibrated, changes: dict[str, Any]) -> Configured:
 
 def unfitted_factor(obs: Observation) -> float:
     """The step-cost factor a run that cannot be fitted takes (UNFITTED_FACTOR; 1: the prior as it is)."""
-    gpu = next((k for k in ("H200", "H100") if k in (obs.gpu or "")), None)
-    return UNFITTED_FACTOR.get((gpu or "", bool(obs.config.get("quantization"))), 1.0)
+    fp8 = bool(obs.config.get("quantization"))
+    return next((f for (gpu, q), f in UNFITTED_FACTOR.items() if gpu in (obs.gpu or "") and q == fp8), 1.0)
 
 
 def api_server_counts(obs: Observation, changes: dict[str, Any]) -> tuple[int, int]:
@@ -524,7 +524,7 @@ def _ranged(cal: Calibrated, runs: list[SimResult], mid: SimResult, cap_ends: li
     simulated (the fit's bias cancels), widened by the noise and the fit's error. `cap_ends`: the host's ceilings
     (the middle first, then any ends the range spans)."""
     caps = cap_ends[0]
-    width = range_width(cal, caps, noise)
+    width = range_width(cal, bool(caps), noise)
     metrics: dict[str, dict[str, float | None]] = {}
     latency = {"mean_ttft_ms": cal.request_latency_s * 1e3}  # the same for every request, before and after
     base_values = _metrics(cal.baseline, caps_before)
@@ -540,11 +540,11 @@ def _ranged(cal: Calibrated, runs: list[SimResult], mid: SimResult, cap_ends: li
     return metrics
 
 
-def range_width(cal: Calibrated, caps: dict[str, float], noise: float | None = None) -> float:
+def range_width(cal: Calibrated, ceilings: bool, noise: float | None = None) -> float:
     """How far a prediction at full load reaches either side (log): the noise and the fit's error, and where host
-    ceilings count without a trace's fit, what a ceiling read off an unsaturated process may be off by."""
+    ceilings count (`ceilings`) without a trace's fit, what a ceiling read off an unsaturated process may be off by."""
     width = spread(cal, noise)
-    return width + EXTRAPOLATED_CEILING if caps and not cal.fit_error else width
+    return width + EXTRAPOLATED_CEILING if ceilings and not cal.fit_error else width
 
 
 def _widened(metrics: dict[str, dict[str, float | None]], families: tuple[str, ...]) -> dict[str, Any]:
