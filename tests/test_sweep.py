@@ -178,6 +178,14 @@ def test_a_changed_sweep_is_shown_beside_the_prediction_it_was_made_with(recorde
     assert own["points"][-1]["predicted"] != doc["points"][-1]["predicted"]  # the 1-API-server run's own frontier
     one_error_line(profkit("sweep", "--show", folder, "--from", run, "--changes", "--api-server-count 4"),
                    "swept with the changes '--api-server-count 2'")
+    # a hand-edited or hostile record: one line naming the file, never a traceback
+    for hostile in ({"changes": 7}, {"changes": "--api-server-count"}, ["--api-server-count 2"]):
+        (folder / "sweep.json").write_text(json.dumps({**doc, "predicted_from": hostile}))
+        r = profkit("sweep", "--show", folder, "--from", run)
+        if isinstance(hostile, dict):
+            one_error_line(r, "changes")
+        else:  # not a record of changes: the run's own configuration, as for a sweep made without --changes
+            assert r.returncode == 0, r.stderr
 
 
 def test_a_run_budget_keeps_the_rates_that_decide_the_goodput_first(recorded: Path, tmp_path: Path) -> None:

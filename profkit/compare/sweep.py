@@ -165,13 +165,16 @@ def recorded_changes(out: Path, run: str | None, changes: str | None) -> str | N
     from profkit.report.predict import parse_changes
 
     ran = read_json(out / "sweep.json", "sweep.json") if (out / "sweep.json").is_file() else None
-    said = (ran.get("predicted_from") or {}) if isinstance(ran, dict) else {}
-    if not run or not said.get("changes"):
+    said = ran.get("predicted_from") if isinstance(ran, dict) else None
+    recorded = said.get("changes") if isinstance(said, dict) else None
+    if not run or recorded is None:
         return changes
+    if not isinstance(recorded, str) or not recorded.strip():
+        raise ProfkitError(f"{out / 'sweep.json'}: predicted_from.changes is not vLLM flags ({recorded!r})")
     if changes is None:
-        return said["changes"]
-    if parse_changes(changes) != parse_changes(said["changes"]):
-        raise ProfkitError(f"{out}: swept with the changes {said['changes']!r} from {said['run']}, not {changes!r}")
+        return recorded
+    if parse_changes(changes) != parse_changes(recorded):
+        raise ProfkitError(f"{out}: swept with the changes {recorded!r}, not {changes!r}")
     return changes
 
 
