@@ -205,11 +205,11 @@ def _bench(folder: Path) -> dict[str, float]:
             "mean_tpot_ms": b.tpot_mean_ms}
 
 
-def imbalances(work: Path) -> dict[str, float]:
-    """Each recorded run with several API servers at full load (request rate inf; tests/data/h200_model_led): how
-    unevenly they shared the load, the busiest one's share of their CPU past an even split (`predict.busiest_share`'s
-    API_SERVER_IMBALANCE). The full-load runs alone: the predictions it serves are theirs; at a finite rate (lease 7's
-    sweep) the API servers shared nearly evenly."""
+def imbalances(work: Path, at_rate: bool = False) -> dict[str, float]:
+    """Each recorded run with several API servers at full load (request rate inf; tests/data/h200_model_led), or with
+    `at_rate` each at a finite rate: how unevenly they shared the load, the busiest one's share of their CPU past an
+    even split (`predict.busiest_share`'s API_SERVER_IMBALANCE, API_SERVER_IMBALANCE_AT_RATE). Apart: at a finite rate
+    (lease 7's sweep) the API servers shared nearly evenly."""
     from profkit.analysis.host import host_section
     from profkit.diagnose.facts import host_facts
     from profkit.evidence.bench import read_bench
@@ -221,7 +221,7 @@ def imbalances(work: Path) -> dict[str, float]:
         if not (path := host.parent / "bench.json").is_file():
             continue
         bench = read_bench(path)
-        if math.isfinite(bench.request_rate or math.inf):
+        if math.isfinite(bench.request_rate or math.inf) != at_rate:
             continue
         facts = host_facts(host_section(read_host(host), bench.elapsed_s))  # over the benchmark's window
         n, share = facts["host.api_server_count"], facts["host.api_server_busiest_share"]

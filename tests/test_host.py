@@ -154,7 +154,7 @@ def test_capture_samples_each_process_over_the_benchmark(env, tmp_path: Path) ->
     folder = capture_folder(env, tmp_path / "c")
     doc = report_of(folder)
     host = json.loads((folder / "host.json").read_text())
-    assert host["schema"] == "profkit.host/1" and host["cores"] == os.cpu_count()
+    assert host["schema"] == "profkit.host/1" and host["cores"] == len(os.sched_getaffinity(0))
     assert {"api_server", "bench_client", "profiler"} <= {p["role"] for p in host["processes"]}
     f = doc["facts"]
     assert doc["host"]["window_s"] == pytest.approx(_bench_window(folder))
@@ -494,3 +494,15 @@ def test_samples_spanning_under_half_the_benchmark_describe_no_process(h100_tune
     short = host_section_of(path, bench_seconds=4 * span)
     assert short["roles"] == {}
     assert short["coverage_note"].startswith(f"the samples span {span:.1f} s of the benchmark's {4 * span:.1f} s")
+
+
+def test_the_sampler_counts_the_cores_the_run_may_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run pinned to some of the machine's cores (taskset: two servers side by side, 16 of 32 each) records those,
+    not the machine's: the prescription sizes the API servers for the cores the run had."""
+    from profkit.capture.host import usable_cores
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 32)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16, 32)), raising=False)
+    assert usable_cores() == 16
+    monkeypatch.delattr(os, "sched_getaffinity")
+    assert usable_cores() == 32

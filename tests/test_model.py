@@ -432,7 +432,13 @@ def test_several_api_servers_share_the_load_unevenly(led: Path, tmp_path: Path) 
     one's. The ceiling the model gives N API servers is the busiest's: 1/N plus the imbalance of the rest, whose
     shipped value and range ends are the median and 10th-90th percentiles over every run recorded with several
     (scripts/validate_model.py reads them)."""
-    from profkit.model.predict import API_SERVER_IMBALANCE, API_SERVER_IMBALANCE_ENDS, busiest_share
+    from profkit.model.predict import (
+        API_SERVER_IMBALANCE,
+        API_SERVER_IMBALANCE_AT_RATE,
+        API_SERVER_IMBALANCE_AT_RATE_ENDS,
+        API_SERVER_IMBALANCE_ENDS,
+        busiest_share,
+    )
 
     doc = build_report(led / "api" / "s2_api4" / "r2").document()
     facts = doc["facts"]
@@ -450,6 +456,12 @@ def test_several_api_servers_share_the_load_unevenly(led: Path, tmp_path: Path) 
     assert read == (API_SERVER_IMBALANCE, API_SERVER_IMBALANCE_ENDS)
     assert busiest_share(1) == 1.0
     assert busiest_share(2) == pytest.approx(0.5 + 0.5 * API_SERVER_IMBALANCE)
+    # at a finite rate (lease 7's 15 runs, 2 API servers) they shared nearly evenly: the frontier's points take these
+    at_rate = script("validate_model").imbalances(tmp_path, at_rate=True)
+    assert len(at_rate) == 15 and max(at_rate.values()) < 0.21 < API_SERVER_IMBALANCE
+    cuts = statistics.quantiles(at_rate.values(), n=10, method="inclusive")
+    read = round(statistics.median(at_rate.values()), 3), (round(cuts[-1], 2), round(cuts[0], 2))
+    assert read == (API_SERVER_IMBALANCE_AT_RATE, API_SERVER_IMBALANCE_AT_RATE_ENDS)
     assert busiest_share(4) == pytest.approx(0.25 + 0.75 * API_SERVER_IMBALANCE)
 
 

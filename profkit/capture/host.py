@@ -158,7 +158,7 @@ class HostSampler:
             with contextlib.suppress(Exception):
                 self.nvml.nvmlShutdown()
         return {
-            "schema": SCHEMA, "interval_s": self.interval, "cores": os.cpu_count(),
+            "schema": SCHEMA, "interval_s": self.interval, "cores": usable_cores(),
             "duration_s": round(self.clock() - self.t0, 3),
             "processes": [p for p in self.procs.values() if p["cpu"]],
             "gpus": [{**{k: v for k, v in g.items() if not k.startswith("_")}, "pids": sorted(g["_pids"]),
@@ -193,3 +193,9 @@ def start_sampler(interval_s: float = 0.1) -> HostSampler | None:
         return HostSampler(interval_s).start()
     except ImportError:
         return None
+
+
+def usable_cores() -> int | None:
+    """The CPU cores this process (and the server and client it starts) may run on: its affinity where the platform
+    says it (a run pinned with taskset to 16 of 32 cores had 16), else the machine's."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()

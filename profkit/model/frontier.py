@@ -10,10 +10,10 @@ load (`predict.frontend_latency`; docs/prediction.md gives the measured errors).
 prompts span at least MIN_SECONDS, as a sweep's runs would. The rates are shares of the predicted capacity (the run
 at rate inf), dense near the knee. Ranges: the ends of what the change does to a step's cost, widened by the noise
 and the fit's error on the calibrated run, as `predict`'s are, and where the API servers' count changes, their
-ceiling at the imbalance's ends (the full-load runs' 10th-90th percentiles, kept at a finite rate too, where they
-shared more evenly: wider, not narrower); the capacity as wide as `predict`'s for the change (its class's held-out
-errors); at a finite rate, widened again to what each metric missed by on the measured sweeps
-(`validation.frontier_band`).
+ceiling at the imbalance's ends (at full load the full-load runs' 10th-90th percentiles; at a rate, where the API
+servers share more evenly, those of runs at a rate: `predict.API_SERVER_IMBALANCE_AT_RATE`); the capacity as wide
+as `predict`'s for the change (its class's held-out errors); at a finite rate, widened again to what each metric
+missed by on the measured sweeps (`validation.frontier_band`).
 
 What a vLLM sweep (`vllm bench sweep`, benchmarks/auto_tune) measures one restart and one run a point, this
 predicts in seconds; `profkit sweep` measures the points it chooses (around the knee and the bounds' edges)."""
@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 
 from profkit.model import validation
+from profkit.model.predict import API_SERVER_IMBALANCE_AT_RATE as AT_RATE
+from profkit.model.predict import API_SERVER_IMBALANCE_AT_RATE_ENDS as AT_RATE_ENDS
 from profkit.model.predict import Calibrated, Configured, configured, frontend_latency, host_stretch, range_width
 from profkit.model.predict import spread as predict_spread
 from profkit.model.search import Bound
@@ -130,7 +132,7 @@ def point_at(cal: Calibrated, conf: Configured, rate: float | None, prompts: int
     runs = [_metrics(cal, conf, r, lat, rate) for r, lat in sims]
     mid = runs[len(runs) // 2]
     # where the API servers' count changes, their ceiling at the imbalance's ends bounds the range too (as predict's)
-    runs += [_metrics(cal, conf, r, lat, rate, i) for r, lat in sims for i in conf.imbalance_ends]
+    runs += [_metrics(cal, conf, r, lat, rate, i) for r, lat in sims for i in _imbalance_ends(conf, rate)]
     low = {k: min(r[k] for r in runs) * math.exp(-spread) for k in mid}
     high = {k: max(r[k] for r in runs) * math.exp(spread) for k in mid}
     if held_out and rate is None:  # the capacity: as `predict` widens the change's, to its class's held-out errors
@@ -149,6 +151,12 @@ def point_at(cal: Calibrated, conf: Configured, rate: float | None, prompts: int
     return Point(rate, prompts, mid, low, high, max(growth, 0.0) if rate is not None else 0.0)
 
 
+def _imbalance_ends(conf: Configured, rate: float | None) -> tuple[float, ...]:
+    """The API servers' imbalances a point's range spans where their count changes: at full load the full-load
+    runs' ends, at a rate the ends of runs at a rate (they share more evenly there)."""
+    return conf.imbalance_ends if rate is None or not conf.imbalance_ends else AT_RATE_ENDS
+
+
 def _prompts(cal: Calibrated, rate: float) -> int:
     return max(cal.workload.requests, math.ceil(rate * MIN_SECONDS))
 
@@ -157,6 +165,8 @@ def _metrics(cal: Calibrated, conf: Configured, r: SimResult, lat: Latencies, ra
              imbalance: float | None = None) -> dict[str, float]:
     """One simulated run's metrics under the host's ceilings (past one, every time stretches alike); `imbalance`:
     the API servers' (default the median's)."""
+    if rate is not None and imbalance is None:  # at a rate the API servers share more evenly than at full load
+        imbalance = AT_RATE
     caps = conf.caps(r, imbalance)
     scale = host_stretch(r, caps)
     # the latency fitted outside the engine's steps is what the run's mean TTFT exceeded the simulated one by at

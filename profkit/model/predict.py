@@ -90,6 +90,12 @@ FRONTEND = ("api_server", "client")
 # 0.32, its 10th-90th percentiles 0.12-0.64: a range's ends take the API servers' ceiling at those (scripts/
 # validate_model.py predicts each pair with the runs other than its own).
 API_SERVER_IMBALANCE, API_SERVER_IMBALANCE_ENDS = 0.32, (0.64, 0.12)
+# At a finite rate they share nearly evenly: the client opens its connections as it needs them and reuses them (lease
+# 7's sweep: about 2,000 connections for 27,560 requests), where at full load every request opens its own at once and
+# one process accepts most (lease 6's 4 API servers: 55-86 % of 2,000 requests on one). Over lease 7's 15 runs (2 API
+# servers, 28-63 req/s) the imbalance ranged 0.005-0.20, median 0.076, 10th-90th percentiles 0.02-0.16 (one sweep:
+# in-sample for it). A frontier's points at a rate take these; its capacity (at full load) the full-load ones.
+API_SERVER_IMBALANCE_AT_RATE, API_SERVER_IMBALANCE_AT_RATE_ENDS = 0.076, (0.16, 0.02)
 # The engine core's CPU per step and per request in it, before calibration (the tiny model's KV-starved run: 2.9 ms
 # a step at 8 requests; its default run: ~30 us more per request at ~900).
 CPU_STEP_S, CPU_SEQ_S = 2.5e-3, 3e-5
