@@ -367,3 +367,14 @@ def test_a_sweep_against_what_is_not_a_sweep_is_one_line(recorded: Path) -> None
                    "p95_ttft_ms")
     one_error_line(profkit("diff", recorded / "sweep14" / "capture" / "r1", recorded / "sweep14" / "capture" / "r2",
                            "--slo", "p99_ttft_ms<=3"), "--slo applies to two sweep folders")
+
+
+def test_the_sweep_and_predict_refuse_alike(recorded: Path, tmp_path: Path) -> None:
+    """`profkit sweep --from RUN --changes X` asks the model `profkit predict RUN --frontier -- X` asks, through one
+    calibration and one set of refusals: the same line from each (here a value the flag does not take)."""
+    run = recorded / "api" / "s2_api1"
+    said = one_error_line(profkit("predict", run, "--frontier", "--", "--max-num-seqs", "many"),
+                          "changes: --max-num-seqs many: a value vLLM would not take")
+    assert said == one_error_line(sweep(recorded, tmp_path, "--from", run, "--changes", "--max-num-seqs many",
+                                        "--dry-run", server_args="--max-model-len 2048 --max-num-seqs many"))
+    assert said == one_error_line(profkit("predict", run, "--", "--max-num-seqs", "many"))

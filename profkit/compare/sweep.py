@@ -275,28 +275,22 @@ def predictor(run: str | Path, bounds: Sequence[tuple[str, str, float]] = (),
     `profkit predict RUN --frontier -- CHANGES` predicts it (its refusals one line)."""
     from profkit.errors import ProfkitError
     from profkit.model.frontier import bounds_of, frontier, point_at
-    from profkit.model.observe import Unobservable, observe
-    from profkit.model.predict import calibrate, configured, spread
-    from profkit.model.refusals import unreproduced
-    from profkit.report.build import build_report
-    from profkit.report.predict import parse_changes, said_of
+    from profkit.model.predict import configured, spread
+    from profkit.report.predict import calibrated, frontier_of, parse_changes, said_of
 
     try:
-        cal = calibrate(observe(build_report(run).document()))
         bounds_checked = bounds_of(bounds)
-    except (Unobservable, ValueError) as exc:
-        raise ProfkitError(f"--from {run}: {exc}") from None
-    if (miss := unreproduced(cal)) is not None:
-        raise ProfkitError(f"--from {run}: the model does not reproduce this run ({miss})")
+    except ValueError as exc:
+        raise ProfkitError(f"--slo: {exc}") from None
+    # the model `profkit predict RUN --frontier -- CHANGES` asks, with its refusals
+    cal = calibrated(run)
+    frontier_of(cal, run)
     asked = parse_changes(changes) if changes is not None else {}
     width = spread(cal)
-    try:
-        with said_of(changes):
-            conf = configured(cal, asked)
-            alone = {f"{b.metric}{b.op}{b.value:g}": frontier(cal, asked, [b]).goodput for b in bounds_checked}
-            front = frontier(cal, asked, bounds_checked).document()
-    except (ValueError, TypeError) as exc:  # an offline run; a change's value vLLM would not take
-        raise ProfkitError(f"--from {run}: no frontier: {exc}") from None
+    with said_of(changes):
+        conf = configured(cal, asked)
+        alone = {f"{b.metric}{b.op}{b.value:g}": frontier(cal, asked, [b]).goodput for b in bounds_checked}
+        front = frontier(cal, asked, bounds_checked).document()
     return SweepModel(lambda rate, prompts: point_at(cal, conf, rate, prompts, width).document(), front,
                       bounds_checked, alone, str(run), " ".join(changes.split()) if changes else None)
 

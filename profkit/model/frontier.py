@@ -105,8 +105,8 @@ def frontier(cal: Calibrated, changes: dict[str, Any] | None = None, bounds: Seq
     """The run's predicted frontier under `changes` ({vLLM dest: value}): the capacity, a point at each share of it,
     and with `bounds` (on `frontier_metrics()`) the goodput. `prompts`: every point's request count (default: the
     run's own, or MIN_SECONDS of the rate). Raises Infeasible where the configuration cannot serve the workload."""
-    if cal.observation.offline:
-        raise ValueError("a frontier needs a served run (vllm bench serve): an offline run has no request rate")
+    if (why := no_frontier(cal)) is not None:
+        raise ValueError(why)
     changes = dict(changes or {})
     conf = configured(cal, changes)
     spread = predict_spread(cal, noise)
@@ -120,6 +120,12 @@ def frontier(cal: Calibrated, changes: dict[str, Any] | None = None, bounds: Seq
     if bounds:
         out.goodput = _goodput(cal, conf, points, list(bounds), spread, prompts)
     return out
+
+
+def no_frontier(cal: Calibrated) -> str | None:
+    """Why the run has no frontier (an offline run has no request rate), or None."""
+    return "a frontier needs a served run (vllm bench serve): an offline run has no request rate" \
+        if cal.observation.offline else None
 
 
 def point_at(cal: Calibrated, conf: Configured, rate: float | None, prompts: int, spread: float,

@@ -17,7 +17,7 @@ from profkit.errors import ProfkitError
 from profkit.evidence.record import Evidence
 from profkit.model import levers
 from profkit.model.observe import Unobservable, observe
-from profkit.model.predict import MODELLED, calibrate, host_bound, predict
+from profkit.model.predict import MODELLED, Calibrated, calibrate, host_bound, predict
 from profkit.model.refusals import Refused, unreproduced
 from profkit.model.search import Bound, check_bounds, known_metrics, search
 from profkit.model.simulate import Infeasible
@@ -43,12 +43,16 @@ def parse_changes(text: str) -> dict[str, Any]:
     return {k: None if isinstance(v, str) and v.lower() in ("default", "none") else v for k, v in flags.items()}
 
 
-def _calibrated(run: str | os.PathLike | None, evidence: Evidence | None) -> Any:
+def calibrated(run: str | os.PathLike | None, evidence: Evidence | None = None) -> Calibrated:
+    """The model calibrated on the run (a capture folder, a trace, or None with the evidence alone), or one line: a
+    run it cannot model, or whose own outcome it does not reproduce (the report's rule: no prediction from it)."""
     doc = build_report(run, evidence).document()
     try:
-        return calibrate(observe(doc))
+        cal = calibrate(observe(doc))
     except Unobservable as exc:
         raise ProfkitError(f"{run or 'the evidence'}: cannot model this run: {exc}") from None
+    _refuse_unreproduced(cal, run)
+    return cal
 
 
 GOODPUT_CANDIDATES = 8  # the search's best configurations whose frontiers a goodput ranking compares
@@ -56,13 +60,25 @@ GOODPUT_CANDIDATES = 8  # the search's best configurations whose frontiers a goo
 
 @contextmanager
 def said_of(changes: str | None) -> Iterator[None]:
-    """The model's refusal of `changes`, or a configuration vLLM could not serve the workload with: one line."""
+    """The model's refusal of `changes`, a configuration vLLM could not serve the workload with, or a value a flag
+    does not take ('--max-num-seqs many'): one line."""
     try:
         yield
     except Refused as exc:
         raise ProfkitError(f"changes: not predicted: {exc}") from None
     except Infeasible as exc:
         raise ProfkitError(f"changes: {changes}: vLLM could not serve this workload so ({exc})") from None
+    except (ValueError, TypeError) as exc:
+        raise ProfkitError(f"changes: {changes}: a value vLLM would not take ({exc}; `--flag default` removes a "
+                           "flag)") from None
+
+
+def frontier_of(cal: Calibrated, run: str | os.PathLike | None) -> None:
+    """One line where the run has no frontier (an offline run has no request rate)."""
+    from profkit.model.frontier import no_frontier
+
+    if (why := no_frontier(cal)) is not None:
+        raise ProfkitError(f"{run or 'the evidence'}: no frontier: {why}")
 
 
 def _refuse_unreproduced(cal: Any, run: str | os.PathLike | None) -> None:
@@ -87,8 +103,7 @@ def search_run(run: str | os.PathLike | None, evidence: Evidence | None = None, 
         raise ProfkitError(f"--slo: {exc.args[0].split(' (it predicts')[0]} (it predicts "
                            f"{', '.join(known_metrics())}; by goodput: p50, p90, p99 and mean of ttft, tpot, "
                            "e2el, e.g. p99_ttft_ms)") from None
-    cal = _calibrated(run, evidence)
-    _refuse_unreproduced(cal, run)
+    cal = calibrated(run, evidence)
     found = search(cal, allow_precision=allow_precision, bounds=means, top=max(top, GOODPUT_CANDIDATES) if
                    percentiles else top, noise=noise)
     goodputs: dict[int, dict[str, Any]] = {}
@@ -134,14 +149,11 @@ def predict_run(run: str | os.PathLike | None, changes: str, evidence: Evidence 
                            f"{', '.join('--' + m.replace('_', '-') for m in sorted(MODELLED))})")
     try:
         cal = calibrate(obs)
-        _refuse_unreproduced(cal, run)
-        with said_of(changes):
-            prediction = predict(cal, asked, noise=noise).document()
     except Unobservable as exc:
         raise ProfkitError(f"{run or 'the evidence'}: cannot model this run: {exc}") from None
-    except (ValueError, TypeError) as exc:  # a value the flag does not take ('--max-num-seqs many')
-        raise ProfkitError(f"changes: {changes}: a value vLLM would not take ({exc}; `--flag default` removes a "
-                           "flag)") from None
+    _refuse_unreproduced(cal, run)
+    with said_of(changes):
+        prediction = predict(cal, asked, noise=noise).document()
     bound = host_bound(obs)
     prediction.update(
         source={"path": None if run is None else str(run), "gpu": obs.gpu},
@@ -166,14 +178,10 @@ def frontier_run(run: str | os.PathLike | None, changes: str | None = None, evid
     except ValueError as exc:
         raise ProfkitError(f"--slo: {exc}") from None
     asked = parse_changes(changes) if changes else {}
-    cal = _calibrated(run, evidence)
-    where = run or "the evidence"
-    _refuse_unreproduced(cal, run)
-    try:
-        with said_of(changes):
-            f = frontier(cal, asked, bounds, noise=noise)
-    except ValueError as exc:
-        raise ProfkitError(f"{where}: no frontier: {exc}") from None
+    cal = calibrated(run, evidence)
+    frontier_of(cal, run)
+    with said_of(changes):
+        f = frontier(cal, asked, bounds, noise=noise)
     return {"schema": "profkit.prediction/1", "source": {"path": None if run is None else str(run),
                                                          "gpu": cal.observation.gpu},
             "changes_text": " ".join((changes or "").split()) or "(the run's own settings)",
