@@ -7,7 +7,8 @@ point predicted from each of the full-load capture's replicates, its throughput 
 
 A row is one (sweep point, capture replicate, metric) where both the server and the model kept up with the rate (past
 the capacity a finite run's percentiles say how long it ran). The frontier widens a point's range to the 10th-90th
-percentiles of these rows' log(measured / predicted) for the metric (their extremes below 10 rows); the coverage
+percentiles of these rows' log(measured / predicted) for the metric (their extremes below 10 rows; under a change,
+the rows of sweeps sharing its class of change, `levers.families`, where any do); the coverage
 printed is leave-one-recording-out: each row's range built without the rows predicted from its own capture. The
 goodput ranges in the tables are the product's (widened by every sweep's errors, this one's included): in-sample.
 """
@@ -43,6 +44,10 @@ SWEEPS = [  # name, the capture it is predicted from, the sweep, the changes fro
     ("8B 128/256, 2 API servers, predicted from the 1-API-server capture (lease 7; 3 replicates a rate; the points "
      "predicted on the GPU box by 5d1f19b's model before the sweep ran)", "api/s2_api1", "sweep8s2",
      {"api_server_count": 2}, [("p99_tpot_ms", 10), ("p99_ttft_ms", 150), ("p99_e2el_ms", 3000)]),
+    ("8B 128/256, 4 API servers, predicted from the 1-API-server capture (lease 8; 6 rates x 3 replicates, 16 runs "
+     "finished; the rates chosen and the points predicted on the GPU box by 93afb36's model before the sweep ran)",
+     "api/s2_api1", "sweep8s4", {"api_server_count": 4},
+     [("p99_tpot_ms", 10), ("p99_ttft_ms", 150), ("p99_e2el_ms", 3000)]),
 ]
 KEYS = ["request_throughput", "p50_ttft_ms", "p99_ttft_ms", "p50_tpot_ms", "p99_tpot_ms", "p99_e2el_ms"]
 OUT = REPO / "profkit" / "model" / "frontier_validation.json"
@@ -73,6 +78,7 @@ def main() -> None:
 
     from profkit.compare.sweep import measured_goodput
     from profkit.model.frontier import frontier, frontier_metrics, keeps_up, point_at
+    from profkit.model.levers import families
     from profkit.model.observe import observe
     from profkit.model.predict import calibrate, configured, spread
     from profkit.model.search import Bound
@@ -100,6 +106,7 @@ def main() -> None:
                     if not (kept_up(m) and keeps_up(p)):
                         continue
                     rows += [{"recording": capture, "sweep": sweep, "changed": bool(changes),
+                              **({"families": list(families(changes))} if changes else {}),
                               "replicate": replicate.name,
                               "rate": m["request_rate"], "metric": k, "predicted": p.predicted[k], "low": p.low[k],
                               "high": p.high[k], "measured": m[k]}

@@ -144,8 +144,7 @@ def test_the_frontier_of_a_change_measured_by_a_replicated_sweep(recorded: Path)
     (the frontend's time 1.6 steps of the engine's, first committed before these results were read, 60b4e34; the GPU's
     prior step corrected by the H200 runs that could be fitted, made after this miss; at a rate the API servers' more
     even share read off this sweep's own runs: in-sample) gives the TTFT bound 52.75 (-16 % or more) and the TPOT
-    bound 51.9 (-7 %). (Today's ranges hold both: the held-out bands they are widened to now carry
-    this sweep's own misses.)"""
+    bound 51.9 (-7 %)."""
     doc = json.loads((recorded / "sweep8s2" / "sweep.json").read_text())
     assert [p["rate"] for p in doc["points"]] == [28, 38, 46, 54, 63]
     assert all(p["replicates"] == 3 for p in doc["points"])
@@ -167,9 +166,48 @@ def test_the_frontier_of_a_change_measured_by_a_replicated_sweep(recorded: Path)
     assert now["p99_ttft_ms<=150"]["at_least"] == 63
     assert now["p99_ttft_ms<=150"]["predicted"]["rate"] == pytest.approx(52.75, abs=0.05)
     # today's model, its GPU prior corrected by the H200 runs that could be fitted (made after this sweep's miss, the
-    # factor read off the other runs): the goodput under p99 TPOT <= 10 ms -7 %, inside
+    # factor read off the other runs): the goodput under p99 TPOT <= 10 ms -7 %, outside a range widened by the sweeps
+    # of its class of change (API servers: this one, today within -5 to +17 % at p50, and lease 8's, whose TPOT the
+    # engine core's saturation put above the prediction: the range reaches down, not up)
     tpot_now = now["p99_tpot_ms<=10"]
-    assert tpot_now["error"] == pytest.approx(-0.07, abs=0.01) and tpot_now["inside_range"]
+    assert tpot_now["error"] == pytest.approx(-0.07, abs=0.01) and not tpot_now["inside_range"]
+    assert tpot_now["predicted"]["high"] < tpot_now["measured"] < tpot_now["predicted"]["high"] * 1.06
+
+
+def test_four_api_servers_swept_at_six_rates_capped_by_the_engine_core(recorded: Path) -> None:
+    """Lease 8: the 8B at 128/256 with 4 API servers, swept at the 6 rates `profkit sweep --runs 18` chose from the
+    frontier predicted from lease 6's 1-API-server capture, 3 replicates a rate (the device time ran out in 78.24's
+    second: 16 runs), every point predicted on the GPU box before it ran (93afb36's model). Held out. The goodputs
+    came inside their ranges, under p99 TPOT <= 10 ms +25 % (51.84 against 41.35), under p99 TTFT <= 150 ms +5 %; the
+    throughput within 1 % while the server kept up, then over-predicted: the engine core saturated from 46.65 req/s
+    (a full core, where the model put its ceiling far above) and the server served about 50 where the model said
+    55-73. With 2 API servers (lease 7) the same server kept up at 63."""
+    from profkit.analysis.host import host_section
+    from profkit.diagnose.facts import host_facts
+    from profkit.evidence.bench import read_bench
+    from profkit.evidence.host import read_host
+
+    folder = recorded / "sweep8s4"
+    shown = profkit("sweep", "--show", folder, "--from", recorded / "api" / "s2_api1", "--changes",
+                    "--api-server-count 4", "--slo", "p99_tpot_ms<=10", "--slo", "p99_ttft_ms<=150", "--format", "json")
+    assert shown.returncode == 0, shown.stderr
+    doc = json.loads(shown.stdout)
+    points = {p["rate"]: p for p in doc["points"]}
+    assert sorted(points) == [39.12, 46.65, 51.84, 57.02, 58.68, 78.24]
+    assert [points[r]["replicates"] for r in sorted(points)] == [3, 3, 3, 3, 3, 1]
+    served = [points[r]["error"]["request_throughput"] for r in sorted(points)]
+    assert all(abs(e) < 0.01 for e in served[:2]) and all(e > 0.035 for e in served[2:])
+    goodput = {g["bound"]: g for g in doc["goodput"]}
+    assert goodput["p99_tpot_ms<=10"]["measured"] == pytest.approx(41.35, abs=0.01)
+    assert goodput["p99_tpot_ms<=10"]["error"] == pytest.approx(0.254, abs=0.005)
+    assert goodput["p99_ttft_ms<=150"]["error"] == pytest.approx(0.051, abs=0.005)
+    assert all(g["inside_range"] for g in goodput.values())
+    for run in sorted(folder.glob("rate-*/r*/bench.json")):
+        bench = read_bench(run)
+        facts = host_facts(host_section(read_host(run.parent / "host.json"), bench.elapsed_s))
+        assert facts["host.api_server_cpu"] < 0.6  # each API server far from a core
+        if bench.request_rate > 45:
+            assert facts["host.engine_core_saturated_share"] > 0.85 and facts["host.engine_core_cpu"] > 0.97
 
 
 def test_what_the_frontier_misses_is_measured_not_hidden(recorded: Path) -> None:
@@ -365,8 +403,8 @@ def test_the_frontier_of_more_api_servers_spans_their_imbalance(recorded: Path, 
     capacity's range is as wide as `predict`'s for the same change (the same question, one answer): from lease 6's
     1-API-server 8B at 128/256, 4 API servers measured 56.57 req/s at full load (three replicates), predicted 78.0 at
     the median imbalance (Q20, +38 %; +30 % before the GPU's prior was corrected); the frontier's capacity range holds
-    the measurement with the ends and misses it without them. The ends are the 10th-90th percentiles over the 19 runs
-    recorded with several API servers, these three among them: in-sample for this check."""
+    the measurement with the ends, lower than without them. The ends are the 10th-90th percentiles over the 25
+    full-load runs recorded with several API servers, these three among them: in-sample for this check."""
     import profkit.model.predict as predict
     from profkit.model.predict import predict as predict_change
 
@@ -386,6 +424,8 @@ def test_the_frontier_of_more_api_servers_spans_their_imbalance(recorded: Path, 
     assert spanned["predicted"] / measured - 1 == pytest.approx(0.38, abs=0.02)
     monkeypatch.setattr(predict, "API_SERVER_IMBALANCE_ENDS", ())
     narrow = capacity()
-    assert narrow["predicted"] == spanned["predicted"] and not narrow["low"] <= measured
+    # without them the range is the class's held-out errors alone: since lease 8 (Q19, Q21 among them) those reach
+    # the measurement too, and the ends still reach lower
+    assert narrow["predicted"] == spanned["predicted"] and spanned["low"] < narrow["low"] <= measured
     # the run's own configuration has no such ends: its range is the model's own
     assert configured(cal, {}).imbalance_ends == ()

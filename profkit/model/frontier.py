@@ -13,7 +13,7 @@ and the fit's error on the calibrated run, as `predict`'s are, and where the API
 ceiling at the imbalance's ends (at full load the full-load runs' 10th-90th percentiles; at a rate, where the API
 servers share more evenly, those of runs at a rate: `predict.API_SERVER_IMBALANCE_AT_RATE`); the capacity as wide
 as `predict`'s for the change (its class's held-out errors); at a finite rate, widened again to what each metric
-missed by on the measured sweeps (`validation.frontier_band`).
+missed by on the measured sweeps (`validation.frontier_band`: under a change, the sweeps of its class of change).
 
 What a vLLM sweep (`vllm bench sweep`, benchmarks/auto_tune) measures one restart and one run a point, this
 predicts in seconds; `profkit sweep` measures the points it chooses (around the knee and the bounds' edges)."""
@@ -148,7 +148,7 @@ def point_at(cal: Calibrated, conf: Configured, rate: float | None, prompts: int
     if held_out and rate is not None:
         for k, v in mid.items():
             source, sign = BAND_OF.get(k, (k, 1))
-            band = validation.frontier_band(source, conf.changed)
+            band = validation.frontier_band(source, conf.changed, tuple(conf.families))
             low[k], high[k] = validation.widened(v, low[k], high[k], (band[0], band[1]) if sign > 0 else
                                                  (-band[1], -band[0]))
     ttft = sims[len(sims) // 2][1].ttft_s  # in the order the requests were sent

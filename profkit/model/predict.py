@@ -85,16 +85,17 @@ SATURATED, GPU_BUSY = 0.5, 0.8
 # Those whose work is per streamed token (a ceiling in tokens/s); the engine core's is per step (in the simulation).
 FRONTEND = ("api_server", "client")
 # Several API servers do not share the load evenly (the client's connections land unevenly among them): the busiest
-# of N carries 1/N plus this share of the rest (its share of their CPU over the benchmark). Over the 19 runs recorded
-# with 2 or 4 API servers on H200s (tests/data/h200_model_led, leases 2-6) it ranged 0.06-0.77 run to run, median
-# 0.32, its 10th-90th percentiles 0.12-0.64: a range's ends take the API servers' ceiling at those (scripts/
-# validate_model.py predicts each pair with the runs other than its own).
-API_SERVER_IMBALANCE, API_SERVER_IMBALANCE_ENDS = 0.32, (0.64, 0.12)
+# of N carries 1/N plus this share of the rest (its share of their CPU over the benchmark). Over the 25 runs recorded
+# at full load with 2 or 4 API servers on H200s (tests/data/h200_model_led, leases 2-8) it ranged 0.01-0.77 run to
+# run, median 0.32, its 10th-90th percentiles 0.11-0.62: a range's ends take the API servers' ceiling at those
+# (scripts/validate_model.py predicts each pair with the runs other than its own).
+API_SERVER_IMBALANCE, API_SERVER_IMBALANCE_ENDS = 0.32, (0.62, 0.11)
 # At a finite rate they share nearly evenly: the client opens its connections as it needs them and reuses them (lease
 # 7's sweep: about 2,000 connections for 27,560 requests), where at full load every request opens its own at once and
 # one process accepts most (lease 6's 4 API servers: 55-86 % of 2,000 requests on one). Over lease 7's 15 runs (2 API
 # servers, 28-63 req/s) the imbalance ranged 0.005-0.20, median 0.076, 10th-90th percentiles 0.02-0.16 (one sweep:
-# in-sample for it). A frontier's points at a rate take these; its capacity (at full load) the full-load ones.
+# in-sample for it); lease 8's 16 runs with 4 API servers, at 39-78 req/s after these were set, 0.02-0.17, median
+# 0.06. A frontier's points at a rate take these; its capacity (at full load) the full-load ones.
 API_SERVER_IMBALANCE_AT_RATE, API_SERVER_IMBALANCE_AT_RATE_ENDS = 0.076, (0.16, 0.02)
 # The engine core's CPU per step and per request in it, before calibration (the tiny model's KV-starved run: 2.9 ms
 # a step at 8 requests; its default run: ~30 us more per request at ~900).

@@ -132,20 +132,25 @@ def frontier_rows() -> tuple[dict[str, Any], ...]:
 
 
 def frontier_band_of(rows: Sequence[dict[str, Any]], metric: str, changed: bool,
-                     leave_out: frozenset[str] = frozenset()) -> tuple[float, float]:
+                     leave_out: frozenset[str] = frozenset(), families: Sequence[str] = ()) -> tuple[float, float]:
     """The ends of log(measured / predicted) of `metric` at the measured sweeps' points, of the swept configuration
-    predicted as it ran (`changed` False) or from another's run (True: the changes' own errors ride along), without
-    those predicted from `leave_out`'s recordings (the full-load captures)."""
-    return _ends([residual(r) for r in rows if r["metric"] == metric and r["changed"] == changed
-                  and r["recording"] not in leave_out])
+    predicted as it ran (`changed` False) or from another's run (True: the changes' own errors ride along: those of
+    sweeps sharing a class of change with `families` where any do, else every changed sweep's), without those
+    predicted from `leave_out`'s recordings (the full-load captures)."""
+    chosen = [r for r in rows if r["metric"] == metric and r["changed"] == changed and r["recording"] not in leave_out]
+    if changed and families:
+        chosen = [r for r in chosen if set(r.get("families", ())) & set(families)] or chosen
+    return _ends([residual(r) for r in chosen])
 
 
 @cache
-def frontier_band(metric: str, changed: bool) -> tuple[float, float]:
-    """What a frontier point's `metric` missed by on the recorded sweeps: the ends its range is widened to."""
-    return frontier_band_of(frontier_rows(), metric, changed)
+def frontier_band(metric: str, changed: bool, families: tuple[str, ...] = ()) -> tuple[float, float]:
+    """What a frontier point's `metric` missed by on the recorded sweeps (of its class of change, where it is another
+    configuration's): the ends its range is widened to."""
+    return frontier_band_of(frontier_rows(), metric, changed, families=families)
 
 
 def inside_frontier_held_out(row: dict[str, Any], rows: Sequence[dict[str, Any]]) -> bool:
     """Whether a sweep point's measurement falls inside the range built without its own recording's rows."""
-    return _inside(row, frontier_band_of(rows, row["metric"], row["changed"], frozenset([row["recording"]])))
+    return _inside(row, frontier_band_of(rows, row["metric"], row["changed"], frozenset([row["recording"]]),
+                                         row.get("families", ())))
