@@ -128,6 +128,28 @@ def test_the_sampler_reads_cores_used_on_a_fake_clock() -> None:
     assert host["duration_s"] == 1.0 and [t for t, _ in host["processes"][0]["cpu"]][0] == 0.2
 
 
+def test_a_spawned_child_that_titles_itself_later_is_sampled_as_what_it_becomes() -> None:
+    """`vllm bench throughput` spawns its engine core with multiprocessing, which titles itself VLLM::EngineCore only
+    once started: seen first as 'python3 -c from multiprocessing.spawn ...', it was kept as 'other' (lease 8's two
+    offline captures: the process at 0.97 of a core with no role). A process without a role is read again every 10th
+    sample, as a profiler's launcher is."""
+    from profkit.capture.host import HostSampler
+
+    now = [0.0]
+    table = {10: (1, "vllm bench throughput --model m", 0.3),
+             11: (10, "python3 -B -c from multiprocessing.spawn import spawn_main", 0.9)}
+    procs = FakeProcesses(now, table)
+    sampler = HostSampler(0.1, nvml=False, processes=procs, clock=lambda: now[0])
+    sampler.watch("offline", 10)
+    for tick in range(1, 25):
+        now[0] = tick * 0.1
+        if tick == 3:
+            table[11] = (10, "VLLM::EngineCore", 0.9)
+        sampler.sample()
+    roles = {p["pid"]: p["role"] for p in sampler.stop()["processes"]}
+    assert roles == {10: "frontend", 11: "engine_core"}
+
+
 def test_a_launcher_that_becomes_vllm_is_sampled_as_vllm() -> None:
     """Under nsys the benchmark runs in nsys's launcher, which execs `vllm bench throughput` in place: the same pid
     under a new title. The sampler reads a profiler's title again (every 10th sample), so the front end is found

@@ -28,6 +28,8 @@ from collections.abc import Callable
 from typing import Any
 
 SCHEMA = "profkit.host/1"
+# the roles whose title is read again now and then: a launcher that execs vLLM, a child not yet titled by vLLM
+RETITLED = ("profiler", "other")
 HOLDERS_EVERY = 10  # samples between two reads of each GPU's processes (NVML lists them: a few ms)
 
 
@@ -118,8 +120,9 @@ class HostSampler:
                         title = " ".join(proc.cmdline())[:200] or proc.name()
                         self.procs[proc.pid] = {"pid": proc.pid, "ppid": proc.ppid(), "name": title, "tree": tree,
                                                 "role": role_of(title, tree, proc.pid == root), "cpu": []}
-                    elif self.procs[proc.pid]["role"] == "profiler" and self._ticks % HOLDERS_EVERY == 0:
-                        # nsys's launcher execs the profiled command (vLLM) in place: the same pid, a new title
+                    elif self.procs[proc.pid]["role"] in RETITLED and self._ticks % HOLDERS_EVERY == 0:
+                        # nsys's launcher execs the profiled command (vLLM) in place: the same pid, a new title; a
+                        # spawned child titles itself after it starts (`vllm bench throughput`'s engine core)
                         self._retitle(proc, tree, root)
                     times = self.handles[proc.pid].cpu_times()
                 except ps.Error:
