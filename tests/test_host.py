@@ -103,23 +103,29 @@ class FakeProcesses:
         return Proc()
 
 
-def test_the_sampler_reads_cores_used_on_a_fake_clock() -> None:
-    """CPU seconds per second from each process's CPU times between two samples: a saturated API server reads
-    1.0, an engine core at half a core 0.5, a child found later from its first sample on."""
+def sampled(table: dict[int, tuple[int, str, float]], roots: dict[str, int], ticks: int,
+            changes: dict[int, dict[int, tuple[int, str, float]]]) -> dict:
+    """What the sampler records of the fake processes in `table` (pid -> (ppid, command line, cores used)) under
+    `roots` ({tree: pid}) over `ticks` samples 0.1 s apart, `changes` ({tick: {pid: entry}}) made before those
+    ticks' samples (a child appearing, a process retitling itself)."""
     from profkit.capture.host import HostSampler
 
     now = [0.0]
-    table = {10: (1, "vllm serve /tmp/tiny", 1.0), 11: (10, "VLLM::EngineCore", 0.5), 20: (1, "vllm bench serve", 0.1)}
-    procs = FakeProcesses(now, table)
-    sampler = HostSampler(0.1, nvml=False, processes=procs, clock=lambda: now[0])
-    sampler.watch("server", 10)
-    sampler.watch("client", 20)
-    for tick in range(1, 11):
+    sampler = HostSampler(0.1, nvml=False, processes=FakeProcesses(now, table), clock=lambda: now[0])
+    for tree, pid in roots.items():
+        sampler.watch(tree, pid)
+    for tick in range(1, ticks + 1):
         now[0] = tick * 0.1
-        if tick == 5:
-            table[12] = (10, "VLLM::Worker_TP0", 0.25)
+        table.update(changes.get(tick, {}))
         sampler.sample()
-    host = sampler.stop()
+    return sampler.stop()
+
+
+def test_the_sampler_reads_cores_used_on_a_fake_clock() -> None:
+    """CPU seconds per second from each process's CPU times between two samples: a saturated API server reads
+    1.0, an engine core at half a core 0.5, a child found later from its first sample on."""
+    table = {10: (1, "vllm serve /tmp/tiny", 1.0), 11: (10, "VLLM::EngineCore", 0.5), 20: (1, "vllm bench serve", 0.1)}
+    host = sampled(table, {"server": 10, "client": 20}, 10, {5: {12: (10, "VLLM::Worker_TP0", 0.25)}})
     got = {p["name"]: (p["role"], p["tree"], [c for _, c in p["cpu"]]) for p in host["processes"]}
     assert got["vllm serve /tmp/tiny"] == ("api_server", "server", [1.0] * 9)
     assert got["VLLM::EngineCore"] == ("engine_core", "server", [0.5] * 9)
@@ -133,39 +139,20 @@ def test_a_spawned_child_that_titles_itself_later_is_sampled_as_what_it_becomes(
     once started: seen first as 'python3 -c from multiprocessing.spawn ...', it was kept as 'other' (lease 8's two
     offline captures: the process at 0.97 of a core with no role). A process without a role is read again every 10th
     sample, as a profiler's launcher is."""
-    from profkit.capture.host import HostSampler
-
-    now = [0.0]
     table = {10: (1, "vllm bench throughput --model m", 0.3),
              11: (10, "python3 -B -c from multiprocessing.spawn import spawn_main", 0.9)}
-    procs = FakeProcesses(now, table)
-    sampler = HostSampler(0.1, nvml=False, processes=procs, clock=lambda: now[0])
-    sampler.watch("offline", 10)
-    for tick in range(1, 25):
-        now[0] = tick * 0.1
-        if tick == 3:
-            table[11] = (10, "VLLM::EngineCore", 0.9)
-        sampler.sample()
-    roles = {p["pid"]: p["role"] for p in sampler.stop()["processes"]}
-    assert roles == {10: "frontend", 11: "engine_core"}
+    host = sampled(table, {"offline": 10}, 24, {3: {11: (10, "VLLM::EngineCore", 0.9)}})
+    assert {p["pid"]: p["role"] for p in host["processes"]} == {10: "frontend", 11: "engine_core"}
 
 
 def test_a_launcher_that_becomes_vllm_is_sampled_as_vllm() -> None:
     """Under nsys the benchmark runs in nsys's launcher, which execs `vllm bench throughput` in place: the same pid
     under a new title. The sampler reads a profiler's title again (every 10th sample), so the front end is found
     (the recorded H100 capture tests/data/h100_tune s2 has it as 'nsys-launcher', its window unplaceable)."""
-    from profkit.capture.host import HostSampler
-
-    now = [0.0]
     table = {30: (1, "nsys profile -o trace vllm bench throughput", 0.05), 31: (30, "nsys-launcher /tmp/x 36", 0.0)}
-    sampler = HostSampler(0.1, nvml=False, processes=FakeProcesses(now, table), clock=lambda: now[0])
-    sampler.watch("offline", 30)
-    for tick in range(1, 13):
-        now[0] = tick * 0.1
-        if tick == 5:
-            table[31] = (30, "python3 /usr/bin/vllm bench throughput --model /m", 2.0)
-        sampler.sample()
-    procs = {p["pid"]: p for p in sampler.stop()["processes"]}
+    execd = (30, "python3 /usr/bin/vllm bench throughput --model /m", 2.0)
+    host = sampled(table, {"offline": 30}, 12, {5: {31: execd}})
+    procs = {p["pid"]: p for p in host["processes"]}
     assert procs[31]["role"] == "frontend" and procs[31]["name"].startswith("python3 /usr/bin/vllm bench")
     assert procs[30]["role"] == "profiler"
 
