@@ -474,7 +474,7 @@ def test_a_run_paced_by_its_frontend_takes_the_gpu_prior_the_fitted_runs_measure
     """The eight 16-bit configurations recorded on H200s at full load whose step cost could be fitted (the GPU or the
     engine core set their pace) found the prior's step 15 % too slow to 18 % too fast, median 0.87: what a run paced
     by its frontend, which cannot be fitted, takes (lease 6's 8B at 128/256 with one API server)."""
-    from profkit.model.predict import UNFITTED_FACTOR, unfitted_factor
+    from profkit.model.predict import UNFITTED_FACTOR, UNFITTED_FACTOR_ENDS, configured, unfitted_factor
 
     fitted = ["A/tune/runs/01-baseline", "A3/tune/runs/01-baseline", "B/defaults", "B/tune/runs/01-baseline",
               "api/api1_14b", "api/api4_14b", "sweep/capture", "sweep14/capture"]
@@ -488,3 +488,11 @@ def test_a_run_paced_by_its_frontend_takes_the_gpu_prior_the_fitted_runs_measure
     assert round(statistics.median(factors), 2) == UNFITTED_FACTOR[("H200", False)] == 0.87
     paced = calibrate(observe(build_report(led / "api" / "s2_api1" / "r2").document()))
     assert not paced.fit_error and paced.memory_factor == unfitted_factor(paced.observation) == 0.87
+    # and their lowest and highest are the ends a prediction from it simulates the GPU's step at too (a fitted run's
+    # change that does not move the step's costs simulates its middle alone)
+    assert UNFITTED_FACTOR_ENDS[("H200", False)] == (round(min(factors), 2), round(max(factors), 2))
+    unfitted = configured(paced, {"api_server_count": 2}).costs
+    assert len(unfitted) == 3 and unfitted[0].weights_s / unfitted[1].weights_s == pytest.approx(1.18 / 0.87)
+    assert unfitted[2].token_s / unfitted[1].token_s == pytest.approx(0.85 / 0.87)
+    fitted_run = calibrate(observe(build_report(led / "sweep" / "capture" / "r2").document()))
+    assert len(configured(fitted_run, {"api_server_count": 2}).costs) == 1

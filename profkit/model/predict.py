@@ -73,6 +73,11 @@ FRONTEND_STEPS, FRONTEND_LOAD_MAX = 1.6, 0.9
 # over-predicted by +4 to +28 % (lease 6) and +15 to +82 % with 2 API servers (lease 7): what made this change; the
 # factor was read off the other runs. Elsewhere (another GPU, FP8 weights: too few fitted runs) the prior as it is.
 UNFITTED_FACTOR = {("H200", False): 0.87}
+# ... and how far from it they ranged (their lowest and highest: 0.85-1.18): a prediction from a run that could not be
+# fitted also simulates its step at those ends, its range the GPU's unknown speed at this shape. Made after Q20 and
+# Q21 (4 API servers from lease 6's 1-API-server run) missed by +38 % and +49 %: the same shape run with no HTTP
+# server (lease 8, `vllm bench throughput`) fitted 1.19 and 1.28, past the ends.
+UNFITTED_FACTOR_ENDS = {("H200", False): (0.85, 1.18)}
 # The share of the KV cache an admission leaves free: vLLM's scheduler admits less eagerly than a greedy fill (a
 # greedy fill preempts 3x what the 14B run measured; 1 % reproduces it, and was vLLM V0's watermark). Fitted per run
 # where its preemptions are known.
@@ -325,9 +330,7 @@ def predict(cal: Calibrated, changes: dict[str, Any], noise: float | None = None
         said.reasoning.append(f"the run is vLLM {obs.vllm_version}'s: the defaults assumed and the model's validation "
                               f"are vLLM {RECORDED_VERSION}'s")
     change = _changed(cal, changes, said)
-    costs = _step_costs(cal, change, said)
-    if not change.moves_costs or not ends:
-        costs = costs[1:2]
+    costs = _costs(cal, change, said, ends)
     runs = [simulate_engines(cal.workload, change.engine, cost, change.dp) for cost in costs]
     mid = runs[len(runs) // 2]
     before = cal.baseline
@@ -370,8 +373,7 @@ def configured(cal: Calibrated, changes: dict[str, Any]) -> Configured:
     changed = any(obs.config.get(dest) != value for dest, value in changes.items())  # not the run's own settings
     said = _Said([], [])
     change = _changed(cal, changes, said)
-    costs = _step_costs(cal, change, said)
-    return Configured(change.engine, costs if change.moves_costs else costs[1:2], change.dp,
+    return Configured(change.engine, _costs(cal, change, said), change.dp,
                       lambda after, imbalance=None: host_ceilings(obs, changes, cal.baseline, after, imbalance),
                       changed, API_SERVER_IMBALANCE_ENDS if _counts_api_servers(obs, changes) else (),
                       levers.families(changes) if changed else ())
@@ -379,8 +381,31 @@ def configured(cal: Calibrated, changes: dict[str, Any]) -> Configured:
 
 def unfitted_factor(obs: Observation) -> float:
     """The step-cost factor a run that cannot be fitted takes (UNFITTED_FACTOR; 1: the prior as it is)."""
+    key = _unfitted_key(obs)
+    return UNFITTED_FACTOR[key] if key else 1.0
+
+
+def _unfitted_key(obs: Observation) -> tuple[str, bool] | None:
+    """The (GPU, FP8 weights) entry of the unfitted tables that the run's GPU and precision match, if any."""
     fp8 = bool(obs.config.get("quantization"))
-    return next((f for (gpu, q), f in UNFITTED_FACTOR.items() if gpu in (obs.gpu or "") and q == fp8), 1.0)
+    return next((k for k in UNFITTED_FACTOR if k[0] in (obs.gpu or "") and k[1] == fp8), None)
+
+
+def _costs(cal: Calibrated, change: _Change, said: _Said, ends: bool = True) -> list[StepCost]:
+    """The step costs the change is simulated at, the costliest first: the ends of what it does to them where it
+    moves them (and `ends`), else its middle; where the run could not be fitted, also the GPU's at the ends of the
+    factor the fitted runs found (UNFITTED_FACTOR_ENDS), so that its range carries what the run could not say."""
+    costs = _step_costs(cal, change, said)
+    if not change.moves_costs or not ends:
+        costs = costs[1:2]
+    key = _unfitted_key(cal.observation)
+    if not ends or cal.fit_error or key not in UNFITTED_FACTOR_ENDS or cal.memory_factor != UNFITTED_FACTOR[key]:
+        return costs  # fitted, or no fitted runs to read the ends off
+    span = UNFITTED_FACTOR_ENDS[key]
+    low, high = (f / cal.memory_factor for f in span)
+    said.reasoning.append(f"not fitted: the GPU's step simulated at {span[0]:g}-{span[1]:g} of the prior too (the "
+                          f"runs that could be fitted on this GPU; {cal.memory_factor:g} in the middle)")
+    return [_scaled(costs[0], high, high), *costs, _scaled(costs[-1], low, low)]
 
 
 def api_server_counts(obs: Observation, changes: dict[str, Any]) -> tuple[int, int]:
