@@ -10,7 +10,8 @@ the capacity a finite run's percentiles say how long it ran). The frontier widen
 percentiles of these rows' log(measured / predicted) for the metric (their extremes below 10 rows; under a change,
 the rows of sweeps sharing its class of change, `levers.families`, where any do); the coverage
 printed is leave-one-recording-out: each row's range built without the rows predicted from its own capture. The
-goodput ranges in the tables are the product's (widened by every sweep's errors, this one's included): in-sample.
+goodput ranges in the tables are the product's (widened by the errors of every sweep of the same kind, this one's
+included): in-sample.
 """
 
 from __future__ import annotations

@@ -275,8 +275,8 @@ def predictor(run: str | Path, bounds: Sequence[tuple[str, str, float]] = (),
     `profkit predict RUN --frontier -- CHANGES` predicts it (its refusals one line)."""
     from profkit.errors import ProfkitError
     from profkit.model.frontier import bounds_of, frontier, point_at
-    from profkit.model.predict import configured, spread
-    from profkit.report.predict import calibrated, frontier_of, parse_changes, said_of
+    from profkit.model.predict import spread
+    from profkit.report.predict import calibrated, configured_for, frontier_of, parse_changes, said_of
 
     try:
         bounds_checked = bounds_of(bounds)
@@ -287,8 +287,8 @@ def predictor(run: str | Path, bounds: Sequence[tuple[str, str, float]] = (),
     frontier_of(cal, run)
     asked = parse_changes(changes) if changes is not None else {}
     width = spread(cal)
+    conf = configured_for(cal, asked, changes)
     with said_of(changes):
-        conf = configured(cal, asked)
         alone = {f"{b.metric}{b.op}{b.value:g}": frontier(cal, asked, [b]).goodput for b in bounds_checked}
         front = frontier(cal, asked, bounds_checked).document()
     return SweepModel(lambda rate, prompts: point_at(cal, conf, rate, prompts, width).document(), front,

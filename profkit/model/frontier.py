@@ -27,9 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from profkit.model import predict as model
 from profkit.model import validation
-from profkit.model.predict import API_SERVER_IMBALANCE_AT_RATE as AT_RATE
-from profkit.model.predict import API_SERVER_IMBALANCE_AT_RATE_ENDS as AT_RATE_ENDS
 from profkit.model.predict import Calibrated, Configured, configured, frontend_latency, host_stretch, range_width
 from profkit.model.predict import spread as predict_spread
 from profkit.model.search import Bound
@@ -160,7 +159,7 @@ def point_at(cal: Calibrated, conf: Configured, rate: float | None, prompts: int
 def _imbalance_ends(conf: Configured, rate: float | None) -> tuple[float, ...]:
     """The API servers' imbalances a point's range spans where their count changes: at full load the full-load
     runs' ends, at a rate the ends of runs at a rate (they share more evenly there)."""
-    return conf.imbalance_ends if rate is None or not conf.imbalance_ends else AT_RATE_ENDS
+    return conf.imbalance_ends if rate is None or not conf.imbalance_ends else model.API_SERVER_IMBALANCE_AT_RATE_ENDS
 
 
 def _prompts(cal: Calibrated, rate: float) -> int:
@@ -172,7 +171,7 @@ def _metrics(cal: Calibrated, conf: Configured, r: SimResult, lat: Latencies, ra
     """One simulated run's metrics under the host's ceilings (past one, every time stretches alike); `imbalance`:
     the API servers' (default the median's)."""
     if rate is not None and imbalance is None:  # at a rate the API servers share more evenly than at full load
-        imbalance = AT_RATE
+        imbalance = model.API_SERVER_IMBALANCE_AT_RATE
     caps = conf.caps(r, imbalance)
     scale = host_stretch(r, caps)
     # the latency fitted outside the engine's steps is what the run's mean TTFT exceeded the simulated one by at

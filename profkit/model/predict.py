@@ -315,9 +315,10 @@ def predict(cal: Calibrated, changes: dict[str, Any], noise: float | None = None
             held_out: bool = True) -> Prediction:
     """The run under `changes` ({vLLM dest: value}, e.g. {"kv_cache_dtype": "fp8"}; None: the flag removed, vLLM's
     default): each metric's prediction with its range, the limit before and after, and the reasoning. `ends`: also
-    simulate the low and high ends of what the change does to a step's costs (False: the middle alone, a search's
-    quick look). `held_out`: widen each range to the held-out errors of its classes of change (False: the model's
-    own range, what the validation compares)."""
+    simulate the low and high ends of what the change does to a step's costs, and for a run that could not be fitted
+    the GPU's at the fitted runs' ends (`_costs`; False: the middle alone, a search's quick look). `held_out`: widen
+    each range to the held-out errors of its classes of change (False: the model's own range, what the validation
+    compares)."""
     obs = cal.observation
     if (refused := change_refusal(obs, changes)) is not None:
         raise Refused(refused)
@@ -355,7 +356,7 @@ class Configured:
     """The calibrated run under changes, as the simulation reads it (what a frontier simulates at each rate)."""
 
     engine: Engine
-    costs: list[StepCost]  # the low, middle and high ends of what the change does to a step's costs (one: none)
+    costs: list[StepCost]  # the step costs simulated, the costliest first, the middle in the middle (`_costs`)
     engines: int  # data-parallel engines
     # the host's ceilings, given the simulated run's batch (and the API servers' imbalance: default the median's)
     caps: Callable[..., dict[str, float]]
@@ -398,10 +399,9 @@ def _costs(cal: Calibrated, change: _Change, said: _Said, ends: bool = True) -> 
     costs = _step_costs(cal, change, said)
     if not change.moves_costs or not ends:
         costs = costs[1:2]
-    key = _unfitted_key(cal.observation)
-    if not ends or cal.fit_error or key not in UNFITTED_FACTOR_ENDS or cal.memory_factor != UNFITTED_FACTOR[key]:
+    span = UNFITTED_FACTOR_ENDS.get(_unfitted_key(cal.observation) or ("", False))
+    if not ends or cal.fit_error or span is None:
         return costs  # fitted, or no fitted runs to read the ends off
-    span = UNFITTED_FACTOR_ENDS[key]
     low, high = (f / cal.memory_factor for f in span)
     said.reasoning.append(f"not fitted: the GPU's step simulated at {span[0]:g}-{span[1]:g} of the prior too (the "
                           f"runs that could be fitted on this GPU; {cal.memory_factor:g} in the middle)")

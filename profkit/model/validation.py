@@ -136,11 +136,12 @@ def frontier_band_of(rows: Sequence[dict[str, Any]], metric: str, changed: bool,
     """The ends of log(measured / predicted) of `metric` at the measured sweeps' points, of the swept configuration
     predicted as it ran (`changed` False) or from another's run (True: the changes' own errors ride along: those of
     sweeps sharing a class of change with `families` where any do, else every changed sweep's), without those
-    predicted from `leave_out`'s recordings (the full-load captures)."""
-    chosen = [r for r in rows if r["metric"] == metric and r["changed"] == changed and r["recording"] not in leave_out]
+    predicted from `leave_out`'s recordings (the full-load captures). A class whose sweeps are all left out has no
+    band (0, 0: the model's own range), not another class's."""
+    chosen = [r for r in rows if r["metric"] == metric and r["changed"] == changed]
     if changed and families:
         chosen = [r for r in chosen if set(r.get("families", ())) & set(families)] or chosen
-    return _ends([residual(r) for r in chosen])
+    return _ends([residual(r) for r in chosen if r["recording"] not in leave_out])
 
 
 @cache

@@ -17,7 +17,7 @@ from profkit.errors import ProfkitError
 from profkit.evidence.record import Evidence
 from profkit.model import levers
 from profkit.model.observe import Unobservable, observe
-from profkit.model.predict import MODELLED, Calibrated, calibrate, host_bound, predict
+from profkit.model.predict import MODELLED, Calibrated, Configured, calibrate, configured, host_bound, predict
 from profkit.model.refusals import Refused, unreproduced
 from profkit.model.search import Bound, check_bounds, known_metrics, search
 from profkit.model.simulate import Infeasible
@@ -60,17 +60,27 @@ GOODPUT_CANDIDATES = 8  # the search's best configurations whose frontiers a goo
 
 @contextmanager
 def said_of(changes: str | None) -> Iterator[None]:
-    """The model's refusal of `changes`, a configuration vLLM could not serve the workload with, or a value a flag
-    does not take ('--max-num-seqs many'): one line."""
+    """The model's refusal of `changes`, or a configuration vLLM could not serve the workload with: one line."""
+    said = changes or "(the run's own settings)"
     try:
         yield
     except Refused as exc:
         raise ProfkitError(f"changes: not predicted: {exc}") from None
     except Infeasible as exc:
-        raise ProfkitError(f"changes: {changes}: vLLM could not serve this workload so ({exc})") from None
-    except (ValueError, TypeError) as exc:
-        raise ProfkitError(f"changes: {changes}: a value vLLM would not take ({exc}; `--flag default` removes a "
-                           "flag)") from None
+        raise ProfkitError(f"changes: {said}: vLLM could not serve this workload so ({exc})") from None
+
+
+def configured_for(cal: Calibrated, asked: dict[str, Any], changes: str | None) -> Configured:
+    """The run under the changes as the simulation reads them, or one line: a refused change, one vLLM could not
+    serve, a value a flag does not take ('--max-num-seqs many')."""
+    with said_of(changes):
+        try:
+            return configured(cal, asked)
+        except (Refused, Infeasible):
+            raise  # said_of says these
+        except (ValueError, TypeError) as exc:
+            raise ProfkitError(f"changes: {changes}: a value vLLM would not take ({exc}; `--flag default` removes "
+                               "a flag)") from None
 
 
 def frontier_of(cal: Calibrated, run: str | os.PathLike | None) -> None:
@@ -139,19 +149,12 @@ def predict_run(run: str | os.PathLike | None, changes: str, evidence: Evidence 
     """The prediction document (`profkit.prediction/1`) for `changes` on the run at `run` (a capture folder, a
     trace, or None with the evidence alone)."""
     asked = parse_changes(changes)
-    doc = build_report(run, evidence).document()
-    try:
-        obs = observe(doc)
-    except Unobservable as exc:
-        raise ProfkitError(f"{run or 'the evidence'}: cannot model this run: {exc}") from None
     if not set(asked) & MODELLED:
         raise ProfkitError(f"changes: the model knows none of {', '.join(sorted(asked))} (it models "
                            f"{', '.join('--' + m.replace('_', '-') for m in sorted(MODELLED))})")
-    try:
-        cal = calibrate(obs)
-    except Unobservable as exc:
-        raise ProfkitError(f"{run or 'the evidence'}: cannot model this run: {exc}") from None
-    _refuse_unreproduced(cal, run)
+    cal = calibrated(run, evidence)
+    obs = cal.observation
+    configured_for(cal, asked, changes)
     with said_of(changes):
         prediction = predict(cal, asked, noise=noise).document()
     bound = host_bound(obs)
@@ -180,6 +183,7 @@ def frontier_run(run: str | os.PathLike | None, changes: str | None = None, evid
     asked = parse_changes(changes) if changes else {}
     cal = calibrated(run, evidence)
     frontier_of(cal, run)
+    configured_for(cal, asked, changes)
     with said_of(changes):
         f = frontier(cal, asked, bounds, noise=noise)
     return {"schema": "profkit.prediction/1", "source": {"path": None if run is None else str(run),
