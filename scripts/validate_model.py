@@ -237,6 +237,37 @@ def imbalances(work: Path, at_rate: bool = False) -> dict[str, float]:
     return out
 
 
+def engine_core_factors(work: Path) -> dict[str, float]:
+    """Each recorded run at full load on an H200 whose engine core set its pace with CUDA graphs on and was fitted
+    (tests/data/h200_model_led): the factor its fit found on the engine core's CPU per step (`predict`'s
+    UNFITTED_CPU_FACTOR, what a run paced by its frontend takes)."""
+    from profkit.analysis.host import host_section
+    from profkit.diagnose.facts import host_facts
+    from profkit.evidence.bench import read_bench
+    from profkit.evidence.host import read_host
+    from profkit.model.observe import observe
+    from profkit.model.predict import CPU_SEQ_S, CPU_STEP_S, SATURATED, calibrate, host_bound
+    from profkit.report import build_report
+
+    root = _unpacked("h200_model_led.tar.xz", work)
+    out = {}
+    for host in sorted(root.glob("h200_model_led/**/host.json")):
+        if not (path := host.parent / "bench.json").is_file() or math.isfinite((bench := read_bench(path)).request_rate
+                                                                                or math.inf):
+            continue
+        facts = host_facts(host_section(read_host(host), bench.elapsed_s))  # a cheap look first: its engine core busy
+        if (facts.get("host.engine_core_saturated_share") or 0.0) < SATURATED:
+            continue
+        obs = observe(build_report(host.parent).document())
+        if host_bound(obs) != "engine_core" or obs.config.get("enforce_eager") or "H200" not in (obs.gpu or ""):
+            continue
+        if (cal := calibrate(obs)).fit_error:  # the factor on the prior's CPU per request the fit comes to
+            step = cal.cost.cpu_step_s + cal.baseline.batch_mean * cal.cost.cpu_seq_s
+            out[f"h200_model_led.tar.xz:{host.parent.relative_to(root)}"] = \
+                (step - CPU_STEP_S) / (cal.baseline.batch_mean * CPU_SEQ_S)
+    return out
+
+
 def _configuration(recording: str) -> str:
     """A recording's configuration: its replicates (`.../r2`) are one."""
     head, _, tail = recording.rpartition("/r")
@@ -245,8 +276,21 @@ def _configuration(recording: str) -> str:
 
 def validate(work: Path, only: set[str] | None = None) -> list[dict]:
     """Every pair's rows (`only`: those pairs alone). The API servers' imbalance each pair is predicted with (its
-    median and 10th-90th percentiles) is read off the recorded runs with several API servers less the pair's own
-    (the constants profkit ships are those of them all)."""
+    median and 10th-90th percentiles), and the engine core's CPU factor a run paced by its frontend takes (median,
+    lowest, highest), are read off the recorded runs less the pair's own (the constants profkit ships are those of
+    them all: they are put back after)."""
+    from profkit.model import predict as model
+
+    kept = {name: getattr(model, name) for name in ("API_SERVER_IMBALANCE", "API_SERVER_IMBALANCE_ENDS",
+                                                     "UNFITTED_CPU_FACTOR", "UNFITTED_CPU_FACTOR_ENDS")}
+    try:
+        return _validate(work, only)
+    finally:
+        for name, value in kept.items():
+            setattr(model, name, value)
+
+
+def _validate(work: Path, only: set[str] | None) -> list[dict]:
     from profkit.evidence.record import Evidence
     from profkit.model import predict as model
     from profkit.model.levers import families
@@ -255,7 +299,7 @@ def validate(work: Path, only: set[str] | None = None) -> list[dict]:
     from profkit.model.validation import HELD_OUT
     from profkit.report import build_report
 
-    shares = imbalances(work)
+    shares, cpu_factors = imbalances(work), None
 
     tiny, big = work / "tiny-config.json", work / "big-config.json"
     tiny.write_text(json.dumps(TINY))
@@ -282,6 +326,12 @@ def validate(work: Path, only: set[str] | None = None) -> list[dict]:
             config = None if (folder / "model-config.json").is_file() else big if "14B" in limit else tiny
             doc = build_report(folder, Evidence.read(model_config=config)).document()
             cal = calibrate(observe(doc))
+            if not cal.fit_error:  # paced by its frontend: the engine core's CPU factor from the runs not the pair's
+                cpu_factors = engine_core_factors(work) if cpu_factors is None else cpu_factors
+                cpu = [v for k, v in cpu_factors.items() if _configuration(k) not in own]
+                model.UNFITTED_CPU_FACTOR = {"H200": statistics.median(cpu)}
+                model.UNFITTED_CPU_FACTOR_ENDS = {"H200": (min(cpu), max(cpu))}
+                cal = calibrate(observe(doc))
             p = predict(cal, dict(changes), held_out=False)  # the model's own range: the band is built from these
             for metric, values in measured.items():
                 m = p.metrics[metric]
@@ -295,9 +345,6 @@ def validate(work: Path, only: set[str] | None = None) -> list[dict]:
                              "error": m["predicted"] / truth - 1, "inside": m["low"] <= truth <= m["high"],
                              "fit": cal.fit_error, "limit_before": p.limit_before, "limit_after": p.limit_after,
                              "imbalance": model.API_SERVER_IMBALANCE})
-    cuts = statistics.quantiles(shares.values(), n=10, method="inclusive")
-    model.API_SERVER_IMBALANCE = statistics.median(shares.values())
-    model.API_SERVER_IMBALANCE_ENDS = cuts[-1], cuts[0]
     return rows
 
 
