@@ -112,10 +112,11 @@ def test_the_pairs_predicted_before_they_ran(tmp_path_factory: pytest.TempPathFa
 
 def test_the_api_server_ladder_predicted_before_it_ran_missed(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Lease 6 (lease6-predicted): the model of 243a8c4 predicted 4 API servers at the 8B's 128/256 shape from its
-    1-API-server runs, 73.35 req/s (61.26-87.81); measured 57.96, 55.31, 56.44: +29.7 %, outside. Today's model misses
-    by more, +37 % to +38 % from each of the three: the GPU's prior step, corrected by the runs that could be fitted on
-    H200s (13 % faster), lifts the engine's limit, so the API servers' ceiling at the median imbalance binds higher. The
-    two errors had cancelled in part; the validation rows keep today's."""
+    1-API-server runs, 73.35 req/s (61.26-87.81); measured 57.96, 55.31, 56.44: +29.7 %, outside. Until 9e4b3d9 the
+    model missed by more, +37 % to +38 %: the GPU's prior step, corrected by the runs that could be fitted on H200s
+    (13 % faster), lifted the engine's limit, and the engine core's CPU took the prior's 1x. Today's takes the engine
+    core's CPU the engine-core-bound runs fitted (1.96x the prior's per request; the factor read, for this pair, off
+    the runs other than its own; made after this miss): -5 % from each of the three, inside."""
     from tests.conftest import unpack
 
     root = unpack(tmp_path_factory, "h200_model_led")
@@ -127,19 +128,18 @@ def test_the_api_server_ladder_predicted_before_it_ran_missed(tmp_path_factory: 
     assert not said["low"] <= measured <= said["high"]
     rows = [r for r in validation.recorded_rows() if r["pair"] == "Q20" and r["metric"] == "request_throughput"]
     assert len(rows) == 3 and all(r["measured"] == pytest.approx(measured) for r in rows)
-    # today's range simulates the GPU's step at the fitted runs' ends too (the run could not be fitted: set after
-    # this miss) and holds it
-    assert all(0.37 < r["predicted"] / measured - 1 < 0.39 and r["inside_held_out"] for r in rows)
+    assert all(-0.06 < r["predicted"] / measured - 1 < -0.04 and r["inside_held_out"] for r in rows)
 
 
 def test_the_ladder_measured_again_with_two_api_servers_and_four(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Lease 8 (lease8-predicted): 93afb36's model predicted 2 API servers at the 8B's 128/256 shape on the GPU box,
     from each of the 1-API-server runs, before they ran: 73.34, 66.30, 69.83 req/s; measured 67.09, 59.26, 59.40
     (+18 %, +7 %, +13 % of the mean, inside every range). 4 API servers run again (Q20's configuration, whose
-    prediction validation.json held): 50.80, 45.97, 59.43 (+49 % from today's model, outside the range it had then;
-    lease 6 measured 56.57):
-    at full load the busiest of the four took 55-86 % of the requests and the engine core's CPU, not the API servers',
-    capped the run (in the sweep at a rate, lease 8, it saturated from 46.65 req/s)."""
+    prediction validation.json held): 50.80, 45.97, 59.43 (+49 % from that model, outside the range it had then;
+    lease 6 measured 56.57): at full load the busiest of the four took 55-86 % of the requests and the engine core's
+    CPU, not the API servers', capped the run (in the sweep at a rate, lease 8, it saturated from 46.65 req/s). Today's
+    model, whose engine core's CPU takes the factor the engine-core-bound runs fitted (made after these missed; read,
+    for each pair, off the runs other than its own): Q19 -15 %, Q21 +7 %, both inside."""
     from tests.conftest import unpack
 
     root = unpack(tmp_path_factory, "h200_model_led")
@@ -159,5 +159,6 @@ def test_the_ladder_measured_again_with_two_api_servers_and_four(tmp_path_factor
     assert rows["Q19"]["inside_held_out"] and rows["Q19"]["recorded_after_model"]
     again = served("api/s2_api4b")
     assert rows["Q21"]["measured"] == pytest.approx(sum(again) / 3) and max(again) / min(again) > 1.25
-    assert rows["Q21"]["predicted"] / rows["Q21"]["measured"] - 1 == pytest.approx(0.49, abs=0.01)
-    assert rows["Q21"]["inside_held_out"]  # the GPU's step at the fitted runs' ends (set after Q20, Q21 missed)
+    assert rows["Q21"]["predicted"] / rows["Q21"]["measured"] - 1 == pytest.approx(0.075, abs=0.01)
+    assert rows["Q19"]["predicted"] / rows["Q19"]["measured"] - 1 == pytest.approx(-0.146, abs=0.01)
+    assert rows["Q21"]["inside_held_out"]
