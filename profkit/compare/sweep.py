@@ -273,26 +273,18 @@ def predictor(run: str | Path, bounds: Sequence[tuple[str, str, float]] = (),
     configuration, its frontier within `bounds` (which chooses the rates) and its goodput under each. `changes`
     (vLLM flags as written, `--api-server-count 2`): the swept configuration is the run's with them, predicted as
     `profkit predict RUN --frontier -- CHANGES` predicts it (its refusals one line)."""
-    from profkit.errors import ProfkitError
-    from profkit.model.frontier import bounds_of, frontier, point_at
+    from profkit.model.frontier import frontier, point_at
     from profkit.model.predict import spread
-    from profkit.report.predict import calibrated, configured_for, frontier_of, parse_changes, said_of
+    from profkit.report.predict import frontier_question, said_of
 
-    try:
-        bounds_checked = bounds_of(bounds)
-    except ValueError as exc:
-        raise ProfkitError(f"--slo: {exc}") from None
-    # the model `profkit predict RUN --frontier -- CHANGES` asks, with its refusals
-    cal = calibrated(run)
-    frontier_of(cal, run)
-    asked = parse_changes(changes) if changes is not None else {}
-    width = spread(cal)
-    conf = configured_for(cal, asked, changes)
+    # the question `profkit predict RUN --frontier -- CHANGES` asks, with its refusals
+    q = frontier_question(run, changes, bounds)
+    cal, asked, conf, width = q.cal, q.changes, q.configured, spread(q.cal)
     with said_of(changes):
-        alone = {f"{b.metric}{b.op}{b.value:g}": frontier(cal, asked, [b]).goodput for b in bounds_checked}
-        front = frontier(cal, asked, bounds_checked).document()
+        alone = {f"{b.metric}{b.op}{b.value:g}": frontier(cal, asked, [b], conf=conf).goodput for b in q.bounds}
+        front = frontier(cal, asked, q.bounds, conf=conf).document()
     return SweepModel(lambda rate, prompts: point_at(cal, conf, rate, prompts, width).document(), front,
-                      bounds_checked, alone, str(run), " ".join(changes.split()) if changes else None)
+                      q.bounds, alone, str(run), " ".join(changes.split()) if changes else None)
 
 
 # ------------------------------------------------------------------------------------------------ two sweeps

@@ -100,14 +100,16 @@ class Frontier:
 
 
 def frontier(cal: Calibrated, changes: dict[str, Any] | None = None, bounds: Sequence[Any] = (),
-             shares: Sequence[float] = SHARES, noise: float | None = None, prompts: int | None = None) -> Frontier:
+             shares: Sequence[float] = SHARES, noise: float | None = None, prompts: int | None = None,
+             conf: Configured | None = None) -> Frontier:
     """The run's predicted frontier under `changes` ({vLLM dest: value}): the capacity, a point at each share of it,
     and with `bounds` (on `frontier_metrics()`) the goodput. `prompts`: every point's request count (default: the
-    run's own, or MIN_SECONDS of the rate). Raises Infeasible where the configuration cannot serve the workload."""
+    run's own, or MIN_SECONDS of the rate). `conf`: the run under `changes` where the caller has it already
+    (`configured(cal, changes)`). Raises Infeasible where the configuration cannot serve the workload."""
     if (why := no_frontier(cal)) is not None:
         raise ValueError(why)
     changes = dict(changes or {})
-    conf = configured(cal, changes)
+    conf = conf or configured(cal, changes)
     spread = predict_spread(cal, noise)
     # the capacity is what `predict` predicts for the change: its range as wide
     capacity = point_at(cal, conf, None, prompts or cal.workload.requests,

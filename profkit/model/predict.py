@@ -359,8 +359,11 @@ def predict(cal: Calibrated, changes: dict[str, Any], noise: float | None = None
         if _counts_api_servers(obs, changes) and ends else []
     metrics = _ranged(cal, runs, mid, [caps, *ends_caps], caps_before, noise)
     checked = _widened(metrics, levers.families(changes)) if held_out else None
-    limit_after = limit_of(mid, change.engine, cal.workload, caps, costs[len(costs) // 2])
-    limit_before = limit_of(before, cal.engine, cal.workload, caps_before, cal.cost)
+    # the engine core's CPU is named only where host samples say what the CPU did (without them the fit scales the
+    # CPU and the GPU alike, and which one binds is the priors' say)
+    cpu_known = bool(obs.host)
+    limit_after = limit_of(mid, change.engine, cal.workload, caps, costs[len(costs) // 2] if cpu_known else None)
+    limit_before = limit_of(before, cal.engine, cal.workload, caps_before, cal.cost if cpu_known else None)
     _outcome_reasoning(cal, mid, metrics, said.reasoning)
     return Prediction(changes, metrics, limit_before, limit_after, said.reasoning, unmodelled, said.trades, checked)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from profkit.errors import ProfkitError
@@ -51,8 +52,38 @@ def calibrated(run: str | os.PathLike | None, evidence: Evidence | None = None) 
         cal = calibrate(observe(doc))
     except Unobservable as exc:
         raise ProfkitError(f"{run or 'the evidence'}: cannot model this run: {exc}") from None
-    _refuse_unreproduced(cal, run)
+    if (miss := unreproduced(cal)) is not None:
+        raise ProfkitError(f"{run or 'the evidence'}: not predicted: the model does not reproduce this run ({miss})")
     return cal
+
+
+@dataclass(frozen=True)
+class FrontierQuestion:
+    """What `profkit predict RUN --frontier [--slo ...] -- CHANGES` asks the model, checked: the calibrated run, the
+    changes ({vLLM dest: value}), the configuration they make, the bounds. `profkit sweep --from` asks the same."""
+
+    cal: Calibrated
+    changes: dict[str, Any]
+    configured: Configured
+    bounds: list[Bound]
+
+
+def frontier_question(run: str | os.PathLike | None, changes: str | None = None,
+                      slos: Sequence[tuple[str, str, float]] = (), evidence: Evidence | None = None
+                      ) -> FrontierQuestion:
+    """The question checked, or one line: a bound on a metric the frontier does not predict, a change as written
+    that is not vLLM's, a run the model cannot calibrate or has no frontier, a change refused or vLLM would not
+    serve the workload with."""
+    from profkit.model.frontier import bounds_of
+
+    try:
+        bounds = bounds_of(slos)
+    except ValueError as exc:
+        raise ProfkitError(f"--slo: {exc}") from None
+    asked = parse_changes(changes) if changes is not None else {}
+    cal = calibrated(run, evidence)
+    frontier_of(cal, run)
+    return FrontierQuestion(cal, asked, configured_for(cal, asked, changes), bounds)
 
 
 GOODPUT_CANDIDATES = 8  # the search's best configurations whose frontiers a goodput ranking compares
@@ -89,12 +120,6 @@ def frontier_of(cal: Calibrated, run: str | os.PathLike | None) -> None:
 
     if (why := no_frontier(cal)) is not None:
         raise ProfkitError(f"{run or 'the evidence'}: no frontier: {why}")
-
-
-def _refuse_unreproduced(cal: Any, run: str | os.PathLike | None) -> None:
-    """The report's rule: no prediction from a model that does not reproduce the run it was calibrated on."""
-    if (miss := unreproduced(cal)) is not None:
-        raise ProfkitError(f"{run or 'the evidence'}: not predicted: the model does not reproduce this run ({miss})")
 
 
 def search_run(run: str | os.PathLike | None, evidence: Evidence | None = None, allow_precision: bool = False,
@@ -174,18 +199,12 @@ def frontier_run(run: str | os.PathLike | None, changes: str | None = None, evid
     """The run's predicted SLO frontier (`profkit predict --frontier`), under `changes` where given: throughput and
     the latency percentiles over request rates, and within `slos` ((metric, op, value): `p99_ttft_ms <= 2000`) the
     largest rate that meets them all (`profkit.model.frontier`)."""
-    from profkit.model.frontier import bounds_of, frontier
+    from profkit.model.frontier import frontier
 
-    try:
-        bounds = bounds_of(slos)
-    except ValueError as exc:
-        raise ProfkitError(f"--slo: {exc}") from None
-    asked = parse_changes(changes) if changes else {}
-    cal = calibrated(run, evidence)
-    frontier_of(cal, run)
-    configured_for(cal, asked, changes)
+    q = frontier_question(run, changes, slos, evidence)
+    cal = q.cal
     with said_of(changes):
-        f = frontier(cal, asked, bounds, noise=noise)
+        f = frontier(cal, q.changes, q.bounds, noise=noise, conf=q.configured)
     return {"schema": "profkit.prediction/1", "source": {"path": None if run is None else str(run),
                                                          "gpu": cal.observation.gpu},
             "changes_text": " ".join((changes or "").split()) or "(the run's own settings)",
