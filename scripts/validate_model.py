@@ -114,6 +114,17 @@ LED = [
      "api/s2_api2", {"api_server_count": 2}),
     ("Q21", "8B defaults: 1 -> 4 API servers, measured again", "API-server-bound (8B, 128/256, 2,000)",
      "api/s2_api1", "api/s2_api4b", {"api_server_count": 4}),
+    # lease 9 (one H200 and 16 cores of a 2-GPU host each): the API-server ladder on a third shape and a second model
+    # size, predicted on the GPU box by 9e4b3d9 from each configuration's 1-API-server runs before the others ran
+    # (lease9-predicted); today's model, which dropped that commit's engine-core factor after these, was 66ba1f7's
+    ("Q22", "8B at 64/512: 1 -> 4 API servers", "API-server-bound (8B, 64/512, 1,000)", "api/s3_api1",
+     "api/s3_api4", {"api_server_count": 4}),
+    ("Q23", "8B at 64/512: 1 -> 2 API servers", "API-server-bound (8B, 64/512, 1,000)", "api/s3_api1",
+     "api/s3_api2", {"api_server_count": 2}),
+    ("Q24", "1.1B at 128/256: 1 -> 4 API servers", "API-server-bound (1.1B, 128/256, 3,000)", "api/t1_api1",
+     "api/t1_api4", {"api_server_count": 4}),
+    ("Q25", "1.1B at 128/256: 1 -> 2 API servers", "API-server-bound (1.1B, 128/256, 3,000)", "api/t1_api1",
+     "api/t1_api2", {"api_server_count": 2}),
 ]
 # Q3: the engine core's ceiling was added after its miss (+32 %); no constant was read off it, but it shaped the model.
 # Q12: the FP8 KV cache's middle cost per cached token went from 0.8x to the H100 measurement's 1.0x after its miss
@@ -121,9 +132,9 @@ IN_SAMPLE = {"P1", "P2", "P3", "P4", "P5", "P6", "P8", "P9", "P19", "Q3", "Q12"}
 # recorded after the model predicted them (lease 4, the model of 1207f25: Q15's and Q16's predictions, made from the
 # median baseline run before the runs, kept in tests/data/h200_model_led's lease4-predicted; lease 6, the model of
 # 243a8c4: Q20's, made from the 1-API-server runs before the 4-API-server runs were read, in lease6-predicted;
-# lease 8, the model of 93afb36: Q19's, on the GPU box, and Q21's, Q20's configuration run again): held-out, counted
-# apart too
-AFTER_MODEL = {"Q15", "Q16", "Q17", "Q19", "Q20", "Q21"}
+# lease 8, the model of 93afb36: Q19's, on the GPU box, and Q21's, Q20's configuration run again; lease 9, the model
+# of 9e4b3d9: Q22-Q25's, on the GPU box): held-out, counted apart too
+AFTER_MODEL = {"Q15", "Q16", "Q17", "Q19", "Q20", "Q21", "Q22", "Q23", "Q24", "Q25"}
 
 PAIRS = [
     ("P1", "--kv-cache-memory-bytes 3e8 removed", "KV capacity (tiny)", "h100_tune.tar.xz",
@@ -237,37 +248,6 @@ def imbalances(work: Path, at_rate: bool = False) -> dict[str, float]:
     return out
 
 
-def engine_core_factors(work: Path) -> dict[str, float]:
-    """Each recorded run at full load on an H200 whose engine core set its pace with CUDA graphs on and was fitted
-    (tests/data/h200_model_led): the factor its fit found on the engine core's CPU per step (`predict`'s
-    UNFITTED_CPU_FACTOR, what a run paced by its frontend takes)."""
-    from profkit.analysis.host import host_section
-    from profkit.diagnose.facts import host_facts
-    from profkit.evidence.bench import read_bench
-    from profkit.evidence.host import read_host
-    from profkit.model.observe import observe
-    from profkit.model.predict import CPU_SEQ_S, CPU_STEP_S, SATURATED, calibrate, host_bound
-    from profkit.report import build_report
-
-    root = _unpacked("h200_model_led.tar.xz", work)
-    out = {}
-    for host in sorted(root.glob("h200_model_led/**/host.json")):
-        if not (path := host.parent / "bench.json").is_file() or math.isfinite((bench := read_bench(path)).request_rate
-                                                                                or math.inf):
-            continue
-        facts = host_facts(host_section(read_host(host), bench.elapsed_s))  # a cheap look first: its engine core busy
-        if (facts.get("host.engine_core_saturated_share") or 0.0) < SATURATED:
-            continue
-        obs = observe(build_report(host.parent).document())
-        if host_bound(obs) != "engine_core" or obs.config.get("enforce_eager") or "H200" not in (obs.gpu or ""):
-            continue
-        if (cal := calibrate(obs)).fit_error:  # the factor on the prior's CPU per request the fit comes to
-            step = cal.cost.cpu_step_s + cal.baseline.batch_mean * cal.cost.cpu_seq_s
-            out[f"h200_model_led.tar.xz:{host.parent.relative_to(root)}"] = \
-                (step - CPU_STEP_S) / (cal.baseline.batch_mean * CPU_SEQ_S)
-    return out
-
-
 def _configuration(recording: str) -> str:
     """A recording's configuration: its replicates (`.../r2`) are one."""
     head, _, tail = recording.rpartition("/r")
@@ -276,13 +256,11 @@ def _configuration(recording: str) -> str:
 
 def validate(work: Path, only: set[str] | None = None) -> list[dict]:
     """Every pair's rows (`only`: those pairs alone). The API servers' imbalance each pair is predicted with (its
-    median and 10th-90th percentiles), and the engine core's CPU factor a run paced by its frontend takes (median,
-    lowest, highest), are read off the recorded runs less the pair's own (the constants profkit ships are those of
-    them all: they are put back after)."""
+    median and 10th-90th percentiles) is read off the recorded runs less the pair's own (the constants profkit ships
+    are those of them all: they are put back after)."""
     from profkit.model import predict as model
 
-    kept = {name: getattr(model, name) for name in ("API_SERVER_IMBALANCE", "API_SERVER_IMBALANCE_ENDS",
-                                                     "UNFITTED_CPU_FACTOR", "UNFITTED_CPU_FACTOR_ENDS")}
+    kept = {name: getattr(model, name) for name in ("API_SERVER_IMBALANCE", "API_SERVER_IMBALANCE_ENDS")}
     try:
         return _validate(work, only)
     finally:
@@ -299,7 +277,7 @@ def _validate(work: Path, only: set[str] | None) -> list[dict]:
     from profkit.model.validation import HELD_OUT
     from profkit.report import build_report
 
-    shares, cpu_factors = imbalances(work), None
+    shares = imbalances(work)
 
     tiny, big = work / "tiny-config.json", work / "big-config.json"
     tiny.write_text(json.dumps(TINY))
@@ -326,12 +304,6 @@ def _validate(work: Path, only: set[str] | None) -> list[dict]:
             config = None if (folder / "model-config.json").is_file() else big if "14B" in limit else tiny
             doc = build_report(folder, Evidence.read(model_config=config)).document()
             cal = calibrate(observe(doc))
-            if not cal.fit_error:  # paced by its frontend: the engine core's CPU factor from the runs not the pair's
-                cpu_factors = engine_core_factors(work) if cpu_factors is None else cpu_factors
-                cpu = [v for k, v in cpu_factors.items() if _configuration(k) not in own]
-                model.UNFITTED_CPU_FACTOR = {"H200": statistics.median(cpu)}
-                model.UNFITTED_CPU_FACTOR_ENDS = {"H200": (min(cpu), max(cpu))}
-                cal = calibrate(observe(doc))
             p = predict(cal, dict(changes), held_out=False)  # the model's own range: the band is built from these
             for metric, values in measured.items():
                 m = p.metrics[metric]

@@ -42,10 +42,8 @@ SWEEPS = {  # the sweep: the full-load capture it is predicted from, the changes
     "14b_defaults": ("sweep14/capture", "sweep14/defaults", {}, 0.05),
     "14b_fp8pair": ("sweep14/capture", "sweep14fp8", {"quantization": "fp8", "kv_cache_dtype": "fp8"}, 0.05),
     "8b_128_256": ("api/s2_api1", "sweep8s", {}, 0.05),  # lease 6: one API server, frontend-bound at full load
-    # lease 7: two API servers, predicted from lease 6's one (the frontier of a change), 3 replicates a rate; since the
-    # engine core's CPU per request takes the fitted runs' median (UNFITTED_CPU_FACTOR) it serves 56.4 where 60.2 was
-    # served at 63 req/s offered (-6 %)
-    "8b_128_256_api2": ("api/s2_api1", "sweep8s2", {"api_server_count": 2}, 0.07),
+    # lease 7: two API servers, predicted from lease 6's one (the frontier of a change), 3 replicates a rate
+    "8b_128_256_api2": ("api/s2_api1", "sweep8s2", {"api_server_count": 2}, 0.05),
 }
 
 
@@ -166,16 +164,14 @@ def test_the_frontier_of_a_change_measured_by_a_replicated_sweep(recorded: Path)
                                                                                            abs=0.01)
     assert now["p99_ttft_ms<=150"]["per_replicate"] == [{"at_least": 63}] * 3
     assert now["p99_ttft_ms<=150"]["at_least"] == 63
-    assert now["p99_ttft_ms<=150"]["predicted"]["rate"] == pytest.approx(47.49, abs=0.05)
-    # today's model, its GPU prior corrected by the H200 runs that could be fitted and its engine core's CPU per
-    # request taken at the factor the engine-core-bound ones found (1.96x; both made after this sweep's miss, read off
-    # other runs): the goodput under p99 TPOT <= 10 ms -26 %, inside a range the API-server sweeps' errors widen. At
-    # full load the 2 API servers' engine core fitted 1.43x and 1.70x, and at these rates it kept up at 63 req/s where
-    # lease 8's with 4 API servers saturated from 46.65: what the factor's median, read over both counts, does not
-    # tell apart (it was -7 % at 1x)
+    assert now["p99_ttft_ms<=150"]["predicted"]["rate"] == pytest.approx(52.75, abs=0.05)
+    # today's model, its GPU prior corrected by the H200 runs that could be fitted (made after this sweep's miss, the
+    # factor read off the other runs): the goodput under p99 TPOT <= 10 ms -7 %, outside a range widened by the sweeps
+    # of its class of change (API servers: this one, today within -5 to +17 % at p50, and lease 8's, whose TPOT the
+    # engine core's saturation put above the prediction: the range reaches down, not up)
     tpot_now = now["p99_tpot_ms<=10"]
-    assert tpot_now["error"] == pytest.approx(-0.26, abs=0.01) and tpot_now["inside_range"]
-    assert tpot_now["predicted"]["high"] * 0.95 < tpot_now["measured"] < tpot_now["predicted"]["high"]
+    assert tpot_now["error"] == pytest.approx(-0.07, abs=0.01) and not tpot_now["inside_range"]
+    assert tpot_now["predicted"]["high"] < tpot_now["measured"] < tpot_now["predicted"]["high"] * 1.06
 
 
 def test_four_api_servers_swept_at_six_rates_capped_by_the_engine_core(recorded: Path) -> None:
@@ -185,9 +181,7 @@ def test_four_api_servers_swept_at_six_rates_capped_by_the_engine_core(recorded:
     came inside their ranges, under p99 TPOT <= 10 ms +25 % (51.84 against 41.35), under p99 TTFT <= 150 ms +5 %; the
     throughput within 1 % while the server kept up, then over-predicted: the engine core saturated from 46.65 req/s
     (a full core, where the model put its ceiling far above) and the server served about 50 where the model said
-    55-73. With 2 API servers (lease 7) the same server kept up at 63. Today's model, its engine core's CPU per request
-    taken at the factor the engine-core-bound full-load runs found (1.96x, made after this sweep was read, from runs
-    that do not include it): the goodputs -0 % and -5 %, the throughput +2 % to +8 % past 46.65 req/s."""
+    55-73. With 2 API servers (lease 7) the same server kept up at 63."""
     from profkit.analysis.host import host_section
     from profkit.diagnose.facts import host_facts
     from profkit.evidence.bench import read_bench
@@ -202,11 +196,11 @@ def test_four_api_servers_swept_at_six_rates_capped_by_the_engine_core(recorded:
     assert sorted(points) == [39.12, 46.65, 51.84, 57.02, 58.68, 78.24]
     assert [points[r]["replicates"] for r in sorted(points)] == [3, 3, 3, 3, 3, 1]
     served = [points[r]["error"]["request_throughput"] for r in sorted(points)]
-    assert all(abs(e) < 0.01 for e in served[:2]) and all(0.015 < e < 0.09 for e in served[2:])
+    assert all(abs(e) < 0.01 for e in served[:2]) and all(e > 0.035 for e in served[2:])
     goodput = {g["bound"]: g for g in doc["goodput"]}
     assert goodput["p99_tpot_ms<=10"]["measured"] == pytest.approx(41.35, abs=0.01)
-    assert goodput["p99_tpot_ms<=10"]["error"] == pytest.approx(-0.001, abs=0.005)
-    assert goodput["p99_ttft_ms<=150"]["error"] == pytest.approx(-0.048, abs=0.005)
+    assert goodput["p99_tpot_ms<=10"]["error"] == pytest.approx(0.254, abs=0.005)
+    assert goodput["p99_ttft_ms<=150"]["error"] == pytest.approx(0.051, abs=0.005)
     assert all(g["inside_range"] for g in goodput.values())
     for run in sorted(folder.glob("rate-*/r*/bench.json")):
         bench = read_bench(run)
@@ -403,15 +397,16 @@ def test_the_frontends_time_at_a_rate_is_what_vllms_histograms_measured(recorded
     assert waits.mean() == pytest.approx(1.0) and 2.5 < np.percentile(waits, 99) < 3.1  # gamma(3): p99 2.8x
 
 
-def test_the_frontier_of_more_api_servers_spans_what_the_run_could_not_say(recorded: Path,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    """Where the API servers' count changes, the capacity's range is as wide as `predict`'s for the same change (the
-    same question, one answer): from lease 6's 1-API-server 8B at 128/256, 4 API servers measured 56.57 req/s at
-    full load (three replicates; 52.07 again on lease 8), predicted 54.9 (Q20 -3 %; +38 % while the engine core's CPU
-    took the prior, 1x). That run could not be fitted (its API server set the pace): the range also simulates the
-    GPU's step and the engine core's CPU at the ends of what the fitted runs found (0.85-1.18 and 1.43-2.45 of the
-    priors), which set its ends; both were set after Q20 missed: in-sample for this check. The API servers' imbalance
-    no longer moves it: the engine core binds before their ceiling."""
+def test_the_frontier_of_more_api_servers_spans_their_imbalance(recorded: Path, monkeypatch: pytest.MonkeyPatch
+                                                                ) -> None:
+    """Where the API servers' count changes, a point's range spans their ceiling at the imbalance's ends, and the
+    capacity's range is as wide as `predict`'s for the same change (the same question, one answer): from lease 6's
+    1-API-server 8B at 128/256, 4 API servers measured 56.57 req/s at full load (three replicates), predicted 78.0 at
+    the median imbalance (Q20, +38 %; +30 % before the GPU's prior was corrected). That run could not be fitted (its
+    API server set the pace): the capacity's range also simulates the GPU's step at the ends of what the fitted runs
+    found (0.85-1.18 of the prior), which sets its low end and holds the measurement. The imbalance's ends are the
+    10th-90th percentiles over the 37 full-load runs recorded with several API servers, these three among them;
+    both ends were set after Q20 missed: in-sample for this check."""
     import profkit.model.predict as predict
     from profkit.model.predict import predict as predict_change
 
@@ -425,17 +420,15 @@ def test_the_frontier_of_more_api_servers_spans_what_the_run_could_not_say(recor
             "request_throughput"]
 
     spanned = capacity()
-    assert spanned["low"] <= 52.07 < measured <= spanned["high"]
+    assert spanned["low"] <= measured <= spanned["high"]
     said = predict_change(cal, {"api_server_count": 4}).metrics["request_throughput"]
     assert [spanned[k] / said[k] for k in ("predicted", "low", "high")] == pytest.approx([1, 1, 1], abs=0.01)
-    assert spanned["predicted"] / measured - 1 == pytest.approx(-0.03, abs=0.01)
+    assert spanned["predicted"] / measured - 1 == pytest.approx(0.38, abs=0.02)
     monkeypatch.setattr(predict, "UNFITTED_FACTOR_ENDS", {})
-    gpu_known = capacity()
-    assert gpu_known["predicted"] == spanned["predicted"] and spanned["low"] < gpu_known["low"]
-    monkeypatch.setattr(predict, "UNFITTED_CPU_FACTOR_ENDS", {})
-    both_known = capacity()  # the model's own width alone (the noise, a ceiling extrapolated)
-    assert gpu_known["low"] < both_known["low"] < 52.07 and measured < both_known["high"] < gpu_known["high"]
+    fitted_alike = capacity()
+    assert fitted_alike["predicted"] == spanned["predicted"] and spanned["low"] < fitted_alike["low"]
+    # with the GPU's speed as if fitted, the full-load imbalance's ends set the capacity's low end
     monkeypatch.setattr(predict, "API_SERVER_IMBALANCE_ENDS", ())
-    assert capacity() == both_known
+    assert capacity()["low"] > fitted_alike["low"]
     # the run's own configuration has no such ends: its range is the model's own
     assert configured(cal, {}).imbalance_ends == ()

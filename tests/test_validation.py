@@ -112,11 +112,10 @@ def test_the_pairs_predicted_before_they_ran(tmp_path_factory: pytest.TempPathFa
 
 def test_the_api_server_ladder_predicted_before_it_ran_missed(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Lease 6 (lease6-predicted): the model of 243a8c4 predicted 4 API servers at the 8B's 128/256 shape from its
-    1-API-server runs, 73.35 req/s (61.26-87.81); measured 57.96, 55.31, 56.44: +29.7 %, outside. Until 9e4b3d9 the
-    model missed by more, +37 % to +38 %: the GPU's prior step, corrected by the runs that could be fitted on H200s
-    (13 % faster), lifted the engine's limit, and the engine core's CPU took the prior's 1x. Today's takes the engine
-    core's CPU the engine-core-bound runs fitted (1.96x the prior's per request; the factor read, for this pair, off
-    the runs other than its own; made after this miss): -5 % from each of the three, inside."""
+    1-API-server runs, 73.35 req/s (61.26-87.81); measured 57.96, 55.31, 56.44: +29.7 %, outside. Today's model misses
+    by more, +37 % to +38 % from each of the three: the GPU's prior step, corrected by the runs that could be fitted on
+    H200s (13 % faster), lifts the engine's limit, so the API servers' ceiling at the median imbalance binds higher. The
+    two errors had cancelled in part; the validation rows keep today's."""
     from tests.conftest import unpack
 
     root = unpack(tmp_path_factory, "h200_model_led")
@@ -128,18 +127,55 @@ def test_the_api_server_ladder_predicted_before_it_ran_missed(tmp_path_factory: 
     assert not said["low"] <= measured <= said["high"]
     rows = [r for r in validation.recorded_rows() if r["pair"] == "Q20" and r["metric"] == "request_throughput"]
     assert len(rows) == 3 and all(r["measured"] == pytest.approx(measured) for r in rows)
-    assert all(-0.06 < r["predicted"] / measured - 1 < -0.04 and r["inside_held_out"] for r in rows)
+    # today's range simulates the GPU's step at the fitted runs' ends too (the run could not be fitted: set after
+    # this miss) and holds it
+    assert all(0.37 < r["predicted"] / measured - 1 < 0.39 and r["inside_held_out"] for r in rows)
+
+
+def test_the_ladder_on_a_third_shape_and_a_second_model_size_predicted_first(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Lease 9 (lease9-predicted): 9e4b3d9's model predicted 4 and 2 API servers on the GPU box, from each
+    configuration's 1-API-server runs before the others ran: the 8B at 64/512 and the 1.1B at 128/256. That model took
+    a run paced by its frontend to have its engine core's CPU at the factor the engine-core-bound runs fitted (1.96x
+    the prior's per request); it under-predicted all four, -20 % to -28 % (inside the ranges it gave), and was
+    dropped. Today's model (66ba1f7's, committed before the lease) from each of the three replicates: the 8B within
+    -24 to +10 %, the 1.1B at 4 API servers -4 to -16 %, at 2 -20 to -34 % (one outside): the 1.1B served 2.06x its
+    1-API-server rate with 2, more than the API servers' ceiling says."""
+    from tests.conftest import unpack
+
+    root = unpack(tmp_path_factory, "h200_model_led")
+
+    def served(folder: str) -> float:
+        runs = [json.loads(b.read_text())["request_throughput"] for b in sorted((root / folder).glob("r*/bench.json"))]
+        assert len(runs) == 3
+        return sum(runs) / 3
+
+    for name, error in (("s3_api4", -0.202), ("s3_api2", -0.261), ("t1_api4", -0.243), ("t1_api2", -0.282)):
+        said = json.loads((root / "lease9-predicted" / f"{name}-predicted.json").read_text())["metrics"][
+            "request_throughput"]
+        measured = served(f"api/{name}")
+        assert said["predicted"] / measured - 1 == pytest.approx(error, abs=0.001)
+        assert said["low"] <= measured <= said["high"]
+    assert served("api/t1_api2") / served("api/t1_api1") == pytest.approx(2.06, abs=0.01)
+    rows = [r for r in validation.recorded_rows() if r["metric"] == "request_throughput"
+            and r["pair"] in ("Q22", "Q23", "Q24", "Q25")]
+    assert len(rows) == 12 and all(r["recorded_after_model"] and r["provenance"] == "held-out" for r in rows)
+    errors = {p: sorted(r["predicted"] / r["measured"] - 1 for r in rows if r["pair"] == p)
+              for p in ("Q22", "Q23", "Q24", "Q25")}
+    for pair, expected in (("Q22", [-0.046, -0.027, 0.096]), ("Q23", [-0.238, -0.179, 0.006]),
+                           ("Q24", [-0.155, -0.093, -0.040]), ("Q25", [-0.337, -0.238, -0.201])):
+        assert errors[pair] == pytest.approx(expected, abs=0.001)
+    assert [r["inside_held_out"] for r in rows].count(False) == 1
 
 
 def test_the_ladder_measured_again_with_two_api_servers_and_four(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Lease 8 (lease8-predicted): 93afb36's model predicted 2 API servers at the 8B's 128/256 shape on the GPU box,
     from each of the 1-API-server runs, before they ran: 73.34, 66.30, 69.83 req/s; measured 67.09, 59.26, 59.40
     (+18 %, +7 %, +13 % of the mean, inside every range). 4 API servers run again (Q20's configuration, whose
-    prediction validation.json held): 50.80, 45.97, 59.43 (+49 % from that model, outside the range it had then;
-    lease 6 measured 56.57): at full load the busiest of the four took 55-86 % of the requests and the engine core's
-    CPU, not the API servers', capped the run (in the sweep at a rate, lease 8, it saturated from 46.65 req/s). Today's
-    model, whose engine core's CPU takes the factor the engine-core-bound runs fitted (made after these missed; read,
-    for each pair, off the runs other than its own): Q19 -15 %, Q21 +7 %, both inside."""
+    prediction validation.json held): 50.80, 45.97, 59.43 (+49 % from today's model, outside the range it had then;
+    lease 6 measured 56.57):
+    at full load the busiest of the four took 55-86 % of the requests and the engine core's CPU, not the API servers',
+    capped the run (in the sweep at a rate, lease 8, it saturated from 46.65 req/s)."""
     from tests.conftest import unpack
 
     root = unpack(tmp_path_factory, "h200_model_led")
@@ -159,6 +195,5 @@ def test_the_ladder_measured_again_with_two_api_servers_and_four(tmp_path_factor
     assert rows["Q19"]["inside_held_out"] and rows["Q19"]["recorded_after_model"]
     again = served("api/s2_api4b")
     assert rows["Q21"]["measured"] == pytest.approx(sum(again) / 3) and max(again) / min(again) > 1.25
-    assert rows["Q21"]["predicted"] / rows["Q21"]["measured"] - 1 == pytest.approx(0.075, abs=0.01)
-    assert rows["Q19"]["predicted"] / rows["Q19"]["measured"] - 1 == pytest.approx(-0.146, abs=0.01)
-    assert rows["Q21"]["inside_held_out"]
+    assert rows["Q21"]["predicted"] / rows["Q21"]["measured"] - 1 == pytest.approx(0.49, abs=0.01)
+    assert rows["Q21"]["inside_held_out"]  # the GPU's step at the fitted runs' ends (set after Q20, Q21 missed)
