@@ -143,7 +143,7 @@ def test_the_frontier_of_a_change_measured_by_a_replicated_sweep(recorded: Path)
     alone measured 43.74-57.05) and under p99 TTFT <= 150 ms every rate met it where 30.45 was predicted. Today's model
     (the frontend's time 1.6 steps of the engine's, first committed before these results were read, 60b4e34; the GPU's
     prior step corrected by the H200 runs that could be fitted, made after this miss; at a rate the API servers' more
-    even share read off this sweep's own runs: in-sample) gives the TTFT bound 52.75 (-16 % or more) and the TPOT
+    even share read off this sweep's own runs: in-sample) gives the TTFT bound 52.55 (-17 % or more) and the TPOT
     bound 51.9 (-7 %)."""
     doc = json.loads((recorded / "sweep8s2" / "sweep.json").read_text())
     assert [p["rate"] for p in doc["points"]] == [28, 38, 46, 54, 63]
@@ -164,7 +164,7 @@ def test_the_frontier_of_a_change_measured_by_a_replicated_sweep(recorded: Path)
                                                                                            abs=0.01)
     assert now["p99_ttft_ms<=150"]["per_replicate"] == [{"at_least": 63}] * 3
     assert now["p99_ttft_ms<=150"]["at_least"] == 63
-    assert now["p99_ttft_ms<=150"]["predicted"]["rate"] == pytest.approx(52.75, abs=0.05)
+    assert now["p99_ttft_ms<=150"]["predicted"]["rate"] == pytest.approx(52.55, abs=0.05)  # imbalance 0.30: lease 9
     # today's model, its GPU prior corrected by the H200 runs that could be fitted (made after this sweep's miss, the
     # factor read off the other runs): the goodput under p99 TPOT <= 10 ms -7 %, outside a range widened by the sweeps
     # of its class of change (API servers: this one, today within -5 to +17 % at p50, and lease 8's, whose TPOT the

@@ -496,3 +496,22 @@ def test_a_run_paced_by_its_frontend_takes_the_gpu_prior_the_fitted_runs_measure
     assert unfitted[2].token_s / unfitted[1].token_s == pytest.approx(0.85 / 0.87)
     fitted_run = calibrate(observe(build_report(led / "sweep" / "capture" / "r2").document()))
     assert len(configured(fitted_run, {"api_server_count": 2}).costs) == 1
+
+
+def test_the_engine_cores_cpu_is_named_as_the_limit_where_the_samples_say_it_set_the_pace(led: Path) -> None:
+    """Lease 8's 4 API servers at full load, replicate 1: the engine core saturated (its CPU fitted on the run's
+    duration), so the simulated steps take its CPU's time and the limit says so, before and after a change that leaves
+    it there; the same run without its host samples cannot tell the CPU's time from the GPU's (the fit scales both
+    alike) and names what the priors would, not the engine core."""
+    from profkit.model.predict import host_bound
+
+    folder = led / "api" / "s2_api4b" / "r1"
+    cal = calibrate(observe(build_report(folder).document()))
+    assert host_bound(cal.observation) == "engine_core" and cal.fit_error
+    p = predict(cal, {"max_num_seqs": 512})
+    assert p.limit_before.startswith("the engine core (its CPU per step") and p.limit_after == p.limit_before
+    blind = calibrate(observe(build_report(None, Evidence.read(
+        bench=folder / "bench.json", log=folder / "server.log", model_config=folder / "model-config.json", gpu="H200"))
+        .document()))
+    assert not blind.observation.host
+    assert "engine core" not in predict(blind, {"max_num_seqs": 512}).limit_before

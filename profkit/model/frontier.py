@@ -109,7 +109,7 @@ def frontier(cal: Calibrated, changes: dict[str, Any] | None = None, bounds: Seq
     if (why := no_frontier(cal)) is not None:
         raise ValueError(why)
     changes = dict(changes or {})
-    conf = conf or configured(cal, changes)
+    conf = configured(cal, changes) if conf is None else conf
     spread = predict_spread(cal, noise)
     # the capacity is what `predict` predicts for the change: its range as wide
     capacity = point_at(cal, conf, None, prompts or cal.workload.requests,
