@@ -49,6 +49,11 @@ SWEEPS = [  # name, the capture it is predicted from, the sweep, the changes fro
      "finished; the rates chosen and the points predicted on the GPU box by 93afb36's model before the sweep ran)",
      "api/s2_api1", "sweep8s4", {"api_server_count": 4},
      [("p99_tpot_ms", 10), ("p99_ttft_ms", 150), ("p99_e2el_ms", 3000)]),
+    ("8B 128/256, 2 API servers on a third box (lease 10; 40 and 48 req/s x 3 replicates; the points predicted by "
+     "6a072aa's model before they ran)", "api/s2_api1", "sweep8s2b", {"api_server_count": 2},
+     [("p99_tpot_ms", 10), ("p99_ttft_ms", 150), ("p99_e2el_ms", 3000)]),
+    ("8B 128/256, 4 API servers on a third box (lease 10, beside the 2; the same rates and model)", "api/s2_api1",
+     "sweep8s4b", {"api_server_count": 4}, [("p99_tpot_ms", 10), ("p99_ttft_ms", 150), ("p99_e2el_ms", 3000)]),
 ]
 KEYS = ["request_throughput", "p50_ttft_ms", "p99_ttft_ms", "p50_tpot_ms", "p99_tpot_ms", "p99_e2el_ms"]
 OUT = REPO / "profkit" / "model" / "frontier_validation.json"

@@ -125,16 +125,24 @@ LED = [
      "api/t1_api4", {"api_server_count": 4}),
     ("Q25", "1.1B at 128/256: 1 -> 2 API servers", "API-server-bound (1.1B, 128/256, 3,000)", "api/t1_api1",
      "api/t1_api2", {"api_server_count": 2}),
+    # lease 10 (2 H200s, 16 cores each, both at once): Q19's and Q20's configurations on a third box, predicted by
+    # 6a072aa before they ran (lease10-predicted); the queued step's overlap and the engine core's CPU read off the
+    # run were chosen after they ran
+    ("Q26", "8B defaults: 1 -> 2 API servers, a third box", "API-server-bound (8B, 128/256, 2,000)", "api/s2_api1",
+     "api/s2_api2c", {"api_server_count": 2}),
+    ("Q27", "8B defaults: 1 -> 4 API servers, a third box", "API-server-bound (8B, 128/256, 2,000)", "api/s2_api1",
+     "api/s2_api4c", {"api_server_count": 4}),
 ]
-# Q3: the engine core's ceiling was added after its miss (+32 %); no constant was read off it, but it shaped the model.
+# Q3: the engine core's ceiling was added after its miss (+32 %; since lease 10 its measured CPU goes into the step
+# instead); no constant was read off it, but it shaped the model.
 # Q12: the FP8 KV cache's middle cost per cached token went from 0.8x to the H100 measurement's 1.0x after its miss
 IN_SAMPLE = {"P1", "P2", "P3", "P4", "P5", "P6", "P8", "P9", "P19", "Q3", "Q12"}
 # recorded after the model predicted them (lease 4, the model of 1207f25: Q15's and Q16's predictions, made from the
 # median baseline run before the runs, kept in tests/data/h200_model_led's lease4-predicted; lease 6, the model of
 # 243a8c4: Q20's, made from the 1-API-server runs before the 4-API-server runs were read, in lease6-predicted;
 # lease 8, the model of 93afb36: Q19's, on the GPU box, and Q21's, Q20's configuration run again; lease 9, the model
-# of 9e4b3d9: Q22-Q25's, on the GPU box): held-out, counted apart too
-AFTER_MODEL = {"Q15", "Q16", "Q17", "Q19", "Q20", "Q21", "Q22", "Q23", "Q24", "Q25"}
+# of 9e4b3d9: Q22-Q25's, on the GPU box; lease 10, the model of 6a072aa: Q26's and Q27's): held-out, counted apart too
+AFTER_MODEL = {"Q15", "Q16", "Q17", "Q19", "Q20", "Q21", "Q22", "Q23", "Q24", "Q25", "Q26", "Q27"}
 
 PAIRS = [
     ("P1", "--kv-cache-memory-bytes 3e8 removed", "KV capacity (tiny)", "h100_tune.tar.xz",
@@ -224,6 +232,11 @@ def _bench(folder: Path) -> dict[str, float]:
 
 
 def imbalances(work: Path, at_rate: bool = False) -> dict[str, float]:
+    """Each recorded run's imbalance (`imbalances_by_count`'s, every count together)."""
+    return {k: v for by in imbalances_by_count(work, at_rate).values() for k, v in by.items()}
+
+
+def imbalances_by_count(work: Path, at_rate: bool = False) -> dict[int, dict[str, float]]:
     """Each recorded run with several API servers at full load (request rate inf; tests/data/h200_model_led), or with
     `at_rate` each at a finite rate: how unevenly they shared the load, the busiest one's share of their CPU past an
     even split (`predict.busiest_share`'s API_SERVER_IMBALANCE, API_SERVER_IMBALANCE_AT_RATE). Apart: at a finite rate
@@ -234,7 +247,7 @@ def imbalances(work: Path, at_rate: bool = False) -> dict[str, float]:
     from profkit.evidence.host import read_host
 
     root = _unpacked("h200_model_led.tar.xz", work)
-    out = {}
+    out: dict[int, dict[str, float]] = {}
     for host in sorted(root.glob("h200_model_led/**/host.json")):
         if not (path := host.parent / "bench.json").is_file():
             continue
@@ -244,8 +257,17 @@ def imbalances(work: Path, at_rate: bool = False) -> dict[str, float]:
         facts = host_facts(host_section(read_host(host), bench.elapsed_s))  # over the benchmark's window
         n, share = facts["host.api_server_count"], facts["host.api_server_busiest_share"]
         if n and n > 1 and share:
-            out[f"h200_model_led.tar.xz:{host.parent.relative_to(root)}"] = (share - 1 / n) / (1 - 1 / n)
+            out.setdefault(int(n), {})[f"h200_model_led.tar.xz:{host.parent.relative_to(root)}"] = \
+                (share - 1 / n) / (1 - 1 / n)
     return out
+
+
+def imbalance_constants(by_count: dict[int, list[float]]) -> tuple[dict[int, float], dict[int, tuple[float, float]]]:
+    """`predict`'s API_SERVER_IMBALANCE and API_SERVER_IMBALANCE_ENDS from each count's runs: the median, and the
+    90th and 10th percentiles (two decimals)."""
+    cuts = {n: statistics.quantiles(v, n=10, method="inclusive") for n, v in by_count.items() if len(v) > 1}
+    return ({n: round(statistics.median(by_count[n]), 2) for n in cuts},
+            {n: (round(c[-1], 2), round(c[0], 2)) for n, c in cuts.items()})
 
 
 def _configuration(recording: str) -> str:
@@ -277,7 +299,7 @@ def _validate(work: Path, only: set[str] | None) -> list[dict]:
     from profkit.model.validation import HELD_OUT
     from profkit.report import build_report
 
-    shares = imbalances(work)
+    shares = imbalances_by_count(work)
 
     tiny, big = work / "tiny-config.json", work / "big-config.json"
     tiny.write_text(json.dumps(TINY))
@@ -291,9 +313,8 @@ def _validate(work: Path, only: set[str] | None) -> list[dict]:
         recordings = [f"{archive}:{b}" for b in bases] + [f"{c[0]}:{c[1]}" if isinstance(c, tuple) else
                                                          f"{archive}:{c}" for c in changed]
         own = {_configuration(r) for r in recordings}
-        others = [v for k, v in shares.items() if _configuration(k) not in own]
-        cuts = statistics.quantiles(others, n=10, method="inclusive")
-        model.API_SERVER_IMBALANCE, model.API_SERVER_IMBALANCE_ENDS = statistics.median(others), (cuts[-1], cuts[0])
+        model.API_SERVER_IMBALANCE, model.API_SERVER_IMBALANCE_ENDS = imbalance_constants(
+            {n: [v for k, v in by.items() if _configuration(k) not in own] for n, by in shares.items()})
         for c in changed:
             folder = _unpacked(c[0], work) / c[1] if isinstance(c, tuple) else root / c
             for k, v in _bench(folder).items():
@@ -316,7 +337,7 @@ def _validate(work: Path, only: set[str] | None) -> list[dict]:
                              "measured": truth, "replicates": len(values),
                              "error": m["predicted"] / truth - 1, "inside": m["low"] <= truth <= m["high"],
                              "fit": cal.fit_error, "limit_before": p.limit_before, "limit_after": p.limit_after,
-                             "imbalance": model.API_SERVER_IMBALANCE})
+                             "imbalance": dict(model.API_SERVER_IMBALANCE)})
     return rows
 
 

@@ -102,12 +102,15 @@ def test_the_goodput_under_tpot_and_end_to_end_bounds_is_within_10_percent(recor
 
 @pytest.mark.parametrize(("name", "bound", "low", "high"), [
     ("8b_defaults", Bound("p99_tpot_ms", "<=", 15), 0.80, 0.90),
-    ("14b_fp8pair", Bound("p99_e2el_ms", "<=", 8000), 0.80, 0.90)])
+    ("14b_fp8pair", Bound("p99_e2el_ms", "<=", 8000), 0.80, 0.90),
+    ("8b_128_256_api2", Bound("p99_e2el_ms", "<=", 3000), 0.80, 0.90)])
 def test_the_goodput_the_frontier_misses_by_more_is_said(recorded: Path, name: str, bound: Bound, low: float,
                                                          high: float) -> None:
     """Where the prediction falls short by more than 10 %, inside its range: the 8B's p99 TPOT <= 15 ms (measured
-    17.35 req/s, predicted -12 %: near its knee the model's TPOT runs ahead of the measured) and the 14B FP8 pair's
-    p99 E2E <= 8 s (13.93, -14 %)."""
+    17.35 req/s, predicted -12 %: near its knee the model's TPOT runs ahead of the measured), the 14B FP8 pair's p99
+    E2E <= 8 s (13.93, -14 %) and, since lease 10's changes, lease 7's 2 API servers under p99 E2E <= 3 s (58.56,
+    -13 % from r2: the engine core's CPU per request read off lease 6's 1-API-server run, 48 us, is more than lease
+    7's box spent at a rate, about 37; -1 % before)."""
     capture, sweep, changes, _ = SWEEPS[name]
     cal = calibrated(recorded / capture / "r2")
     f = frontier(cal, changes, [bound])
@@ -144,7 +147,8 @@ def test_the_frontier_of_a_change_measured_by_a_replicated_sweep(recorded: Path)
     (the frontend's time 1.6 steps of the engine's, first committed before these results were read, 60b4e34; the GPU's
     prior step corrected by the H200 runs that could be fitted, made after this miss; at a rate the API servers' more
     even share read off this sweep's own runs: in-sample) gives the TTFT bound 52.55 (-17 % or more) and the TPOT
-    bound 51.9 (-7 %)."""
+    bound 51.9 (-7 %); since lease 10's changes (a queued step's partial overlap, the engine core's CPU per request
+    read off the 1-API-server run: 48 us, where lease 7's box spent about 37 at a rate) 51.35 and 48.99 (-12 %)."""
     doc = json.loads((recorded / "sweep8s2" / "sweep.json").read_text())
     assert [p["rate"] for p in doc["points"]] == [28, 38, 46, 54, 63]
     assert all(p["replicates"] == 3 for p in doc["points"])
@@ -164,14 +168,13 @@ def test_the_frontier_of_a_change_measured_by_a_replicated_sweep(recorded: Path)
                                                                                            abs=0.01)
     assert now["p99_ttft_ms<=150"]["per_replicate"] == [{"at_least": 63}] * 3
     assert now["p99_ttft_ms<=150"]["at_least"] == 63
-    assert now["p99_ttft_ms<=150"]["predicted"]["rate"] == pytest.approx(52.55, abs=0.05)  # imbalance 0.30: lease 9
-    # today's model, its GPU prior corrected by the H200 runs that could be fitted (made after this sweep's miss, the
-    # factor read off the other runs): the goodput under p99 TPOT <= 10 ms -7 %, outside a range widened by the sweeps
-    # of its class of change (API servers: this one, today within -5 to +17 % at p50, and lease 8's, whose TPOT the
-    # engine core's saturation put above the prediction: the range reaches down, not up)
+    assert now["p99_ttft_ms<=150"]["predicted"]["rate"] == pytest.approx(51.35, abs=0.05)
+    # today's model: the goodput under p99 TPOT <= 10 ms -12 %, inside a range widened by the sweeps of its class of
+    # change (API servers: this one, lease 8's and lease 10's; lease 8's TPOT the engine core's saturation put above
+    # the prediction: the range reaches down further than up)
     tpot_now = now["p99_tpot_ms<=10"]
-    assert tpot_now["error"] == pytest.approx(-0.07, abs=0.01) and not tpot_now["inside_range"]
-    assert tpot_now["predicted"]["high"] < tpot_now["measured"] < tpot_now["predicted"]["high"] * 1.06
+    assert tpot_now["error"] == pytest.approx(-0.122, abs=0.005) and tpot_now["inside_range"]
+    assert tpot_now["predicted"]["rate"] < tpot_now["measured"] < tpot_now["predicted"]["high"]
 
 
 def test_four_api_servers_swept_at_six_rates_capped_by_the_engine_core(recorded: Path) -> None:
@@ -199,8 +202,9 @@ def test_four_api_servers_swept_at_six_rates_capped_by_the_engine_core(recorded:
     assert all(abs(e) < 0.01 for e in served[:2]) and all(e > 0.035 for e in served[2:])
     goodput = {g["bound"]: g for g in doc["goodput"]}
     assert goodput["p99_tpot_ms<=10"]["measured"] == pytest.approx(41.35, abs=0.01)
-    assert goodput["p99_tpot_ms<=10"]["error"] == pytest.approx(0.254, abs=0.005)
-    assert goodput["p99_ttft_ms<=150"]["error"] == pytest.approx(0.051, abs=0.005)
+    # +25 % and +5 % before lease 10's changes (the engine core's CPU per request read off the 1-API-server run)
+    assert goodput["p99_tpot_ms<=10"]["error"] == pytest.approx(0.185, abs=0.005)
+    assert goodput["p99_ttft_ms<=150"]["error"] == pytest.approx(0.030, abs=0.005)
     assert all(g["inside_range"] for g in goodput.values())
     for run in sorted(folder.glob("rate-*/r*/bench.json")):
         bench = read_bench(run)
@@ -365,7 +369,7 @@ def test_the_frontends_time_at_a_rate_is_what_vllms_histograms_measured(recorded
     pair's, 20-58 ms; the 8B's at 128-token prompts, 15-19 ms below 24 req/s). In-sample: the 1.6 steps were
     read off these points (the median of measured over simulated step, load taken out, over the 17 below a load of
     0.8); what this holds is that the constant reproduces them: median predicted/measured 1.01, and where it misses
-    (0.50-2.10: the FP8 pair's 16 req/s measured 152 ms, its neighbours 58). The waits about that mean are a sum's,
+    (0.48-2.10: the FP8 pair's 16 req/s measured 152 ms, its neighbours 58). The waits about that mean are a sum's,
     not one queue's: their p99 is 2.8x their mean."""
     from dataclasses import replace
 
@@ -401,12 +405,13 @@ def test_the_frontier_of_more_api_servers_spans_their_imbalance(recorded: Path, 
                                                                 ) -> None:
     """Where the API servers' count changes, a point's range spans their ceiling at the imbalance's ends, and the
     capacity's range is as wide as `predict`'s for the same change (the same question, one answer): from lease 6's
-    1-API-server 8B at 128/256, 4 API servers measured 56.57 req/s at full load (three replicates), predicted 78.0 at
-    the median imbalance (Q20, +38 %; +30 % before the GPU's prior was corrected). That run could not be fitted (its
-    API server set the pace): the capacity's range also simulates the GPU's step at the ends of what the fitted runs
-    found (0.85-1.18 of the prior), which sets its low end and holds the measurement. The imbalance's ends are the
-    10th-90th percentiles over the 37 full-load runs recorded with several API servers, these three among them;
-    both ends were set after Q20 missed: in-sample for this check."""
+    1-API-server 8B at 128/256, 4 API servers measured 56.57 req/s at full load (three replicates), predicted 60.4
+    (+7 %; 78.0, +38 %, before lease 10's changes: the engine core's CPU read off the run into a step whose CPU and GPU
+    overlap in part with requests waiting, so the engine, not the API servers, caps 4 of them). That run could not be
+    fitted (its API server set the pace): the capacity's range also simulates the GPU's step at the ends of what the
+    fitted runs found (0.74-1.07 of the prior), which sets its low end and holds the measurement. The imbalance's
+    ends (the 10th-90th percentiles over the full-load runs recorded with 4 API servers, these three among them) no
+    longer move it. Both were set after Q20 missed: in-sample for this check."""
     import profkit.model.predict as predict
     from profkit.model.predict import predict as predict_change
 
@@ -423,12 +428,12 @@ def test_the_frontier_of_more_api_servers_spans_their_imbalance(recorded: Path, 
     assert spanned["low"] <= measured <= spanned["high"]
     said = predict_change(cal, {"api_server_count": 4}).metrics["request_throughput"]
     assert [spanned[k] / said[k] for k in ("predicted", "low", "high")] == pytest.approx([1, 1, 1], abs=0.01)
-    assert spanned["predicted"] / measured - 1 == pytest.approx(0.38, abs=0.02)
+    assert spanned["predicted"] / measured - 1 == pytest.approx(0.07, abs=0.02)
     monkeypatch.setattr(predict, "UNFITTED_FACTOR_ENDS", {})
     fitted_alike = capacity()
     assert fitted_alike["predicted"] == spanned["predicted"] and spanned["low"] < fitted_alike["low"]
-    # with the GPU's speed as if fitted, the full-load imbalance's ends set the capacity's low end
-    monkeypatch.setattr(predict, "API_SERVER_IMBALANCE_ENDS", ())
-    assert capacity()["low"] > fitted_alike["low"]
+    # the engine's step caps 4 API servers: the full-load imbalance's ends do not move the capacity's range
+    monkeypatch.setattr(predict, "API_SERVER_IMBALANCE_ENDS", {})
+    assert capacity()["low"] == fitted_alike["low"]
     # the run's own configuration has no such ends: its range is the model's own
     assert configured(cal, {}).imbalance_ends == ()

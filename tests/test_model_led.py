@@ -49,8 +49,11 @@ def replay_tune(start: Path, tmp: Path) -> dict:
     (model_dir / "config.json").write_text(next(start.rglob("model-config.json")).read_text())
     flags = [w for i, w in enumerate(server[3:]) if "--port" not in (w, server[3:][i - 1] if i else "")]
     bench_args = bench[bench.index("--port") + 2:]
+    # no live host samples: the stand-in's processes' CPU on this machine is not the recording's (it varied with the
+    # machine's load, and with it the model's reading of what paced the run)
     env = {**os.environ, "PATH": f"{FAKES}:{os.environ['PATH']}", "FAKE_VLLM_RECORDED": str(start),
-           "FAKE_VLLM_STATE": str(tmp), "FAKE_GPU": "NVIDIA H200, 580.159.04"}
+           "FAKE_VLLM_STATE": str(tmp), "FAKE_GPU": "NVIDIA H200, 580.159.04",
+           "PYTHONPATH": os.pathsep.join([str(FAKES / "nohost"), os.environ.get("PYTHONPATH", "")])}
     r = profkit("tune", "--out", tmp / "t", "--profile", "never", "--replicates", rec["replicates"],
                 "--budget", rec["budget"], *(["--allow-precision-changes"] if rec["allow_precision"] else []),
                 "--port", free_port(), "serve", "--model", model_dir, "--server-args", shlex.join(flags),

@@ -23,7 +23,7 @@ from typing import Any
 from profkit.model import levers, validation
 from profkit.model.observe import Observation, Unobservable
 from profkit.model.refusals import Refused, change_refusal
-from profkit.model.simulate import Engine, Infeasible, SimResult, StepCost, Workload, simulate_engines
+from profkit.model.simulate import QUEUED_OVERLAP, Engine, Infeasible, SimResult, StepCost, Workload, simulate_engines
 from profkit.vllm.options import RECORDED_VERSION
 
 SCHEMA = "profkit.prediction/1"
@@ -68,16 +68,17 @@ REQUEST_LATENCY_MAX_S = 0.2
 FRONTEND_STEPS, FRONTEND_LOAD_MAX = 1.6, 0.9
 # A run paced by its frontend cannot fit the step's cost (its duration hides the engine's speed): it takes the factor
 # the runs that could be fitted found on the same GPU and precision, their median. On H200s at 16 bits: 0.87 (the
-# eight configurations recorded at full load and fitted, 0.85-0.92 and one 1.18; tests/data/h200_model_led), i.e.
-# the prior's step 13 % slow. Without it the 8B at 128/256 (paced by one API server) had its TPOT at a rate
-# over-predicted by +4 to +28 % (lease 6) and +15 to +82 % with 2 API servers (lease 7): what made this change; the
+# eight configurations recorded at full load and fitted, their r2s 0.74-1.07 since a queued step's CPU and GPU overlap
+# only in part (0.85-0.92 and one 1.18 before); tests/data/h200_model_led), i.e. the prior's step 13 % slow.
+# Without it the 8B at 128/256 (paced by one API server) had its TPOT at a rate over-predicted by +4 to +28 % (lease
+# 6) and +15 to +82 % with 2 API servers (lease 7): what made this change; the
 # factor was read off the other runs. Elsewhere (another GPU, FP8 weights: too few fitted runs) the prior as it is.
 UNFITTED_FACTOR = {("H200", False): 0.87}
-# ... and how far from it they ranged (their lowest and highest: 0.85-1.18): a prediction from a run that could not be
+# ... and how far from it they ranged (their lowest and highest: 0.74-1.07): a prediction from a run that could not be
 # fitted also simulates its step at those ends, its range the GPU's unknown speed at this shape. Made after Q20 and
 # Q21 (4 API servers from lease 6's 1-API-server run) missed by +38 % and +49 %: the same shape run with no HTTP
 # server (lease 8, `vllm bench throughput`) fitted 1.19 and 1.28, past the ends.
-UNFITTED_FACTOR_ENDS = {("H200", False): (0.85, 1.18)}
+UNFITTED_FACTOR_ENDS = {("H200", False): (0.74, 1.07)}
 # The engine core's CPU such a run takes stays the prior's (CPU_STEP_S, CPU_SEQ_S). A factor read off the ten
 # engine-core-bound runs fitted on H200s (1.43-2.45x the prior's CPU per request, median 1.96; 9e4b3d9) brought Q19-Q21
 # within -15 to +7.5 % after they had missed by +7 to +50 %, then, pre-registered on lease 9's two new configurations
@@ -93,16 +94,20 @@ ARRIVAL_BOUND_SHARE = 0.9
 # The host processes on the token path (host samples' roles), and what "saturated" and "busy" mean for the run.
 HOST_NAMES = {"api_server": "the API server", "engine_core": "the engine core", "client": "the benchmark client"}
 SATURATED, GPU_BUSY = 0.5, 0.8
-# A simulated decode step no longer than this times the engine core's CPU for its batch took the CPU's time
-CPU_BOUND_SHARE = 1.02
+# A simulated decode step no longer than this times the engine core's CPU for its batch took the CPU's time (with
+# requests waiting a step is sqrt(cpu² + gpu²): 1.05 is a GPU under a third of the CPU)
+CPU_BOUND_SHARE = 1.05
 # Those whose work is per streamed token (a ceiling in tokens/s); the engine core's is per step (in the simulation).
 FRONTEND = ("api_server", "client")
 # Several API servers do not share the load evenly (the client's connections land unevenly among them): the busiest
-# of N carries 1/N plus this share of the rest (its share of their CPU over the benchmark). Over the 37 runs recorded
-# at full load with 2 or 4 API servers on H200s (tests/data/h200_model_led, leases 2-9) it ranged 0.01-0.77 run to
-# run, median 0.30, its 10th-90th percentiles 0.08-0.62 (over leases 2-8's 25: 0.32, 0.11-0.62): a range's ends take
-# the API servers' ceiling at those (scripts/validate_model.py predicts each pair with the runs other than its own).
-API_SERVER_IMBALANCE, API_SERVER_IMBALANCE_ENDS = 0.30, (0.62, 0.08)
+# of N carries 1/N plus this share of the rest (its share of their CPU over the benchmark), read per count: over the
+# runs recorded at full load on H200s (tests/data/h200_model_led, leases 2-10: 22 with 2, 21 with 4) 2 API servers
+# left less of the rest to their busiest than 4 did (their medians and 10th-90th percentiles below; one value for
+# both, 0.30 (0.08-0.62) over leases 2-9's 37 runs, put 2 API servers' ceiling 10-25 % low on lease 9's 8B at 64/512
+# and 1.1B). A range's ends take the API servers' ceiling at those; a count not recorded takes the nearest recorded
+# one's (the larger on a tie). scripts/validate_model.py predicts each pair with the runs other than its own.
+API_SERVER_IMBALANCE = {2: 0.17, 4: 0.37}
+API_SERVER_IMBALANCE_ENDS = {2: (0.51, 0.05), 4: (0.64, 0.25)}
 # At a finite rate they share nearly evenly: the client opens its connections as it needs them and reuses them (lease
 # 7's sweep: about 2,000 connections for 27,560 requests), where at full load every request opens its own at once and
 # one process accepts most (lease 6's 4 API servers: 55-86 % of 2,000 requests on one). Over lease 7's 15 runs (2 API
@@ -166,6 +171,19 @@ class Prediction:
 
 # ------------------------------------------------------------------------------------------------ calibration
 
+def _measured_cpu(obs: Observation, cost: StepCost, sim: SimResult) -> float | None:
+    """The engine core's CPU per request in a step, read off a run its frontend paced: its measured CPU less its
+    per-step cost at the steps the run took (the simulated steps at the measured pace), over the output tokens (one a
+    request a decode step). None where the samples do not say (no engine core sampled, or its CPU is its steps')."""
+    cpu, out = obs.host.get("engine_core_cpu"), obs.measured.output_throughput
+    if not cpu or cpu <= 0 or not out or not sim.steps or not sim.output_throughput:
+        return None
+    steps_per_s = sim.steps / sim.elapsed_s * min(1.0, out / sim.output_throughput)
+    own = cpu - cost.cpu_step_s * steps_per_s
+    # the busiest engine core's CPU over one engine's share of the output (data parallelism: one engine core each)
+    return own / (out / max(obs.data_parallel, 1)) if own > 0.2 * cpu else None
+
+
 def _prior_cost(obs: Observation, eager: bool) -> StepCost:
     mbu = obs.phase_mbu if obs.phase_mbu and 0.2 < obs.phase_mbu <= 1 else 0.75
     mfu = obs.phase_mfu if obs.phase_mfu and 0.1 < obs.phase_mfu <= 1 else 0.55
@@ -176,7 +194,15 @@ def _prior_cost(obs: Observation, eager: bool) -> StepCost:
     return StepCost(overhead_s=_overhead(eager, layers),
                     weights_s=weights / bw, token_s=2.0 * obs.matmul_params / flops,
                     kv_token_s=obs.memory.kv_bytes_per_token / bw, pair_s=4.0 * obs.layers_heads_dim / flops,
-                    cpu_step_s=_cpu_step(obs, eager), cpu_seq_s=CPU_SEQ_S, comm_s=comm_s, comm_token_s=comm_token_s)
+                    cpu_step_s=_cpu_step(obs, eager), cpu_seq_s=CPU_SEQ_S, comm_s=comm_s, comm_token_s=comm_token_s,
+                    queued_overlap=QUEUED_OVERLAP if partly_overlapped(obs) else math.inf)
+
+
+def partly_overlapped(obs: Observation) -> bool:
+    """Whether the run's queued steps overlap their CPU and GPU only in part (simulate.QUEUED_OVERLAP): where its GPU
+    was not kept busy (NVML, else the trace); a run whose GPU was busy shows they overlapped, and one that does not say
+    keeps the larger of the two."""
+    return obs.gpu_busy is not None and obs.gpu_busy < GPU_BUSY
 
 
 def _comm(obs: Observation, tp: int, end: int = 1) -> tuple[float, float]:
@@ -294,10 +320,14 @@ class _Fit:
         return math.log(r.elapsed_s / m.elapsed_s), r
 
     def uncalibrated(self) -> Calibrated:
-        """The prior, as the runs that could be fitted on this GPU and precision found it (UNFITTED_FACTOR)."""
+        """The prior, as the runs that could be fitted on this GPU and precision found it (UNFITTED_FACTOR), with the
+        engine core's CPU per request in a step read off the run's host samples where they say it (`_measured_cpu`)."""
         f = unfitted_factor(self.obs)
         cost = self.scaled(math.log(f))
         sim = simulate_engines(self.work, self.engine, cost, self.obs.data_parallel)
+        if (per_seq := _measured_cpu(self.obs, cost, sim)) is not None:
+            cost = replace(cost, cpu_seq_s=per_seq)
+            sim = simulate_engines(self.work, self.engine, cost, self.obs.data_parallel)
         return Calibrated(self.obs, self.work, self.engine, cost, f, f, sim, {})
 
     def calibrated(self, x: float, others_error: float = 0.0) -> Calibrated:
@@ -339,6 +369,9 @@ def predict(cal: Calibrated, changes: dict[str, Any], noise: float | None = None
         said.reasoning.append(f"the run is vLLM {obs.vllm_version}'s: the defaults assumed and the model's validation "
                               f"are vLLM {RECORDED_VERSION}'s")
     change = _changed(cal, changes, said)
+    if not cal.fit_error and cal.cost.cpu_seq_s != CPU_SEQ_S:  # not fitted, but its host samples said this much
+        said.reasoning.append(f"the engine core's CPU per request in a step read off the run's host samples: "
+                              f"{cal.cost.cpu_seq_s * 1e6:.0f} us (the prior {CPU_SEQ_S * 1e6:.0f} us)")
     costs = _costs(cal, change, said, ends)
     runs = [simulate_engines(cal.workload, change.engine, cost, change.dp) for cost in costs]
     mid = runs[len(runs) // 2]
@@ -349,7 +382,8 @@ def predict(cal: Calibrated, changes: dict[str, Any], noise: float | None = None
         if "api_server_count" in changes and name == "api_server" or binds:
             said.reasoning.append(f"{HOST_NAMES[name]} carries up to {caps_before[name]:,.0f} → {cap:,.0f} tok/s")
     # where the API servers' count changes, their ceiling at the imbalance's ends bounds the range too
-    ends_caps = [host_ceilings(obs, changes, before, mid, imbalance) for imbalance in API_SERVER_IMBALANCE_ENDS] \
+    ends_caps = [host_ceilings(obs, changes, before, mid, imbalance)
+                 for imbalance in imbalance_ends(api_server_counts(obs, changes)[1])] \
         if _counts_api_servers(obs, changes) and ends else []
     metrics = _ranged(cal, runs, mid, [caps, *ends_caps], caps_before, noise)
     checked = _widened(metrics, levers.families(changes)) if held_out else None
@@ -387,7 +421,8 @@ def configured(cal: Calibrated, changes: dict[str, Any]) -> Configured:
     change = _changed(cal, changes, said)
     return Configured(change.engine, _costs(cal, change, said), change.dp,
                       lambda after, imbalance=None: host_ceilings(obs, changes, cal.baseline, after, imbalance),
-                      changed, API_SERVER_IMBALANCE_ENDS if _counts_api_servers(obs, changes) else (),
+                      changed, imbalance_ends(api_server_counts(obs, changes)[1])
+                      if _counts_api_servers(obs, changes) else (),
                       levers.families(changes) if changed else ())
 
 
@@ -691,17 +726,6 @@ def host_ceilings(obs: Observation, changes: dict[str, Any], before: SimResult,
         per_token = max(per_process - FRONTEND_STEP_S * steps_per_s, 0.2 * per_process) / (out * share)
         share_after = share if count == processes else busiest_share(count, imbalance)
         caps[name] = 1.0 / (FRONTEND_STEP_S / max(batch_after, 1.0) + per_token * share_after)
-    cpu = obs.host.get("engine_core_cpu")
-    if cpu and cpu > 0 and out and host_bound(obs) in FRONTEND:
-        # The engine core's CPU where a frontend process set the pace (where the engine core did, the simulation
-        # fits it; where the GPU did, its CPU is mostly waiting on the GPU's steps): a cost per step (its prior, CUDA
-        # graphs or eager launches) plus a cost per token (each request's outputs, serialised for the API servers)
-        # fitted on this run; a ceiling on the tokens it can hand on once the frontend's is lifted.
-        eager = bool(obs.config.get("enforce_eager"))
-        per_step, after_step = _cpu_step(obs, eager), _cpu_step(obs, bool(changes.get("enforce_eager", eager)))
-        own = cpu - per_step * steps_per_s
-        if own > 0.2 * cpu:  # else its CPU is its steps' (eager launches): no cost per token to read off it
-            caps["engine_core"] = 1.0 / (after_step / max(batch_after, 1.0) + own / out)
     return caps
 
 
@@ -715,10 +739,20 @@ def frontend_latency(r: SimResult, caps: dict[str, float], step_s: float) -> flo
 
 def busiest_share(count: int, imbalance: float | None = None) -> float:
     """The share of the streamed tokens the busiest of `count` API servers carries: they do not split the load evenly
-    (the client's connections are spread unevenly among them), 1/N plus `imbalance` (API_SERVER_IMBALANCE) of the
-    rest."""
-    rest = API_SERVER_IMBALANCE if imbalance is None else imbalance
+    (the client's connections are spread unevenly among them), 1/N plus `imbalance` (API_SERVER_IMBALANCE's for the
+    count) of the rest."""
+    rest = _nearest(API_SERVER_IMBALANCE, count, 0.0) if imbalance is None else imbalance
     return 1.0 / count + (1.0 - 1.0 / count) * rest if count > 1 else 1.0
+
+
+def imbalance_ends(count: int) -> tuple[float, ...]:
+    """The API servers' imbalances at full load a range spans for `count` of them (API_SERVER_IMBALANCE_ENDS)."""
+    return tuple(_nearest(API_SERVER_IMBALANCE_ENDS, count, ()))
+
+
+def _nearest(by_count: dict[int, Any], count: int, default: Any) -> Any:
+    """The value recorded for the API-server count nearest `count` (the larger on a tie)."""
+    return by_count[min(by_count, key=lambda n: (abs(n - count), -n))] if by_count else default
 
 
 def host_stretch(r: SimResult, caps: dict[str, float]) -> float:
@@ -743,12 +777,18 @@ def _measured(m: Any, name: str) -> float | None:
 
 def limit_of(r: SimResult, engine: Engine, work: Workload, caps: dict[str, float], cost: StepCost | None = None) -> str:
     """What caps the run, in words: a host process, the engine core's CPU per step (where `cost`, the step costs
-    simulated, says its decode steps took the CPU's time), the KV cache, --max-num-seqs, the client, or the GPU."""
+    simulated, says its decode steps took the CPU's time, or a large share of it beside the GPU's), the KV cache,
+    --max-num-seqs, the client, or the GPU."""
     if caps and r.output_throughput >= min(caps.values()):
         return f"{HOST_NAMES[min(caps, key=caps.__getitem__)]} (its CPU)"
-    if cost is not None and r.batch_mean and r.decode_step_s == r.decode_step_s \
-            and r.decode_step_s <= CPU_BOUND_SHARE * (cost.cpu_step_s + r.batch_mean * cost.cpu_seq_s):
+    cpu = cost.cpu_step_s + r.batch_mean * cost.cpu_seq_s if cost is not None and r.batch_mean else 0.0
+    if cpu and not math.isnan(r.decode_step_s) and r.decode_step_s <= CPU_BOUND_SHARE * cpu:
         return "the engine core (its CPU per step: the GPU waits for it)"
+    # past that, where the run's queued steps overlap in part, a GPU of at least 0.3 of the step beside it
+    if cpu and not math.isnan(r.decode_step_s) and cost is not None and math.isfinite(cost.queued_overlap) \
+            and cpu >= 0.5 * r.decode_step_s:
+        return "the engine's step: the engine core's CPU and the GPU, each a large share of it (with requests " \
+               "queued they overlap only in part)"
     in_flight = min(work.requests, work.max_concurrency or work.requests)
     if r.preemptions or r.kv_full_share > 0.2:
         return "the KV cache's size (it caps the batch)"

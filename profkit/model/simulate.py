@@ -34,6 +34,19 @@ class Infeasible(ValueError):
     start, or never finishes the request."""
 
 
+# With requests waiting for the engine (full load: the scheduler admits from a queue every step), a step's CPU and
+# GPU can overlap only in part: its time their root sum of squares (sqrt(cpu² + gpu²)), where with none waiting (a rate
+# the server keeps up with) it is the larger of the two. Lease 10 (the 8B at 128/256 on one box, 2 and 4 API servers):
+# at full load the engine core's CPU took about 40 ms a step (0.64-0.84 of a core) and the GPU about 38 ms (NVML
+# 0.60-0.74) in steps of 52-63 ms (TPOT p50), with 360-550 requests waiting; at 40 and 48 req/s (none waiting) CPU
+# 5.7-7 ms and GPU 6.4-7 ms in steps of 7-8. The larger alone put that configuration's full-load capacity at 74-78
+# req/s where 52-62 was measured (leases 6, 7, 10). Not everywhere: runs whose GPU was kept busy (NVML >= 0.8) overlap
+# (B's prescribed run: the engine core 0.80-0.91 of a core and the GPU 0.94 of the time, which a root sum of squares
+# cannot give), so a run's model takes this only where its GPU was not (`predict._prior_cost`: StepCost.queued_overlap).
+# Chosen on those runs, lease 10's after they ran (its pairs are not pre-registered for this).
+QUEUED_OVERLAP = 2.0
+
+
 @dataclass(frozen=True)
 class Workload:
     requests: int
@@ -71,16 +84,22 @@ class StepCost:
     cpu_seq_s: float = 0.0  # ... and per request in the step
     comm_s: float = 0.0  # tensor parallelism's all-reduces per step: their latency ...
     comm_token_s: float = 0.0  # ... and per token of the step (its activations over NVLink)
+    queued_overlap: float = math.inf  # with requests waiting, the norm a step's CPU and GPU combine in (QUEUED_OVERLAP)
 
-    def step_s(self, tokens: float, kv_read: float, pairs: float, seqs: int = 0) -> float:
+    def step_s(self, tokens: float, kv_read: float, pairs: float, seqs: int = 0, queued: bool = False) -> float:
         """The GPU's time for the step, or the engine core's CPU time where that is longer (with asynchronous
-        scheduling the CPU prepares the next step while the GPU runs this one). The weights' read and the GEMMs'
-        arithmetic add up rather than overlap (a step's time linear in its tokens, with an intercept, as measured
-        step times are): with the larger of the two alone, the sweeps' TPOT below full load came out 16-40 % short
-        on the 14B; with the sum, within -15 to +20 % (p99)."""
+        scheduling the CPU prepares the next step while the GPU runs this one); with requests `queued` for the
+        engine, the two overlapping only in part where `queued_overlap` is finite (QUEUED_OVERLAP). The weights'
+        read and the GEMMs' arithmetic add up rather than overlap (a step's time linear in its tokens, with an
+        intercept, as measured step times are): with the larger of the two alone, the sweeps' TPOT below full load
+        came out 16-40 % short on the 14B; with the sum, within -15 to +20 % (p99)."""
         gpu = self.overhead_s + self.weights_s + tokens * self.token_s + kv_read * self.kv_token_s \
             + pairs * self.pair_s + self.comm_s + tokens * self.comm_token_s
-        return max(gpu, self.cpu_step_s + seqs * self.cpu_seq_s)
+        cpu = self.cpu_step_s + seqs * self.cpu_seq_s
+        q = self.queued_overlap
+        if not queued or cpu <= 0 or math.isinf(q):
+            return max(gpu, cpu)
+        return (gpu ** q + cpu ** q) ** (1.0 / q)
 
 
 @dataclass(frozen=True)
@@ -292,7 +311,7 @@ class _Run:
                 raise Infeasible("the KV cache cannot hold one request's next token")
             self._evict(self._last_running())
             return
-        dt = self.cost.step_s(tokens, kv_read, pairs, batch + len(chunks))
+        dt = self.cost.step_s(tokens, kv_read, pairs, batch + len(chunks), bool(self.waiting))
         self.horizon = self.clock
         self.clock += dt
         self.held_total += bs * grow

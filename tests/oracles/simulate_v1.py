@@ -119,7 +119,8 @@ def simulate(work: Workload, engine: Engine, cost: StepCost, max_steps: int = 2_
             waiting.insert(0, victim)
             preemptions += 1
             continue
-        dt = cost.step_s(tokens, kv_read, pairs, len(decoding) + len(chunks))
+        # requests still waiting after the step's admissions: the queued step's partial overlap (added since f668df1)
+        dt = cost.step_s(tokens, kv_read, pairs, len(decoding) + len(chunks), bool(waiting))
         horizon = clock
         clock += dt
         steps += 1
