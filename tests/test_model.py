@@ -451,9 +451,10 @@ def test_several_api_servers_share_the_load_unevenly(led: Path, tmp_path: Path) 
     assert "API servers' CPU" not in next(x["summary"] for x in one["findings"] if x["rule"] == "frontend-bound")
     validate_model = script("validate_model")
     by_count = validate_model.imbalances_by_count(tmp_path)
-    assert {n: len(v) for n, v in by_count.items()} == {2: 22, 4: 21}
+    # lease 11's one run with 3 is too few to read a count's percentiles off: 3 takes the nearest recorded count's
+    assert {n: len(v) for n, v in by_count.items()} == {2: 22, 3: 1, 4: 21}
     shares = validate_model.imbalances(tmp_path)
-    assert len(shares) == 43 and min(shares.values()) < 0.1 and max(shares.values()) > 0.75
+    assert len(shares) == 44 and min(shares.values()) < 0.1 and max(shares.values()) > 0.75
     read = validate_model.imbalance_constants({n: list(v.values()) for n, v in by_count.items()})
     assert read == (API_SERVER_IMBALANCE, API_SERVER_IMBALANCE_ENDS)
     assert API_SERVER_IMBALANCE[2] < API_SERVER_IMBALANCE[4]

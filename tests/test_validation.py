@@ -236,3 +236,22 @@ def test_two_api_servers_and_four_on_a_third_box_predicted_first(tmp_path_factor
             and r["pair"] in ("Q26", "Q27")]
     assert len(rows) == 6 and all(r["recorded_after_model"] and r["inside_held_out"] for r in rows)
     assert all(-0.05 < r["predicted"] / r["measured"] - 1 < 0.11 for r in rows)
+
+
+def test_three_api_servers_predicted_first_measured_once(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Lease 11 (lease11-predicted): c317a82, lease 10's model, predicted 3 API servers (a count never recorded: the
+    nearest recorded count's imbalance) from lease 6's 1-API-server runs; the device time left ran one replicate,
+    63.08 req/s: -9 % to -4 %, inside every range. One replicate is under what a claim needs: not a validation pair."""
+    from tests.conftest import unpack
+
+    root = unpack(tmp_path_factory, "h200_model_led")
+    said = json.loads((root / "lease11-predicted" / "lease11-predicted.json").read_text())
+    assert said["commit"].startswith("c317a82") and said["change"] == "--api-server-count 3"
+    benches = sorted((root / "api" / "s2_api3").glob("r*/bench.json"))
+    assert len(benches) == 1
+    measured = json.loads(benches[0].read_text())["request_throughput"]
+    assert measured == pytest.approx(63.08, abs=0.01)
+    for p in said["predictions"]:
+        m = p["metrics"]["request_throughput"]
+        assert -0.09 < m["predicted"] / measured - 1 < -0.04 and m["low"] <= measured <= m["high"]
+    assert not [r for r in validation.recorded_rows() if any("s2_api3" in x for x in r["recordings"])]
