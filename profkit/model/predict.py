@@ -383,8 +383,7 @@ def predict(cal: Calibrated, changes: dict[str, Any], noise: float | None = None
             said.reasoning.append(f"{HOST_NAMES[name]} carries up to {caps_before[name]:,.0f} → {cap:,.0f} tok/s")
     # where the API servers' count changes, their ceiling at the imbalance's ends bounds the range too
     ends_caps = [host_ceilings(obs, changes, before, mid, imbalance)
-                 for imbalance in imbalance_ends(api_server_counts(obs, changes)[1])] \
-        if _counts_api_servers(obs, changes) and ends else []
+                 for imbalance in _changed_imbalance_ends(obs, changes)] if ends else []
     metrics = _ranged(cal, runs, mid, [caps, *ends_caps], caps_before, noise)
     checked = _widened(metrics, levers.families(changes)) if held_out else None
     # the engine core's CPU is named only where host samples say what the CPU did (without them the fit scales the
@@ -421,8 +420,7 @@ def configured(cal: Calibrated, changes: dict[str, Any]) -> Configured:
     change = _changed(cal, changes, said)
     return Configured(change.engine, _costs(cal, change, said), change.dp,
                       lambda after, imbalance=None: host_ceilings(obs, changes, cal.baseline, after, imbalance),
-                      changed, imbalance_ends(api_server_counts(obs, changes)[1])
-                      if _counts_api_servers(obs, changes) else (),
+                      changed, _changed_imbalance_ends(obs, changes),
                       levers.families(changes) if changed else ())
 
 
@@ -463,10 +461,11 @@ def api_server_counts(obs: Observation, changes: dict[str, Any]) -> tuple[int, i
     return before, int(changes.get("api_server_count") or default)
 
 
-def _counts_api_servers(obs: Observation, changes: dict[str, Any]) -> bool:
-    """Whether `changes` moves the API servers' count from the run's (their imbalance then bounds a range)."""
+def _changed_imbalance_ends(obs: Observation, changes: dict[str, Any]) -> tuple[float, ...]:
+    """The imbalances a range spans where `changes` moves the API servers' count from the run's (their count's
+    `imbalance_ends`; none where it stays)."""
     before, after = api_server_counts(obs, changes)
-    return before != after
+    return imbalance_ends(after) if before != after else ()
 
 
 @dataclass
