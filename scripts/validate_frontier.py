@@ -54,6 +54,13 @@ SWEEPS = [  # name, the capture it is predicted from, the sweep, the changes fro
      [("p99_tpot_ms", 10), ("p99_ttft_ms", 150), ("p99_e2el_ms", 3000)]),
     ("8B 128/256, 4 API servers on a third box (lease 10, beside the 2; the same rates and model)", "api/s2_api1",
      "sweep8s4b", {"api_server_count": 4}, [("p99_tpot_ms", 10), ("p99_ttft_ms", 150), ("p99_e2el_ms", 3000)]),
+    ("8B 128/256, 3 API servers, from its own full-load run on the same box (lease 12; the 6 rates `profkit sweep "
+     "--from` chose, one run each; the points predicted on the GPU box by 9b10439's model, which fitted that run: "
+     "-32 % and -24 %; it is not fitted since)", "api/s2_api3b", "sweep8s3", {},
+     [("p99_tpot_ms", 10), ("p99_ttft_ms", 150), ("p99_e2el_ms", 3000)]),
+    ("8B 128/256, 3 API servers, predicted from the 1-API-server capture (lease 12; the frontier 9b10439 predicted on "
+     "the workstation before the lease)", "api/s2_api1", "sweep8s3", {"api_server_count": 3},
+     [("p99_tpot_ms", 10), ("p99_ttft_ms", 150), ("p99_e2el_ms", 3000)]),
 ]
 KEYS = ["request_throughput", "p50_ttft_ms", "p99_ttft_ms", "p50_tpot_ms", "p99_tpot_ms", "p99_e2el_ms"]
 OUT = REPO / "profkit" / "model" / "frontier_validation.json"

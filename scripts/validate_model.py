@@ -132,6 +132,13 @@ LED = [
      "api/s2_api2c", {"api_server_count": 2}),
     ("Q27", "8B defaults: 1 -> 4 API servers, a third box", "API-server-bound (8B, 128/256, 2,000)", "api/s2_api1",
      "api/s2_api4c", {"api_server_count": 4}),
+    # lease 12 (2 H200s, 16 cores each, both at once): 3 API servers, a count lease 11 ran once, predicted by c317a82
+    # and 9b10439 from lease 6's runs before it ran (lease12-predicted); a fourth shape, its lengths spread, 1 -> 2
+    # API servers predicted on the GPU box by 9b10439 from the 1-API-server runs before the 2 ran
+    ("Q28", "8B defaults: 1 -> 3 API servers, a fourth box", "API-server-bound (8B, 128/256, 2,000)", "api/s2_api1",
+     "api/s2_api3b", {"api_server_count": 3}),
+    ("Q29", "8B at 512/128, lengths +-50 %: 1 -> 2 API servers", "GPU-bound (8B, 512/128 +-50 %, 2,400)",
+     "api/s4_api1", "api/s4_api2", {"api_server_count": 2}),
 ]
 # Q3: the engine core's ceiling was added after its miss (+32 %; since lease 10 its measured CPU goes into the step
 # instead); no constant was read off it, but it shaped the model.
@@ -141,8 +148,9 @@ IN_SAMPLE = {"P1", "P2", "P3", "P4", "P5", "P6", "P8", "P9", "P19", "Q3", "Q12"}
 # median baseline run before the runs, kept in tests/data/h200_model_led's lease4-predicted; lease 6, the model of
 # 243a8c4: Q20's, made from the 1-API-server runs before the 4-API-server runs were read, in lease6-predicted;
 # lease 8, the model of 93afb36: Q19's, on the GPU box, and Q21's, Q20's configuration run again; lease 9, the model
-# of 9e4b3d9: Q22-Q25's, on the GPU box; lease 10, the model of 6a072aa: Q26's and Q27's): held-out, counted apart too
-AFTER_MODEL = {"Q15", "Q16", "Q17", "Q19", "Q20", "Q21", "Q22", "Q23", "Q24", "Q25", "Q26", "Q27"}
+# of 9e4b3d9: Q22-Q25's, on the GPU box; lease 10, the model of 6a072aa: Q26's and Q27's; lease 12, the model of
+# 9b10439: Q28's, here, and Q29's, on the GPU box): held-out, counted apart too
+AFTER_MODEL = {"Q15", "Q16", "Q17", "Q19", "Q20", "Q21", "Q22", "Q23", "Q24", "Q25", "Q26", "Q27", "Q28", "Q29"}
 
 PAIRS = [
     ("P1", "--kv-cache-memory-bytes 3e8 removed", "KV capacity (tiny)", "h100_tune.tar.xz",

@@ -44,6 +44,8 @@ SWEEPS = {  # the sweep: the full-load capture it is predicted from, the changes
     "8b_128_256": ("api/s2_api1", "sweep8s", {}, 0.05),  # lease 6: one API server, frontend-bound at full load
     # lease 7: two API servers, predicted from lease 6's one (the frontier of a change), 3 replicates a rate
     "8b_128_256_api2": ("api/s2_api1", "sweep8s2", {"api_server_count": 2}, 0.05),
+    # lease 12: three API servers, from their own full-load run on the same box (neither side set its pace)
+    "8b_128_256_api3": ("api/s2_api3b", "sweep8s3", {}, 0.05),
 }
 
 
@@ -100,23 +102,25 @@ def test_the_goodput_under_tpot_and_end_to_end_bounds_is_within_10_percent(recor
     assert f.goodput["low"] <= f.goodput["rate"] <= f.goodput["high"]
 
 
-@pytest.mark.parametrize(("name", "bound", "low", "high"), [
-    ("8b_defaults", Bound("p99_tpot_ms", "<=", 15), 0.80, 0.90),
-    ("14b_fp8pair", Bound("p99_e2el_ms", "<=", 8000), 0.80, 0.90),
-    ("8b_128_256_api2", Bound("p99_e2el_ms", "<=", 3000), 0.80, 0.90)])
+@pytest.mark.parametrize(("name", "bound", "low", "high", "inside"), [
+    ("8b_defaults", Bound("p99_tpot_ms", "<=", 15), 0.80, 0.90, True),
+    ("14b_fp8pair", Bound("p99_e2el_ms", "<=", 8000), 0.80, 0.90, True),
+    ("8b_128_256_api2", Bound("p99_e2el_ms", "<=", 3000), 0.80, 0.90, False)])
 def test_the_goodput_the_frontier_misses_by_more_is_said(recorded: Path, name: str, bound: Bound, low: float,
-                                                         high: float) -> None:
+                                                         high: float, inside: bool) -> None:
     """Where the prediction falls short by more than 10 %, inside its range: the 8B's p99 TPOT <= 15 ms (measured
     17.35 req/s, predicted -12 %: near its knee the model's TPOT runs ahead of the measured), the 14B FP8 pair's p99
     E2E <= 8 s (13.93, -14 %) and, since lease 10's changes, lease 7's 2 API servers under p99 E2E <= 3 s (58.56,
     -13 % from r2: the engine core's CPU per request read off lease 6's 1-API-server run, 48 us, is more than lease
-    7's box spent at a rate, about 37; -1 % before)."""
+    7's box spent at a rate, about 37; -1 % before). That one's range held it until lease 12's runs moved 2 API
+    servers' imbalance (0.17 -> 0.20, 0.05-0.51 -> 0.06-0.50): its high end, 57.46 from r2, is now 2 % short."""
     capture, sweep, changes, _ = SWEEPS[name]
     cal = calibrated(recorded / capture / "r2")
     f = frontier(cal, changes, [bound])
     measured = measured_goodput(sweep_points(recorded / sweep), bound)
     assert low < f.goodput["rate"] / measured < high
-    assert f.goodput["low"] <= measured <= f.goodput["high"]
+    assert (f.goodput["low"] <= measured <= f.goodput["high"]) is inside
+    assert inside or 0.95 < f.goodput["high"] / measured < 1.0
 
 
 def test_the_sweep_predicted_on_the_gpu_box_before_it_ran(recorded: Path) -> None:
@@ -437,3 +441,35 @@ def test_the_frontier_of_more_api_servers_spans_their_imbalance(recorded: Path, 
     assert capacity()["low"] == fitted_alike["low"]
     # the run's own configuration has no such ends: its range is the model's own
     assert configured(cal, {}).imbalance_ends == ()
+
+
+def test_a_run_neither_the_gpu_nor_one_process_paced_is_not_fitted(recorded: Path) -> None:
+    """Lease 12: the 8B at 128/256 with 3 API servers at full load, then `profkit sweep --from` that run on one box.
+    Its GPU was busy 0.67-0.73 of the time and no process saturated in most samples (the engine core in 44-55 %).
+    9b10439, on the box before the sweep ran, fitted the run's step costs on its duration: the engine core's share of
+    each step went to the GPU, TPOT at the rates came out +41 % to +86 % and the goodputs -32 % and -24 %, outside
+    their ranges (sweep.json). Such a run is not fitted since (the GPU at the factor the fitted runs on this GPU found,
+    the engine core's CPU off its samples): from r2 and r3, TPOT p50 within 5 % up to 45 req/s and the goodput under
+    p99 TPOT <= 10 ms +12 %, inside; r1, whose engine core saturated in 55 % of samples, is fitted on it: -17 %."""
+    doc = json.loads((recorded / "sweep8s3" / "sweep.json").read_text())
+    tpot, ttft = doc["goodput"]
+    assert tpot["error"] == pytest.approx(-0.324, abs=0.001) and not tpot["inside_range"]
+    assert ttft["error"] == pytest.approx(-0.244, abs=0.001) and not ttft["inside_range"]
+    points = sweep_points(recorded / "sweep8s3")
+    bound = Bound("p99_tpot_ms", "<=", 10)
+    measured = measured_goodput(points, bound)
+    assert measured == pytest.approx(46.45, abs=0.01)
+    for r in ("r2", "r3"):
+        cal = calibrated(recorded / "api" / "s2_api3b" / r)
+        assert not cal.fit_error
+        conf = configured(cal, {})
+        for m in points:
+            if m["request_rate"] < 46:
+                p = point_at(cal, conf, m["request_rate"], m["num_prompts"], DEFAULT_NOISE)
+                assert p.predicted["p50_tpot_ms"] == pytest.approx(m["p50_tpot_ms"], rel=0.05)
+        f = frontier(cal, {}, [bound])
+        assert 0.05 < f.goodput["rate"] / measured - 1 < 0.15 and f.goodput["low"] <= measured <= f.goodput["high"]
+    fitted = calibrated(recorded / "api" / "s2_api3b" / "r1")
+    assert fitted.fit_error
+    f = frontier(fitted, {}, [bound])
+    assert -0.20 < f.goodput["rate"] / measured - 1 < -0.10 and f.goodput["low"] <= measured <= f.goodput["high"]

@@ -190,7 +190,9 @@ def predict_run(run: str | os.PathLike | None, changes: str, evidence: Evidence 
                      "calibrated_on": (f"{bound.replace('_', ' ')}'s pace (host samples: it was saturated)" if bound
                                        else "the benchmark's duration (the GPU's step costs)") if cal.fit_error else
                      "not calibrated: a frontend process set the pace, so the run's duration hides the engine's "
-                     "speed (the hardware's peaks stand)"})
+                     "speed (the hardware's peaks stand)" if bound else
+                     "not calibrated: neither the GPU (not kept busy) nor one host process set the pace, so the run's "
+                     "duration cannot say how much of a step was the GPU's (the hardware's peaks stand)"})
     return prediction
 
 
