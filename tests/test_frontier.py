@@ -473,3 +473,10 @@ def test_a_run_neither_the_gpu_nor_one_process_paced_is_not_fitted(recorded: Pat
     assert fitted.fit_error
     f = frontier(fitted, {}, [bound])
     assert -0.20 < f.goodput["rate"] / measured - 1 < -0.10 and f.goodput["low"] <= measured <= f.goodput["high"]
+    # a run whose engine core was not sampled (`vllm bench throughput`: its frontend in one process) is still fitted
+    # on its own duration: nothing says its CPU
+    offline = calibrated(recorded / "offline" / "tput8_r1")
+    assert offline.fit_error["elapsed"] < 0.01
+    said = json.loads(profkit("predict", recorded / "api" / "s2_api3b" / "r2", "--format", "json", "--",
+                              "--api-server-count", "2").stdout)
+    assert said["calibration"]["calibrated_on"].startswith("not calibrated: neither the GPU (not kept busy) nor one")

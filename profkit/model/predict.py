@@ -66,8 +66,9 @@ REQUEST_LATENCY_MAX_S = 0.2
 # the API server's 0.8 (0.8-3.2; 1.48 before the 8B's unfitted step took UNFITTED_FACTOR). In-sample there; a fixed
 # 15 ms read off the 14B alone had put the 8B's 128-token TTFT p99 +86 to +234 %.
 FRONTEND_STEPS, FRONTEND_LOAD_MAX = 1.6, 0.9
-# A run paced by its frontend cannot fit the step's cost (its duration hides the engine's speed): it takes the factor
-# the runs that could be fitted found on the same GPU and precision, their median. On H200s at 16 bits: 0.87 (the
+# A run paced by its frontend cannot fit the step's cost (its duration hides the engine's speed), nor since lease 12 one
+# that no side paced (`_Fit.overlapped_unpaced`): it takes the factor the runs that could be fitted found on the same
+# GPU and precision, their median. On H200s at 16 bits: 0.87 (the
 # eight configurations recorded at full load and fitted, their r2s 0.74-1.07 since a queued step's CPU and GPU overlap
 # only in part (0.85-0.92 and one 1.18 before); tests/data/h200_model_led), i.e. the prior's step 13 % slow.
 # Without it the 8B at 128/256 (paced by one API server) had its TPOT at a rate over-predicted by +4 to +28 % (lease
@@ -173,7 +174,7 @@ class Prediction:
 # ------------------------------------------------------------------------------------------------ calibration
 
 def _measured_cpu(obs: Observation, cost: StepCost, sim: SimResult) -> float | None:
-    """The engine core's CPU per request in a step, read off a run its frontend paced: its measured CPU less its
+    """The engine core's CPU per request in a step, read off a run that could not be fitted: its measured CPU less its
     per-step cost at the steps the run took (the simulated steps at the measured pace), over the output tokens (one a
     request a decode step). None where the samples do not say (no engine core sampled, or its CPU is its steps')."""
     cpu, out = obs.host.get("engine_core_cpu"), obs.measured.output_throughput
@@ -286,17 +287,22 @@ class _Fit:
         self.bound = host_bound(obs) if obs.host else "unknown"
         # a frontend process set the pace: the duration hides the engine's speed
         self.paced_by_frontend = bool(self.bound) and self.bound not in ("engine_core", "unknown")
-        # nor where no one side set it at full load: the GPU not kept busy and no process saturated, a step's CPU and
-        # GPU overlapped in part and the duration cannot say how much of it is whose (a run paced by its arrivals is
-        # fitted on its time per token, whose miss the report's rule reads)
-        self.fittable = not self.paced_by_frontend and not (self.bound is None and partly_overlapped(obs)
-                                                            and not self.arrival_bound)
+        self.fittable = not self.paced_by_frontend and not self.overlapped_unpaced()
         self.gpu_factor = unfitted_factor(obs)  # the GPU's, where the run cannot say it
         self.cache: dict[float, SimResult] = {}
         if not self.arrival_bound:
             self._fit_reserve(self.prior)
         else:
             self._fit_reserve(self.scaled(_secant(lambda x: self.gap(x)[0])))
+
+    def overlapped_unpaced(self) -> bool:
+        """Whether no one side set this full-load run's pace: the GPU not kept busy and no process saturated, so a
+        step's CPU and GPU overlapped in part and the duration cannot say how much of it is whose. Only where the
+        engine core's samples say its CPU (one GPU: with tensor parallelism the workers launch the kernels, unsampled);
+        a run paced by its arrivals is fitted on its time per token, whose miss the report's rule reads."""
+        obs = self.obs
+        return (self.bound is None and partly_overlapped(obs) and not self.arrival_bound
+                and bool(obs.host.get("engine_core_cpu")) and obs.tensor_parallel == 1)
 
     def _fit_reserve(self, cost: StepCost) -> None:
         counted = self.obs.measured.preemptions

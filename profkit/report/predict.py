@@ -86,6 +86,8 @@ def frontier_question(run: str | os.PathLike | None, changes: str | None = None,
     return FrontierQuestion(cal, asked, configured_for(cal, asked, changes), bounds)
 
 
+# what a run that could not be fitted stands on (the reasoning gives the GPU's factor and the engine core's CPU)
+UNFITTED_SAID = " (the GPU's step as the runs fitted on this GPU found it, else the hardware's peaks)"
 GOODPUT_CANDIDATES = 8  # the search's best configurations whose frontiers a goodput ranking compares
 
 
@@ -189,10 +191,10 @@ def predict_run(run: str | os.PathLike | None, changes: str, evidence: Evidence 
         calibration={"fit_error": cal.fit_error, "scale": cal.memory_factor,
                      "calibrated_on": (f"{bound.replace('_', ' ')}'s pace (host samples: it was saturated)" if bound
                                        else "the benchmark's duration (the GPU's step costs)") if cal.fit_error else
-                     "not calibrated: a frontend process set the pace, so the run's duration hides the engine's "
-                     "speed (the hardware's peaks stand)" if bound else
-                     "not calibrated: neither the GPU (not kept busy) nor one host process set the pace, so the run's "
-                     "duration cannot say how much of a step was the GPU's (the hardware's peaks stand)"})
+                     ("not calibrated: a frontend process set the pace, so the run's duration hides the engine's "
+                      "speed" if bound else
+                      "not calibrated: neither the GPU (not kept busy) nor one host process set the pace, so the run's "
+                      "duration cannot say how much of a step was the GPU's") + UNFITTED_SAID})
     return prediction
 
 
