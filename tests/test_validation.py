@@ -18,6 +18,18 @@ from tests.conftest import script
 SAMPLE = Path(__file__).parent.parent / "samples" / "vllm_14b_kv_bound"
 
 
+def served_runs(root: Path, folder: str) -> list[float]:
+    """Each replicate's request throughput in a recorded capture folder (`r*/bench.json`), in replicate order."""
+    return [json.loads(b.read_text())["request_throughput"] for b in sorted((root / folder).glob("r*/bench.json"))]
+
+
+def served(root: Path, folder: str) -> float:
+    """The mean request throughput of a capture folder's three replicates."""
+    runs = served_runs(root, folder)
+    assert len(runs) == 3
+    return sum(runs) / 3
+
+
 def test_the_shipped_rows_are_todays_models(tmp_path: Path) -> None:
     """Two pairs predicted afresh (a 14B FP8 KV cache on the H100, an 8B FP8 pair on the H200) give the rows the
     file holds: the file is not left behind by a change of the model."""
@@ -102,7 +114,7 @@ def test_the_pairs_predicted_before_they_ran(tmp_path_factory: pytest.TempPathFa
     for name, folder, error in (("C-fp8pair-from-C-defaults", "C/fp8pair", 0.083),
                                 ("api4-from-A3-03-model", "api/api4", -0.129)):
         said = json.loads((root / "lease4-predicted" / f"{name}.json").read_text())["metrics"]["request_throughput"]
-        runs = [json.loads(b.read_text())["request_throughput"] for b in sorted((root / folder).glob("r*/bench.json"))]
+        runs = served_runs(root, folder)
         measured = sum(runs) / len(runs)
         assert said["predicted"] / measured - 1 == pytest.approx(error, abs=0.001)
         assert said["low"] <= measured <= said["high"]
@@ -146,18 +158,13 @@ def test_the_ladder_on_a_third_shape_and_a_second_model_size_predicted_first(
 
     root = unpack(tmp_path_factory, "h200_model_led")
 
-    def served(folder: str) -> float:
-        runs = [json.loads(b.read_text())["request_throughput"] for b in sorted((root / folder).glob("r*/bench.json"))]
-        assert len(runs) == 3
-        return sum(runs) / 3
-
     for name, error in (("s3_api4", -0.202), ("s3_api2", -0.261), ("t1_api4", -0.243), ("t1_api2", -0.282)):
         said = json.loads((root / "lease9-predicted" / f"{name}-predicted.json").read_text())["metrics"][
             "request_throughput"]
-        measured = served(f"api/{name}")
+        measured = served(root, f"api/{name}")
         assert said["predicted"] / measured - 1 == pytest.approx(error, abs=0.001)
         assert said["low"] <= measured <= said["high"]
-    assert served("api/t1_api2") / served("api/t1_api1") == pytest.approx(2.06, abs=0.01)
+    assert served(root, "api/t1_api2") / served(root, "api/t1_api1") == pytest.approx(2.06, abs=0.01)
     rows = [r for r in validation.recorded_rows() if r["metric"] == "request_throughput"
             and r["pair"] in ("Q22", "Q23", "Q24", "Q25")]
     assert len(rows) == 12 and all(r["recorded_after_model"] and r["provenance"] == "held-out" for r in rows)
@@ -180,10 +187,7 @@ def test_the_ladder_measured_again_with_two_api_servers_and_four(tmp_path_factor
     from tests.conftest import unpack
 
     root = unpack(tmp_path_factory, "h200_model_led")
-    def served(folder: str) -> list[float]:
-        return [json.loads(b.read_text())["request_throughput"] for b in sorted((root / folder).glob("r*/bench.json"))]
-
-    runs = served("api/s2_api2")
+    runs = served_runs(root, "api/s2_api2")
     measured = sum(runs) / len(runs)
     assert measured == pytest.approx(61.92, abs=0.01)
     for r, error in ((1, 0.184), (2, 0.071), (3, 0.128)):
@@ -194,7 +198,7 @@ def test_the_ladder_measured_again_with_two_api_servers_and_four(tmp_path_factor
     rows = {r["pair"]: r for r in validation.recorded_rows() if r["metric"] == "request_throughput"
             and r["baseline"].endswith("s2_api1/r1")}
     assert rows["Q19"]["inside_held_out"] and rows["Q19"]["recorded_after_model"]
-    again = served("api/s2_api4b")
+    again = served_runs(root, "api/s2_api4b")
     assert rows["Q21"]["measured"] == pytest.approx(sum(again) / 3) and max(again) / min(again) > 1.25
     assert rows["Q21"]["predicted"] / rows["Q21"]["measured"] - 1 == pytest.approx(0.106, abs=0.01)
     assert rows["Q21"]["inside_held_out"]
@@ -211,14 +215,9 @@ def test_two_api_servers_and_four_on_a_third_box_predicted_first(tmp_path_factor
 
     root = unpack(tmp_path_factory, "h200_model_led")
 
-    def served(folder: str) -> float:
-        runs = [json.loads(b.read_text())["request_throughput"] for b in sorted((root / folder).glob("r*/bench.json"))]
-        assert len(runs) == 3
-        return sum(runs) / 3
-
     said = json.loads((root / "lease10-predicted" / "lease10-predicted.json").read_text())
     assert said["commit"].startswith("6a072aa")
-    two, four = served("api/s2_api2c"), served("api/s2_api4c")
+    two, four = served(root, "api/s2_api2c"), served(root, "api/s2_api4c")
     assert two == pytest.approx(59.90, abs=0.01) and four == pytest.approx(54.52, abs=0.01) and four < two
     for p in said["predictions"]:
         m = p["metrics"]["request_throughput"]
@@ -228,7 +227,7 @@ def test_two_api_servers_and_four_on_a_third_box_predicted_first(tmp_path_factor
                 (0.42 < m["predicted"] / measured - 1 < 0.45)
             assert m["low"] <= measured <= m["high"]
         else:
-            measured = served(f"sweep8s{p['api_server_count']}b/rate-{p['rate']:g}")
+            measured = served(root, f"sweep8s{p['api_server_count']}b/rate-{p['rate']:g}")
             assert abs(m["predicted"] / measured - 1) < 0.003
     gauges = (root / "lease10-gauges" / "gauges-full-api4.txt").read_text().split()
     waiting = [float(w) for w in gauges[2::3]]
@@ -269,12 +268,7 @@ def test_three_api_servers_and_a_fourth_shape_predicted_first(tmp_path_factory: 
     said = root / "lease12-predicted"
     assert "9b10439" in (said / "made-by.txt").read_text()
 
-    def served(folder: str) -> float:
-        runs = [json.loads(b.read_text())["request_throughput"] for b in sorted((root / folder).glob("r*/bench.json"))]
-        assert len(runs) == 3
-        return sum(runs) / 3
-
-    three, one, two = served("api/s2_api3b"), served("api/s4_api1"), served("api/s4_api2")
+    three, one, two = served(root, "api/s2_api3b"), served(root, "api/s4_api1"), served(root, "api/s4_api2")
     assert three == pytest.approx(59.90, abs=0.01) and one == pytest.approx(51.29, abs=0.01)
     assert two == pytest.approx(51.94, abs=0.01)
     for name, measured, low, high in (("s2_api3-from-s2_api1", three, -0.05, 0.01),
@@ -298,8 +292,7 @@ def test_four_api_servers_on_the_fourth_shape_predicted_first_measured_twice(
     from tests.conftest import unpack
 
     root = unpack(tmp_path_factory, "h200_model_led")
-    runs = [json.loads(b.read_text())["request_throughput"]
-            for b in sorted((root / "api" / "s4_api4").glob("r*/bench.json"))]
+    runs = served_runs(root, "api/s4_api4")
     assert [round(r, 2) for r in runs] == [52.28, 50.97]
     measured = sum(runs) / 2
     for folder in ("lease12-predicted", "lease13-predicted"):

@@ -286,9 +286,8 @@ class _Fit:
                                   and obs.requests / self.work.request_rate >= ARRIVAL_BOUND_SHARE * m.elapsed_s)
         self.bound = host_bound(obs) if obs.host else "unknown"
         # a frontend process set the pace: the duration hides the engine's speed
-        self.paced_by_frontend = bool(self.bound) and self.bound not in ("engine_core", "unknown")
-        self.fittable = not self.paced_by_frontend and not self.overlapped_unpaced()
-        self.gpu_factor = unfitted_factor(obs)  # the GPU's, where the run cannot say it
+        paced_by_frontend = bool(self.bound) and self.bound not in ("engine_core", "unknown")
+        self.fittable = not paced_by_frontend and not self.overlapped_unpaced()
         self.cache: dict[float, SimResult] = {}
         if not self.arrival_bound:
             self._fit_reserve(self.prior)
@@ -335,7 +334,7 @@ class _Fit:
     def uncalibrated(self) -> Calibrated:
         """The prior, as the runs that could be fitted on this GPU and precision found it (UNFITTED_FACTOR), with the
         engine core's CPU per request in a step read off the run's host samples where they say it (`_measured_cpu`)."""
-        f = self.gpu_factor
+        f = unfitted_factor(self.obs)
         cost = _scaled(self.prior, f, f)
         sim = simulate_engines(self.work, self.engine, cost, self.obs.data_parallel)
         if (per_seq := _measured_cpu(self.obs, cost, sim)) is not None:
@@ -793,12 +792,12 @@ def limit_of(r: SimResult, engine: Engine, work: Workload, caps: dict[str, float
     --max-num-seqs, the client, or the GPU."""
     if caps and r.output_throughput >= min(caps.values()):
         return f"{HOST_NAMES[min(caps, key=caps.__getitem__)]} (its CPU)"
-    cpu = cost.cpu_step_s + r.batch_mean * cost.cpu_seq_s if cost is not None and r.batch_mean else 0.0
-    if cpu and not math.isnan(r.decode_step_s) and r.decode_step_s <= CPU_BOUND_SHARE * cpu:
+    cpu = cost.cpu_step_s + r.batch_mean * cost.cpu_seq_s \
+        if cost is not None and r.batch_mean and not math.isnan(r.decode_step_s) else 0.0
+    if cpu and r.decode_step_s <= CPU_BOUND_SHARE * cpu:
         return "the engine core (its CPU per step: the GPU waits for it)"
     # past that, where the run's queued steps overlap in part, a GPU of at least 0.3 of the step beside it
-    if cpu and not math.isnan(r.decode_step_s) and cost is not None and math.isfinite(cost.queued_overlap) \
-            and cpu >= 0.5 * r.decode_step_s:
+    if cpu and cost is not None and math.isfinite(cost.queued_overlap) and cpu >= 0.5 * r.decode_step_s:
         return "the engine's step: the engine core's CPU and the GPU, each a large share of it (with requests " \
                "queued they overlap only in part)"
     in_flight = min(work.requests, work.max_concurrency or work.requests)
