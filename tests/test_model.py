@@ -540,6 +540,20 @@ def test_the_engine_cores_cpu_is_named_as_the_limit_where_the_samples_say_it_set
     assert "engine core" not in predict(blind, {"max_num_seqs": 512}).limit_before
 
 
+def test_a_prefill_heavy_run_whose_gpu_was_kept_busy_names_the_gpu(led: Path) -> None:
+    """Lease 12's 512/128 with lengths +-50 % (`api/s4_api1`): NVML had the GPU busy 0.88-0.93 and the engine core used
+    0.34-0.46 of a core, so the limit is the GPU's step. Its label compared the engine core's CPU with a decode-only
+    step (22 ms beside a mean step near 100 ms, most of them carrying a prompt's chunk) and named the engine core;
+    and the batch touched --max-num-seqs' 1,024 once (671 on average), where doubling it gains 1 %."""
+    for r in ("r1", "r2", "r3"):
+        cal = calibrate(observe(build_report(led / "api" / "s4_api1" / r).document()))
+        assert cal.observation.gpu_busy >= 0.87 and cal.observation.host["engine_core_cpu"] <= 0.46
+        p = predict(cal, {"max_num_seqs": 2048})
+        assert p.limit_before == p.limit_after == "the GPU's step time"
+        throughput = p.metrics["request_throughput"]
+        assert throughput["predicted"] / throughput["before"] < 1.02
+
+
 def test_two_api_servers_take_the_imbalance_ends_of_two(led: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Lease 9's 1.1B at 128/256, paced by its one API server: 2 API servers are predicted with the imbalance read off
     the runs with 2 (their 10th-90th percentiles at the range's ends), and there the API servers bind, so the ends

@@ -95,9 +95,11 @@ ARRIVAL_BOUND_SHARE = 0.9
 # The host processes on the token path (host samples' roles), and what "saturated" and "busy" mean for the run.
 HOST_NAMES = {"api_server": "the API server", "engine_core": "the engine core", "client": "the benchmark client"}
 SATURATED, GPU_BUSY = 0.5, 0.8
-# A simulated decode step no longer than this times the engine core's CPU for its batch took the CPU's time (with
+# A simulated step no longer than this times the engine core's CPU in it took the CPU's time (with
 # requests waiting a step is sqrt(cpu² + gpu²): 1.05 is a GPU under a third of the CPU)
 CPU_BOUND_SHARE = 1.05
+# --max-num-seqs caps a run's batch where the decoding batch sat at it on average at least this share of the time
+SEQS_CAP_HELD = 0.8
 # Those whose work is per streamed token (a ceiling in tokens/s); the engine core's is per step (in the simulation).
 FRONTEND = ("api_server", "client")
 # Several API servers do not share the load evenly (the client's connections land unevenly among them): the busiest
@@ -788,22 +790,25 @@ def _measured(m: Any, name: str) -> float | None:
 
 def limit_of(r: SimResult, engine: Engine, work: Workload, caps: dict[str, float], cost: StepCost | None = None) -> str:
     """What caps the run, in words: a host process, the engine core's CPU per step (where `cost`, the step costs
-    simulated, says its decode steps took the CPU's time, or a large share of it beside the GPU's), the KV cache,
+    simulated, says the steps took the CPU's time, or a large share of it beside the GPU's), the KV cache,
     --max-num-seqs, the client, or the GPU."""
     if caps and r.output_throughput >= min(caps.values()):
         return f"{HOST_NAMES[min(caps, key=caps.__getitem__)]} (its CPU)"
-    cpu = cost.cpu_step_s + r.batch_mean * cost.cpu_seq_s \
-        if cost is not None and r.batch_mean and not math.isnan(r.decode_step_s) else 0.0
-    if cpu and r.decode_step_s <= CPU_BOUND_SHARE * cpu:
+    # every step, prompts' chunks included: a decode-only step alone called a prefill-heavy run's engine core the
+    # limit (lease 12's 512/128, whose GPU was busy 0.88-0.93 with the engine core at 0.34-0.46 of a core)
+    cpu = r.cpu_step_mean_s if cost is not None and r.steps else 0.0
+    if cpu and r.step_mean_s <= CPU_BOUND_SHARE * cpu:
         return "the engine core (its CPU per step: the GPU waits for it)"
     # past that, where the run's queued steps overlap in part, a GPU of at least 0.3 of the step beside it
-    if cpu and cost is not None and math.isfinite(cost.queued_overlap) and cpu >= 0.5 * r.decode_step_s:
+    if cpu and cost is not None and math.isfinite(cost.queued_overlap) and cpu >= 0.5 * r.step_mean_s:
         return "the engine's step: the engine core's CPU and the GPU, each a large share of it (with requests " \
                "queued they overlap only in part)"
     in_flight = min(work.requests, work.max_concurrency or work.requests)
     if r.preemptions or r.kv_full_share > 0.2:
         return "the KV cache's size (it caps the batch)"
-    if r.batch_max >= engine.max_num_seqs and engine.max_num_seqs < in_flight:
+    # held there, not touched once: lease 12's 512/128 reached its 1,024 with 671 on average, and 2,048 gained 1 %
+    if r.batch_max >= engine.max_num_seqs and engine.max_num_seqs < in_flight \
+            and r.batch_mean >= SEQS_CAP_HELD * engine.max_num_seqs:
         return "--max-num-seqs (it caps the batch)"
     if r.batch_max >= in_flight:
         if work.offline:

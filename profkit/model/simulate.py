@@ -118,6 +118,8 @@ class SimResult:
     decode_step_s: float  # the mean time of a step with no prompt tokens (nan: none)
     kv_full_share: float  # share of steps that ended with the KV cache (nearly) full
     prompt_tokens_computed: int  # prompts' tokens computed, recomputations after preemption included
+    step_mean_s: float  # the mean time of a step, prompts' chunks included (0: none)
+    cpu_step_mean_s: float  # the engine core's CPU in it (StepCost.cpu_step_s and cpu_seq_s)
 
 
 @dataclass(frozen=True)
@@ -258,6 +260,8 @@ class _Run:
         self.batch_sum = self.batch_steps = self.batch_max = 0
         self.decode_time = 0.0
         self.decode_steps = self.full_steps = 0
+        self.busy_time = 0.0
+        self.seqs_stepped = 0  # requests summed over steps (decoding and prompts' chunks)
         self.in_flight = 0
 
     def run(self, max_steps: int) -> SimResult:
@@ -314,6 +318,8 @@ class _Run:
         dt = self.cost.step_s(tokens, kv_read, pairs, batch + len(chunks), bool(self.waiting))
         self.horizon = self.clock
         self.clock += dt
+        self.busy_time += dt
+        self.seqs_stepped += batch + len(chunks)
         self.held_total += bs * grow
         self.steps += 1
         if batch:
@@ -441,7 +447,9 @@ class _Run:
             tpot_p99_s=float(np.percentile(tpot, 99)), preemptions=self.preemptions, steps=steps,
             batch_mean=self.batch_sum / self.batch_steps if self.batch_steps else 0.0, batch_max=self.batch_max,
             decode_step_s=self.decode_time / self.decode_steps if self.decode_steps else float("nan"),
-            kv_full_share=self.full_steps / steps if steps else 0.0, prompt_tokens_computed=self.computed)
+            kv_full_share=self.full_steps / steps if steps else 0.0, prompt_tokens_computed=self.computed,
+            step_mean_s=self.busy_time / steps if steps else 0.0,
+            cpu_step_mean_s=self.cost.cpu_step_s + self.cost.cpu_seq_s * self.seqs_stepped / steps if steps else 0.0)
 
 
 def simulate_engines(work: Workload, engine: Engine, cost: StepCost, engines: int = 1) -> SimResult:

@@ -43,6 +43,7 @@ def simulate(work: Workload, engine: Engine, cost: StepCost, max_steps: int = 2_
     preemptions = steps = computed = 0
     batch_sum = batch_steps = batch_max = 0
     decode_time = decode_steps = full_steps = 0
+    busy_time, seqs_stepped = 0.0, 0
     in_flight = 0
     while steps < max_steps:
         # arrivals: those due, within the client's concurrency
@@ -123,6 +124,8 @@ def simulate(work: Workload, engine: Engine, cost: StepCost, max_steps: int = 2_
         dt = cost.step_s(tokens, kv_read, pairs, len(decoding) + len(chunks), bool(waiting))
         horizon = clock
         clock += dt
+        busy_time += dt  # the step-time means (added since 97b3826)
+        seqs_stepped += len(decoding) + len(chunks)
         steps += 1
         if len(dec):
             kv[dec] += 1
@@ -161,4 +164,6 @@ def simulate(work: Workload, engine: Engine, cost: StepCost, max_steps: int = 2_
         tpot_p99_s=float(np.percentile(tpot, 99)), preemptions=preemptions, steps=steps,
         batch_mean=batch_sum / batch_steps if batch_steps else 0.0, batch_max=batch_max,
         decode_step_s=decode_time / decode_steps if decode_steps else float("nan"),
-        kv_full_share=full_steps / steps if steps else 0.0, prompt_tokens_computed=computed)
+        kv_full_share=full_steps / steps if steps else 0.0, prompt_tokens_computed=computed,
+        step_mean_s=float(busy_time) / steps if steps else 0.0,
+        cpu_step_mean_s=cost.cpu_step_s + cost.cpu_seq_s * seqs_stepped / steps if steps else 0.0)
