@@ -139,6 +139,10 @@ LED = [
      "api/s2_api3b", {"api_server_count": 3}),
     ("Q29", "8B at 512/128, lengths +-50 %: 1 -> 2 API servers", "GPU-bound (8B, 512/128 +-50 %, 2,400)",
      "api/s4_api1", "api/s4_api2", {"api_server_count": 2}),
+    # lease 14 (2 H200s, 16 cores each, both at once; a fifth box): the fourth shape's prompt chunks a quarter of the
+    # default, predicted from lease 12's 1-API-server runs by bda68c2 before the lease (lease14-predicted)
+    ("Q30", "8B at 512/128, lengths +-50 %: --max-num-batched-tokens 2048, a fifth box", "GPU-bound (8B, 512/128 "
+     "+-50 %, 2,400)", "api/s4_api1", "api/s4_mnbt2048", {"max_num_batched_tokens": 2048}),
 ]
 # Q3: the engine core's ceiling was added after its miss (+32 %; since lease 10 its measured CPU goes into the step
 # instead); no constant was read off it, but it shaped the model.
@@ -149,8 +153,10 @@ IN_SAMPLE = {"P1", "P2", "P3", "P4", "P5", "P6", "P8", "P9", "P19", "Q3", "Q12"}
 # 243a8c4: Q20's, made from the 1-API-server runs before the 4-API-server runs were read, in lease6-predicted;
 # lease 8, the model of 93afb36: Q19's, on the GPU box, and Q21's, Q20's configuration run again; lease 9, the model
 # of 9e4b3d9: Q22-Q25's, on the GPU box; lease 10, the model of 6a072aa: Q26's and Q27's; lease 12, the model of
-# 9b10439: Q28's, here, and Q29's, on the GPU box): held-out, counted apart too
-AFTER_MODEL = {"Q15", "Q16", "Q17", "Q19", "Q20", "Q21", "Q22", "Q23", "Q24", "Q25", "Q26", "Q27", "Q28", "Q29"}
+# 9b10439: Q28's, here, and Q29's, on the GPU box; lease 14, the model of bda68c2: Q30's, here): held-out, counted
+# apart too
+AFTER_MODEL = {"Q15", "Q16", "Q17", "Q19", "Q20", "Q21", "Q22", "Q23", "Q24", "Q25", "Q26", "Q27", "Q28", "Q29",
+               "Q30"}
 
 PAIRS = [
     ("P1", "--kv-cache-memory-bytes 3e8 removed", "KV capacity (tiny)", "h100_tune.tar.xz",

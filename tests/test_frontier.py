@@ -46,6 +46,9 @@ SWEEPS = {  # the sweep: the full-load capture it is predicted from, the changes
     "8b_128_256_api2": ("api/s2_api1", "sweep8s2", {"api_server_count": 2}, 0.05),
     # lease 12: three API servers, from their own full-load run on the same box (neither side set its pace)
     "8b_128_256_api3": ("api/s2_api3b", "sweep8s3", {}, 0.05),
+    # lease 14: a GPU-bound shape (512/128, lengths +-50 %) from lease 12's run on another box, and a change from it
+    "8b_512_128": ("api/s4_api1", "sweep4s", {}, 0.05),
+    "8b_512_128_mnbt2048": ("api/s4_api1", "sweep4s_mnbt2048", {"max_num_batched_tokens": 2048}, 0.05),
 }
 
 
@@ -480,3 +483,32 @@ def test_a_run_neither_the_gpu_nor_one_process_paced_is_not_fitted(recorded: Pat
     said = json.loads(profkit("predict", recorded / "api" / "s2_api3b" / "r2", "--format", "json", "--",
                               "--api-server-count", "2").stdout)
     assert said["calibration"]["calibrated_on"].startswith("not calibrated: neither the GPU (not kept busy) nor one")
+
+
+def test_a_gpu_bound_shapes_frontier_predicted_first_came_out_short(recorded: Path) -> None:
+    """Lease 14, on a fifth box: the frontier of the 8B at 512/128 (lengths +-50 %) from lease 12's full-load run on
+    another, and of --max-num-batched-tokens 2048 from the same run, predicted by bda68c2 before either sweep ran
+    (sweep.json's `predicted`). Throughput within 4 % at every rate; latency near the knee over-predicted (TPOT p50
+    +105 % at 44.66 req/s: a step's weights' read and arithmetic summed where at 300-600 tokens the arithmetic hides
+    the read), so the goodputs came out short and outside their ranges. Today's model is that one: the same."""
+    for sweep, floor, ttft_error in (("sweep4s", 51.15, -0.115), ("sweep4s_mnbt2048", 49.06, -0.130)):
+        doc = json.loads((recorded / sweep / "sweep.json").read_text())
+        tpot, ttft = doc["goodput"]
+        assert tpot["at_least"] == floor and tpot["predicted"]["high"] < floor and not tpot["inside_range"]
+        assert ttft["error"] == pytest.approx(ttft_error, abs=0.001) and not ttft["inside_range"]
+    points = sweep_points(recorded / "sweep4s")
+    assert [round(m["request_rate"], 2) for m in points] == [25.58, 36.54, 38.36, 40.6, 44.66, 51.15]
+    cal = calibrated(recorded / "api" / "s4_api1" / "r2")
+    conf = configured(cal, {})
+    for m in points:
+        p = point_at(cal, conf, m["request_rate"], m["num_prompts"], DEFAULT_NOISE)
+        served = p.predicted["request_throughput"] / m["request_throughput"]
+        # at 51.15 req/s the server kept up (49.75) where r2's model does not (46.83: its capacity is lease 12's box's)
+        assert abs(served - 1) < 0.03 if m["request_rate"] < 50 else 0.9 < served < 0.97
+        if m["request_rate"] > 40:  # near the knee the predicted step runs well ahead of the measured
+            assert p.predicted["p50_tpot_ms"] > 1.5 * m["p50_tpot_ms"]
+    bound = Bound("p99_ttft_ms", "<=", 300)
+    measured = measured_goodput(points, bound)
+    assert measured == pytest.approx(45.86, abs=0.01)
+    f = frontier(cal, {}, [bound])
+    assert -0.15 < f.goodput["rate"] / measured - 1 < -0.05
