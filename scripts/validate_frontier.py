@@ -61,9 +61,9 @@ SWEEPS = [  # name, the capture it is predicted from, the sweep, the changes fro
     ("8B 128/256, 3 API servers, predicted from the 1-API-server capture (lease 12; the frontier 9b10439 predicted on "
      "the workstation before the lease)", "api/s2_api1", "sweep8s3", {"api_server_count": 3},
      [("p99_tpot_ms", 10), ("p99_ttft_ms", 150), ("p99_e2el_ms", 3000)]),
-    ("8B 512/128, lengths +-50 %, 1 API server, from lease 12's full-load run on a fifth box (lease 14; the 6 rates "
-     "`profkit sweep --from` chose x 2 replicates; every point predicted by bda68c2 before the lease)", "api/s4_api1",
-     "sweep4s", {}, [("p99_tpot_ms", 30), ("p99_ttft_ms", 300), ("p99_e2el_ms", 3000)]),
+    ("8B 512/128, lengths +-50 %, 1 API server, from lease 12's full-load run, swept on a fifth box (lease 14; the 6 "
+     "rates `profkit sweep --from` chose x 2 replicates; every point predicted by bda68c2 before the lease)",
+     "api/s4_api1", "sweep4s", {}, [("p99_tpot_ms", 30), ("p99_ttft_ms", 300), ("p99_e2el_ms", 3000)]),
     ("8B 512/128, lengths +-50 %, --max-num-batched-tokens 2048, predicted from the default's run (lease 14, beside "
      "it; 6 rates x 1; predicted by bda68c2 before the lease)", "api/s4_api1", "sweep4s_mnbt2048",
      {"max_num_batched_tokens": 2048}, [("p99_tpot_ms", 30), ("p99_ttft_ms", 300), ("p99_e2el_ms", 3000)]),

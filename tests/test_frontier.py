@@ -489,7 +489,7 @@ def test_a_gpu_bound_shapes_frontier_predicted_first_came_out_short(recorded: Pa
     """Lease 14, on a fifth box: the frontier of the 8B at 512/128 (lengths +-50 %) from lease 12's full-load run on
     another, and of --max-num-batched-tokens 2048 from the same run, predicted by bda68c2 before either sweep ran
     (sweep.json's `predicted`). Throughput within 4 % at every rate; latency near the knee over-predicted (TPOT p50
-    +105 % at 44.66 req/s: a step's weights' read and arithmetic summed where at 300-600 tokens the arithmetic hides
+    +103 % at 44.66 req/s: a step's weights' read and arithmetic summed where at 300-600 tokens the arithmetic hides
     the read), so the goodputs came out short and outside their ranges. Today's model is that one: the same."""
     for sweep, floor, ttft_error in (("sweep4s", 51.15, -0.115), ("sweep4s_mnbt2048", 49.06, -0.130)):
         doc = json.loads((recorded / sweep / "sweep.json").read_text())

@@ -544,7 +544,8 @@ def test_a_prefill_heavy_run_whose_gpu_was_kept_busy_names_the_gpu(led: Path) ->
     """Lease 12's 512/128 with lengths +-50 % (`api/s4_api1`): NVML had the GPU busy 0.88-0.93 and the engine core used
     0.34-0.46 of a core, so the limit is the GPU's step. Its label compared the engine core's CPU with a decode-only
     step (22 ms beside a mean step near 100 ms, most of them carrying a prompt's chunk) and named the engine core;
-    and the batch touched --max-num-seqs' 1,024 once (671 on average), where doubling it gains 1 %."""
+    and the running batch sits at --max-num-seqs' 1,024 (671 of them decoding on average), where the model predicts
+    +1 % for twice it: the GPU's step sets the pace, not the cap."""
     for r in ("r1", "r2", "r3"):
         cal = calibrate(observe(build_report(led / "api" / "s4_api1" / r).document()))
         assert cal.observation.gpu_busy >= 0.87 and cal.observation.host["engine_core_cpu"] <= 0.46
@@ -552,6 +553,24 @@ def test_a_prefill_heavy_run_whose_gpu_was_kept_busy_names_the_gpu(led: Path) ->
         assert p.limit_before == p.limit_after == "the GPU's step time"
         throughput = p.metrics["request_throughput"]
         assert throughput["predicted"] / throughput["before"] < 1.02
+
+
+def test_the_limit_names_a_cap_that_binds_and_an_engine_core_that_paced(led: Path) -> None:
+    """The limit line's other cases on recorded runs. The 14B at 256/768 (lease 5's 1-API-server runs, 400 requests at
+    once) with --max-num-seqs 128: the running batch sits at the cap in waves of 128 (100 decoding on average), and
+    the model loses a third of the throughput: the cap is the limit. The 8B at 64/512 with 4 API servers (lease 9,
+    r1: the engine core at 0.92 of a core, saturated in 79 % of samples): its decode steps, most of its time, take
+    the engine core's CPU."""
+    from profkit.model.predict import host_bound
+
+    cal = calibrate(observe(build_report(led / "api" / "api1_14b" / "r1").document()))
+    p = predict(cal, {"max_num_seqs": 128})
+    throughput = p.metrics["request_throughput"]
+    assert throughput["predicted"] / throughput["before"] < 0.75
+    assert p.limit_after == "--max-num-seqs (it caps the batch)" and "--max-num-seqs" not in p.limit_before
+    core = calibrate(observe(build_report(led / "api" / "s3_api4" / "r1").document()))
+    assert host_bound(core.observation) == "engine_core" and core.observation.host["engine_core_cpu"] > 0.9
+    assert predict(core, {"max_num_seqs": 512}).limit_before.startswith("the engine core (its CPU per step")
 
 
 def test_two_api_servers_take_the_imbalance_ends_of_two(led: Path, monkeypatch: pytest.MonkeyPatch) -> None:

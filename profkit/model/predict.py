@@ -95,11 +95,11 @@ ARRIVAL_BOUND_SHARE = 0.9
 # The host processes on the token path (host samples' roles), and what "saturated" and "busy" mean for the run.
 HOST_NAMES = {"api_server": "the API server", "engine_core": "the engine core", "client": "the benchmark client"}
 SATURATED, GPU_BUSY = 0.5, 0.8
-# A simulated step no longer than this times the engine core's CPU in it took the CPU's time (with
-# requests waiting a step is sqrt(cpu² + gpu²): 1.05 is a GPU under a third of the CPU)
-CPU_BOUND_SHARE = 1.05
-# --max-num-seqs caps a run's batch where the decoding batch sat at it on average at least this share of the time
-SEQS_CAP_HELD = 0.8
+# The engine core's CPU is the limit where the steps it paced (simulate.CPU_PACED) took at least this share of the time
+CPU_PACED_TIME = 0.5
+# --max-num-seqs caps a run's batch where as many requests ran (prompts' included) for at least this share of the time
+SEQS_CAP_HELD = 0.5
+CAP_GAIN = 1.05
 # Those whose work is per streamed token (a ceiling in tokens/s); the engine core's is per step (in the simulation).
 FRONTEND = ("api_server", "client")
 # Several API servers do not share the load evenly (the client's connections land unevenly among them): the busiest
@@ -403,8 +403,8 @@ def predict(cal: Calibrated, changes: dict[str, Any], noise: float | None = None
     # the engine core's CPU is named only where host samples say what the CPU did (without them the fit scales the
     # CPU and the GPU alike, and which one binds is the priors' say)
     cpu_known = bool(obs.host)
-    limit_after = limit_of(mid, change.engine, cal.workload, caps, costs[len(costs) // 2] if cpu_known else None)
-    limit_before = limit_of(before, cal.engine, cal.workload, caps_before, cal.cost if cpu_known else None)
+    limit_after = limit_of(mid, change.engine, cal.workload, caps, costs[len(costs) // 2], cpu_known, change.dp)
+    limit_before = limit_of(before, cal.engine, cal.workload, caps_before, cal.cost, cpu_known, obs.data_parallel)
     _outcome_reasoning(cal, mid, metrics, said.reasoning)
     return Prediction(changes, metrics, limit_before, limit_after, said.reasoning, unmodelled, said.trades, checked)
 
@@ -788,16 +788,17 @@ def _measured(m: Any, name: str) -> float | None:
             "mean_tpot_ms": m.tpot_mean_s * 1e3 if m.tpot_mean_s else None}[name]
 
 
-def limit_of(r: SimResult, engine: Engine, work: Workload, caps: dict[str, float], cost: StepCost | None = None) -> str:
-    """What caps the run, in words: a host process, the engine core's CPU per step (where `cost`, the step costs
-    simulated, says the steps took the CPU's time, or a large share of it beside the GPU's), the KV cache,
-    --max-num-seqs, the client, or the GPU."""
+def limit_of(r: SimResult, engine: Engine, work: Workload, caps: dict[str, float], cost: StepCost | None = None,
+             cpu_known: bool = True, engines: int = 1) -> str:
+    """What caps the run `r` simulated at `cost` on `engines` engines, in words: a host process, the engine core's CPU
+    per step (where the host was sampled, `cpu_known`, and the steps took the CPU's time, or a large share of it
+    beside the GPU's), the KV cache, --max-num-seqs (held, and twice it would serve more), the client, or the GPU."""
     if caps and r.output_throughput >= min(caps.values()):
         return f"{HOST_NAMES[min(caps, key=caps.__getitem__)]} (its CPU)"
-    # every step, prompts' chunks included: a decode-only step alone called a prefill-heavy run's engine core the
-    # limit (lease 12's 512/128, whose GPU was busy 0.88-0.93 with the engine core at 0.34-0.46 of a core)
-    cpu = r.cpu_step_mean_s if cost is not None and r.steps else 0.0
-    if cpu and r.step_mean_s <= CPU_BOUND_SHARE * cpu:
+    # by the steps' time, prompts' chunks included: a decode-only step alone called a prefill-heavy run's engine core
+    # the limit (lease 12's 512/128, whose GPU was busy 0.88-0.93 with the engine core at 0.34-0.46 of a core)
+    cpu = r.cpu_step_mean_s if cost is not None and cpu_known and r.steps else 0.0
+    if cpu and r.cpu_paced_share >= CPU_PACED_TIME:
         return "the engine core (its CPU per step: the GPU waits for it)"
     # past that, where the run's queued steps overlap in part, a GPU of at least 0.3 of the step beside it
     if cpu and cost is not None and math.isfinite(cost.queued_overlap) and cpu >= 0.5 * r.step_mean_s:
@@ -806,12 +807,23 @@ def limit_of(r: SimResult, engine: Engine, work: Workload, caps: dict[str, float
     in_flight = min(work.requests, work.max_concurrency or work.requests)
     if r.preemptions or r.kv_full_share > 0.2:
         return "the KV cache's size (it caps the batch)"
-    # held there, not touched once: lease 12's 512/128 reached its 1,024 with 671 on average, and 2,048 gained 1 %
-    if r.batch_max >= engine.max_num_seqs and engine.max_num_seqs < in_flight \
-            and r.batch_mean >= SEQS_CAP_HELD * engine.max_num_seqs:
+    # held there, not touched once: lease 12's 512/128 reached its 1,024 with 671 decoding on average (a doubled cap
+    # predicted +1 %); a run in waves holds it for most of its time below it on average (400 requests in 128s: 100)
+    if engine.max_num_seqs < in_flight and r.seqs_capped_share >= SEQS_CAP_HELD \
+            and (cost is None or _wider_cap_serves_more(r, engine, work, cost, engines)):
         return "--max-num-seqs (it caps the batch)"
     if r.batch_max >= in_flight:
         if work.offline:
             return "the benchmark's requests (all of them run at once: the GPU's speed decides)"
         return "the client's requests in flight (every request is running: the GPU's speed decides)"
     return "the GPU's step time"
+
+
+def _wider_cap_serves_more(r: SimResult, engine: Engine, work: Workload, cost: StepCost, engines: int) -> bool:
+    """Whether twice --max-num-seqs (within the token budget) would serve CAP_GAIN more requests/s: a cap the batch sits
+    at can still leave the GPU's step to set the pace (lease 12's 512/128 held its 1,024; 2,048 is predicted +1 %)."""
+    wider = min(2 * engine.max_num_seqs, engine.max_num_batched_tokens)
+    if wider <= engine.max_num_seqs:
+        return True
+    served = simulate_engines(work, replace(engine, max_num_seqs=wider), cost, engines).request_throughput
+    return served >= CAP_GAIN * r.request_throughput

@@ -45,6 +45,9 @@ class Infeasible(ValueError):
 # cannot give), so a run's model takes this only where its GPU was not (`predict._prior_cost`: StepCost.queued_overlap).
 # Chosen on those runs, lease 10's after they ran (its pairs are not pre-registered for this).
 QUEUED_OVERLAP = 2.0
+# A step no longer than this times the engine core's CPU for it took the CPU's time: the GPU waited for the CPU (with
+# requests waiting a step is sqrt(cpu² + gpu²): 1.05 is a GPU under a third of the CPU)
+CPU_PACED = 1.05
 
 
 @dataclass(frozen=True)
@@ -120,6 +123,8 @@ class SimResult:
     prompt_tokens_computed: int  # prompts' tokens computed, recomputations after preemption included
     step_mean_s: float  # the mean time of a step, prompts' chunks included (0: none)
     cpu_step_mean_s: float  # the engine core's CPU in it (StepCost.cpu_step_s and cpu_seq_s)
+    cpu_paced_share: float  # share of the steps' time in steps the engine core's CPU paced (CPU_PACED)
+    seqs_capped_share: float  # share of the steps' time with --max-num-seqs requests running (the cap held)
 
 
 @dataclass(frozen=True)
@@ -260,8 +265,9 @@ class _Run:
         self.batch_sum = self.batch_steps = self.batch_max = 0
         self.decode_time = 0.0
         self.decode_steps = self.full_steps = 0
-        self.busy_time = 0.0
+        self.busy_time = self.cpu_paced_time = 0.0
         self.seqs_stepped = 0  # requests summed over steps (decoding and prompts' chunks)
+        self.capped_time = 0.0
         self.in_flight = 0
 
     def run(self, max_steps: int) -> SimResult:
@@ -315,11 +321,16 @@ class _Run:
                 raise Infeasible("the KV cache cannot hold one request's next token")
             self._evict(self._last_running())
             return
-        dt = self.cost.step_s(tokens, kv_read, pairs, batch + len(chunks), bool(self.waiting))
+        seqs = batch + len(chunks)
+        dt = self.cost.step_s(tokens, kv_read, pairs, seqs, bool(self.waiting))
         self.horizon = self.clock
         self.clock += dt
         self.busy_time += dt
-        self.seqs_stepped += batch + len(chunks)
+        self.seqs_stepped += seqs
+        if self.n_running >= self.engine.max_num_seqs:
+            self.capped_time += dt
+        if dt <= CPU_PACED * (self.cost.cpu_step_s + seqs * self.cost.cpu_seq_s):
+            self.cpu_paced_time += dt
         self.held_total += bs * grow
         self.steps += 1
         if batch:
@@ -449,7 +460,9 @@ class _Run:
             decode_step_s=self.decode_time / self.decode_steps if self.decode_steps else float("nan"),
             kv_full_share=self.full_steps / steps if steps else 0.0, prompt_tokens_computed=self.computed,
             step_mean_s=self.busy_time / steps if steps else 0.0,
-            cpu_step_mean_s=self.cost.cpu_step_s + self.cost.cpu_seq_s * self.seqs_stepped / steps if steps else 0.0)
+            cpu_step_mean_s=self.cost.cpu_step_s + self.cost.cpu_seq_s * self.seqs_stepped / steps if steps else 0.0,
+            cpu_paced_share=self.cpu_paced_time / self.busy_time if self.busy_time else 0.0,
+            seqs_capped_share=self.capped_time / self.busy_time if self.busy_time else 0.0)
 
 
 def simulate_engines(work: Workload, engine: Engine, cost: StepCost, engines: int = 1) -> SimResult:

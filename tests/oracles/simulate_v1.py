@@ -8,7 +8,7 @@ from collections import deque
 
 import numpy as np
 
-from profkit.model.simulate import Engine, Infeasible, SimResult, StepCost, Workload, arrivals
+from profkit.model.simulate import CPU_PACED, Engine, Infeasible, SimResult, StepCost, Workload, arrivals
 
 
 def simulate(work: Workload, engine: Engine, cost: StepCost, max_steps: int = 2_000_000) -> SimResult:
@@ -43,7 +43,7 @@ def simulate(work: Workload, engine: Engine, cost: StepCost, max_steps: int = 2_
     preemptions = steps = computed = 0
     batch_sum = batch_steps = batch_max = 0
     decode_time = decode_steps = full_steps = 0
-    busy_time, seqs_stepped = 0.0, 0
+    busy_time, seqs_stepped, cpu_paced_time, capped_time = 0.0, 0, 0.0, 0.0
     in_flight = 0
     while steps < max_steps:
         # arrivals: those due, within the client's concurrency
@@ -121,11 +121,16 @@ def simulate(work: Workload, engine: Engine, cost: StepCost, max_steps: int = 2_
             preemptions += 1
             continue
         # requests still waiting after the step's admissions: the queued step's partial overlap (added since f668df1)
-        dt = cost.step_s(tokens, kv_read, pairs, len(decoding) + len(chunks), bool(waiting))
+        seqs = len(decoding) + len(chunks)
+        dt = cost.step_s(tokens, kv_read, pairs, seqs, bool(waiting))
         horizon = clock
         clock += dt
-        busy_time += dt  # the step-time means (added since 97b3826)
-        seqs_stepped += len(decoding) + len(chunks)
+        busy_time += dt  # the step-time aggregates (added since 97b3826)
+        seqs_stepped += seqs
+        if len(running) >= engine.max_num_seqs:
+            capped_time += dt
+        if dt <= CPU_PACED * (cost.cpu_step_s + seqs * cost.cpu_seq_s):
+            cpu_paced_time += dt
         steps += 1
         if len(dec):
             kv[dec] += 1
@@ -166,4 +171,6 @@ def simulate(work: Workload, engine: Engine, cost: StepCost, max_steps: int = 2_
         decode_step_s=decode_time / decode_steps if decode_steps else float("nan"),
         kv_full_share=full_steps / steps if steps else 0.0, prompt_tokens_computed=computed,
         step_mean_s=float(busy_time) / steps if steps else 0.0,
-        cpu_step_mean_s=cost.cpu_step_s + cost.cpu_seq_s * seqs_stepped / steps if steps else 0.0)
+        cpu_step_mean_s=cost.cpu_step_s + cost.cpu_seq_s * seqs_stepped / steps if steps else 0.0,
+        cpu_paced_share=float(cpu_paced_time) / float(busy_time) if busy_time else 0.0,
+        seqs_capped_share=float(capped_time) / float(busy_time) if busy_time else 0.0)
