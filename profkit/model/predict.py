@@ -788,8 +788,8 @@ def _measured(m: Any, name: str) -> float | None:
             "mean_tpot_ms": m.tpot_mean_s * 1e3 if m.tpot_mean_s else None}[name]
 
 
-def limit_of(r: SimResult, engine: Engine, work: Workload, caps: dict[str, float], cost: StepCost | None = None,
-             cpu_known: bool = True, engines: int = 1) -> str:
+def limit_of(r: SimResult, engine: Engine, work: Workload, caps: dict[str, float], cost: StepCost, cpu_known: bool,
+             engines: int) -> str:
     """What caps the run `r` simulated at `cost` on `engines` engines, in words: a host process, the engine core's CPU
     per step (where the host was sampled, `cpu_known`, and the steps took the CPU's time, or a large share of it
     beside the GPU's), the KV cache, --max-num-seqs (held, and twice it would serve more), the client, or the GPU."""
@@ -797,11 +797,11 @@ def limit_of(r: SimResult, engine: Engine, work: Workload, caps: dict[str, float
         return f"{HOST_NAMES[min(caps, key=caps.__getitem__)]} (its CPU)"
     # by the steps' time, prompts' chunks included: a decode-only step alone called a prefill-heavy run's engine core
     # the limit (lease 12's 512/128, whose GPU was busy 0.88-0.93 with the engine core at 0.34-0.46 of a core)
-    cpu = r.cpu_step_mean_s if cost is not None and cpu_known and r.steps else 0.0
+    cpu = r.cpu_step_mean_s if cpu_known and r.steps else 0.0
     if cpu and r.cpu_paced_share >= CPU_PACED_TIME:
         return "the engine core (its CPU per step: the GPU waits for it)"
     # past that, where the run's queued steps overlap in part, a GPU of at least 0.3 of the step beside it
-    if cpu and cost is not None and math.isfinite(cost.queued_overlap) and cpu >= 0.5 * r.step_mean_s:
+    if cpu and math.isfinite(cost.queued_overlap) and cpu >= 0.5 * r.step_mean_s:
         return "the engine's step: the engine core's CPU and the GPU, each a large share of it (with requests " \
                "queued they overlap only in part)"
     in_flight = min(work.requests, work.max_concurrency or work.requests)
@@ -810,7 +810,7 @@ def limit_of(r: SimResult, engine: Engine, work: Workload, caps: dict[str, float
     # held there, not touched once: lease 12's 512/128 reached its 1,024 with 671 decoding on average (a doubled cap
     # predicted +1 %); a run in waves holds it for most of its time below it on average (400 requests in 128s: 100)
     if engine.max_num_seqs < in_flight and r.seqs_capped_share >= SEQS_CAP_HELD \
-            and (cost is None or _wider_cap_serves_more(r, engine, work, cost, engines)):
+            and _wider_cap_serves_more(r, engine, work, cost, engines):
         return "--max-num-seqs (it caps the batch)"
     if r.batch_max >= in_flight:
         if work.offline:
