@@ -55,9 +55,11 @@ REPLICATES = {"B/fp8pair": 2, "A3/tune/runs/01-baseline": 2, "A3/tune/runs/03-mo
               "api1": 1, "api/api4": 1, "api/api1_14b": 2, "api/api4_14b": 2}
 
 
-def _led_pair(pid: str, change: str, limit: str, before: str, after: str, changes: dict) -> tuple:
-    """A pair of tests/data/h200_model_led: a start or configuration against another, every replicate of each."""
-    runs = [[f"h200_model_led/{side}/r{i}" for i in range(1, REPLICATES.get(side, 3) + 1)] for side in (before, after)]
+def _led_pair(pid: str, change: str, limit: str, before: str, after: str | tuple[str, ...], changes: dict) -> tuple:
+    """A pair of tests/data/h200_model_led: a start or configuration against another, every replicate of each (`after`
+    several folders where the configuration ran on several servers)."""
+    runs = [[f"h200_model_led/{folder}/r{i}" for folder in ((side,) if isinstance(side, str) else side)
+             for i in range(1, REPLICATES.get(folder, 3) + 1)] for side in (before, after)]
     return (pid, change, limit, "h200_model_led.tar.xz", *runs, changes)
 
 
@@ -143,6 +145,11 @@ LED = [
     # default, predicted from lease 12's 1-API-server runs by bda68c2 before the lease (lease14-predicted)
     ("Q30", "8B at 512/128, lengths +-50 %: --max-num-batched-tokens 2048, a fifth box", "GPU-bound (8B, 512/128 "
      "+-50 %, 2,400)", "api/s4_api1", "api/s4_mnbt2048", {"max_num_batched_tokens": 2048}),
+    # lease 17 (2 H200s, 16 cores each; a sixth box): Q25's configuration again, 1 -> 2 API servers, the 2 on two
+    # servers side by side (one a GPU), predicted on the GPU box by 62d33ec from the 1-API-server runs before either
+    # started (lease17-predicted)
+    ("Q31", "1.1B at 128/256: 1 -> 2 API servers, a sixth box", "API-server-bound (1.1B, 128/256, 3,000)",
+     "api/t1b_api1", ("api/t1b_api2", "api/t1b_api2b"), {"api_server_count": 2}),
 ]
 # Q3: the engine core's ceiling was added after its miss (+32 %; since lease 10 its measured CPU goes into the step
 # instead); no constant was read off it, but it shaped the model.
@@ -153,10 +160,10 @@ IN_SAMPLE = {"P1", "P2", "P3", "P4", "P5", "P6", "P8", "P9", "P19", "Q3", "Q12"}
 # 243a8c4: Q20's, made from the 1-API-server runs before the 4-API-server runs were read, in lease6-predicted;
 # lease 8, the model of 93afb36: Q19's, on the GPU box, and Q21's, Q20's configuration run again; lease 9, the model
 # of 9e4b3d9: Q22-Q25's, on the GPU box; lease 10, the model of 6a072aa: Q26's and Q27's; lease 12, the model of
-# 9b10439: Q28's, here, and Q29's, on the GPU box; lease 14, the model of bda68c2: Q30's, here): held-out, counted
-# apart too
+# 9b10439: Q28's, here, and Q29's, on the GPU box; lease 14, the model of bda68c2: Q30's, here; lease 17, the model
+# of 62d33ec: Q31's, on the GPU box): held-out, counted apart too
 AFTER_MODEL = {"Q15", "Q16", "Q17", "Q19", "Q20", "Q21", "Q22", "Q23", "Q24", "Q25", "Q26", "Q27", "Q28", "Q29",
-               "Q30"}
+               "Q30", "Q31"}
 
 PAIRS = [
     ("P1", "--kv-cache-memory-bytes 3e8 removed", "KV capacity (tiny)", "h100_tune.tar.xz",

@@ -29,6 +29,7 @@ from profkit.model.frontier import canonical_metric, frontier, keeps_up, point_a
 from profkit.model.observe import observe
 from profkit.model.predict import DEFAULT_NOISE, calibrate, configured
 from profkit.model.search import Bound
+from profkit.model.simulate import StepCost
 from tests.cli import one_error_line, profkit
 from tests.conftest import script, unpack
 
@@ -489,8 +490,9 @@ def test_a_gpu_bound_shapes_frontier_predicted_first_came_out_short(recorded: Pa
     """Lease 14, on a fifth box: the frontier of the 8B at 512/128 (lengths +-50 %) from lease 12's full-load run on
     another, and of --max-num-batched-tokens 2048 from the same run, predicted by bda68c2 before either sweep ran
     (sweep.json's `predicted`). Throughput within 4 % at every rate; latency near the knee over-predicted (TPOT p50
-    +103 % at 44.66 req/s: a step's weights' read and arithmetic summed where at 300-600 tokens the arithmetic hides
-    the read), so the goodputs came out short and outside their ranges. Today's model is that one: the same."""
+    +103 % at 44.66 req/s), so the goodputs came out short and outside their ranges. Today's model is that one: the
+    same. A step's weights' read and arithmetic summed is a small part of it (a p-norm fitted to lease 15's and 17's
+    step curves moves these goodputs 2-4 points: test_the_step_against_its_tokens_as_measured)."""
     for sweep, floor, ttft_error in (("sweep4s", 51.15, -0.115), ("sweep4s_mnbt2048", 49.06, -0.130)):
         doc = json.loads((recorded / sweep / "sweep.json").read_text())
         tpot, ttft = doc["goodput"]
@@ -512,3 +514,35 @@ def test_a_gpu_bound_shapes_frontier_predicted_first_came_out_short(recorded: Pa
     assert measured == pytest.approx(45.86, abs=0.01)
     f = frontier(cal, {}, [bound])
     assert -0.15 < f.goodput["rate"] / measured - 1 < -0.05
+
+
+def test_the_step_against_its_tokens_as_measured(recorded: Path) -> None:
+    """Leases 15 and 17 (`steptime/`: vLLM's offline engine, CUDA graphs as served, H200): one prompt of T tokens
+    alone in a step, over a one-token step, and B requests decoding, on the 8B and 14B shapes; against the step of the
+    model calibrated on each shape's full-load capture (its weights' read plus its arithmetic, `StepCost.step_s`).
+    On the 8B the sum over-counts by 2.6-3.9 ms from 256 to 2,000 tokens: the weights' read (3.6 ms), which the
+    arithmetic hides. On the 14B by 4.7 ms at 256 tokens, 3.6 at 512, none at 2,000: its step with a prompt costs
+    5 ms more than a decode step even at 16 tokens (the 8B's 1.1 ms), which the hidden read's count stands in for. A
+    one-request decode step is under-counted on both (13 %, 18 %). No form the model has gives these curves."""
+    def curve(name: str) -> tuple[dict[int, float], dict[int, float]]:
+        rows = [json.loads(line) for line in (recorded / "steptime" / name).read_text().splitlines()]
+        assert rows[-1] == {"kind": "done"}
+        return ({r["t"]: r["s"] * 1e3 for r in rows if r["kind"] == "prefill" and r["b"] == 1},
+                {r["b"]: r["step"] * 1e3 for r in rows if r["kind"] == "decode"})
+
+    overs = {}
+    for name, capture, prompt_step in (("steptime.jsonl", "sweep/capture", 1.1),
+                                       ("steptime14.jsonl", "sweep14/capture", 5.0)):
+        prompt, decode = curve(name)
+        fixed = prompt[1] - decode[1]  # a request's own costs beside its one step
+        assert prompt[16] - fixed - decode[1] == pytest.approx(prompt_step, abs=0.1)
+        cost = calibrated(recorded / capture / "r1").cost
+
+        def step_ms(t: int, cost: StepCost = cost) -> float:
+            return cost.step_s(t, 0, t * (t + 1) / 2) * 1e3  # a prompt alone: no KV read yet
+
+        overs[name] = {t: (step_ms(t) - step_ms(1)) - (prompt[t] - prompt[1]) for t in (256, 512, 1024, 2000)}
+        assert step_ms(1) < 0.9 * decode[1]
+    assert all(2.5 < over < 4.0 for over in overs["steptime.jsonl"].values())
+    fourteen = overs["steptime14.jsonl"]
+    assert 4.0 < fourteen[256] < 5.5 and 3.0 < fourteen[512] < 4.5 and abs(fourteen[2000]) < 1.0
