@@ -10,10 +10,12 @@ analysis/efficiency.py for MFU and MBU per phase). Without them (an nsys trace o
 from the kernel vLLM's GPU model runner launches once per step to prepare its inputs
 (`_prepare_pos_seq_lens_kernel`, vLLM 0.2x; prefill-bearing where `_prepare_prefill_inputs_kernel` runs in the
 step): a step starts at the longest GPU idle time between the previous step's last kernel (`_post_update_kernel`)
-and that one, where the host schedules the next step and stages its inputs. A step's cycle runs from its start to
-the next step's start; its GPU busy time is the cycle less the GPU's idle time in it, summed from the GPU's gaps
-(analysis/gaps.py; the steps are disjoint, so all of them together read each gap of the window once). A step
-belongs to the window when its range overlaps it (vLLM names a step on the host just before its first kernel).
+and that one, where the host schedules the next step and stages its inputs. An annotated step is then moved onto
+the GPU's timeline (`_on_gpu`): it starts at the first kernel or memory operation its CUDA calls launched (joined by
+correlation id), since with asynchronous scheduling vLLM names a step on the host while the GPU still runs the one
+before. A step's cycle runs from its start to the next step's start; its GPU busy time is the cycle less the GPU's
+idle time in it, summed from the GPU's gaps (analysis/gaps.py; the steps are disjoint, so all of them together read
+each gap of the window once). A step belongs to the window when its range overlaps it.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ STEP_KERNEL = "_prepare_pos_seq_lens_kernel"  # once per step, first of the step
 PREFILL_KERNEL = "_prepare_prefill_inputs_kernel"  # only in steps that carry prompt tokens
 END_KERNEL = "_post_update_kernel"  # the last of a step's own kernels, after sampling
 NVTX_SOURCE = "vLLM step annotations (execute_context_N(T)_generation_M(M))"
+ON_GPU = "each from the first GPU operation it launched"
+LAG_MAX_NS = 500_000_000  # how far behind its annotation a step's GPU work may run (recorded: 7-27 ms)
 KERNEL_SOURCE = f"vLLM's per-step input kernels ({STEP_KERNEL}; prefill: {PREFILL_KERNEL})"
 
 
@@ -72,10 +76,66 @@ def _read_steps(trace: Trace, lo: int, hi: int) -> tuple[DeviceGaps, np.ndarray,
     if not all_gaps.devices:
         return None
     gaps = all_gaps.devices[min(all_gaps.devices)]
-    steps, source = _nvtx_steps(trace, lo, hi, gaps.device), NVTX_SOURCE
+    # the annotations a little before the window too: a step named on the host before it may run inside it
+    steps, pid = _nvtx_steps(trace, lo - LAG_MAX_NS, hi, gaps.device)
+    trace.cache[f"steps dropped {lo} {hi}"] = trace.cache.pop(f"steps dropped {lo - LAG_MAX_NS} {hi}", {})
+    source = NVTX_SOURCE
+    if len(steps) and (projected := _on_gpu(trace, steps, pid, gaps)) is not None:
+        steps, source = projected, f"{NVTX_SOURCE}, {ON_GPU}"
+        steps = steps[(steps[:, 1] > lo) & (steps[:, 0] < hi)]
+    elif len(steps):
+        steps = steps[steps[:, 1] > lo]
     if not len(steps):
         steps, source = _kernel_steps(trace, lo, hi, gaps), KERNEL_SOURCE
     return (gaps, steps, source) if len(steps) else None
+
+
+def _on_gpu(trace: Trace, steps: np.ndarray, pid: int | None, gaps: DeviceGaps) -> np.ndarray | None:
+    """The annotated steps moved onto GPU `device`'s timeline: each from the first GPU operation it launched (the
+    CUDA calls its process made from its annotation's start to the next one's, joined to kernels and memory
+    operations by correlation id) to the last one's end. vLLM names a step on the host while the GPU still runs
+    the one before (asynchronous scheduling: 7-27 ms behind on the recorded 14B traces), so the host's ranges put
+    one step's GPU time on its neighbour at every change of phase. A step that launched nothing the trace kept
+    (outside a trimmed trace's kernels) keeps its host range moved by the median lag, in order; one whose work
+    holds the GPU's first or last operation in the trace is left out (the trace may have cut it: its time would
+    not be its tokens'). None where no step's launches are in the trace (no CUDA calls or correlation ids): the
+    host's ranges stay."""
+    device = gaps.device
+    if not {"api", "kernels"} <= trace.present:
+        return None
+    host = steps[:, 0]
+    lo, hi = int(host[0]), int(max(steps[-1, 1], host[-1] + 1))
+    owner_pid = f" AND pid = {int(pid)}" if pid is not None else ""
+    api = read_columns(trace, "api", {"s": "start", "c": "correlation"},
+                       where=f"correlation IS NOT NULL{owner_pid} AND start >= {lo} AND start < {hi}",
+                       seq_span=seq_bounds(trace, "api"))
+    if not len(api["c"]):
+        return None
+    launched_by = np.searchsorted(host, api["s"], side="right") - 1  # the step whose range the call is in
+    order = np.argsort(api["c"], kind="stable")
+    calls, by = api["c"][order], launched_by[order]
+    first = np.full(len(steps), np.iinfo(np.int64).max, dtype=np.int64)
+    last = np.full(len(steps), np.iinfo(np.int64).min, dtype=np.int64)
+    for relation, seq in (("kernels", seq_bounds(trace, "kernels")), ("memops", None)):
+        if relation not in trace.present:
+            continue
+        ops = read_columns(trace, relation, {"s": "start", "e": "end", "c": "correlation"},
+                           where=f"correlation IS NOT NULL AND device = {int(device)} AND end >= {lo}",
+                           seq_span=seq)
+        at = np.clip(np.searchsorted(calls, ops["c"]), 0, len(calls) - 1)
+        mine = calls[at] == ops["c"]
+        step = by[at[mine]]
+        np.minimum.at(first, step, ops["s"][mine])
+        np.maximum.at(last, step, ops["e"][mine])
+    known = last >= first
+    if not known.any():
+        return None
+    lag = int(np.median(first[known] - host[known]))
+    out = steps.copy()
+    out[:, 0] = np.maximum.accumulate(np.where(known, first, host + lag))
+    out[:, 1] = np.maximum(out[:, 0] + 1, np.where(known, last, steps[:, 1] + lag))
+    cut = known & ((first <= gaps.first) | (last >= gaps.last))
+    return out[~cut]
 
 
 def _bounds(steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -119,6 +179,12 @@ def engine_steps(trace: Trace, win: Window) -> dict[str, Any] | None:
     # the GPU's wait at the step's start: idle from the start to its next operation (before the first operation
     # of the trace, the time until it)
     waits = np.minimum(cycles, wait_ns + (ca - a))
+    if source.endswith(ON_GPU) and n:
+        # a step on the GPU starts at its first operation: its wait is the idle time just before it (the host
+        # launching it), which ends the previous step's cycle
+        k = np.clip(np.searchsorted(gaps.end, ca, side="left"), 0, n - 1)
+        before = np.where(gaps.end[k] == ca, ca - gaps.start[k], 0)
+        waits = np.minimum(before, np.append(np.int64(0), np.diff(a)) if len(a) > 1 else np.zeros_like(a))
     prefill = steps[:, CONTEXT_REQUESTS] > 0
     total = int(cycles.sum())
     stride = max(1, len(steps) // SERIES_MAX)
@@ -150,15 +216,16 @@ def engine_steps(trace: Trace, win: Window) -> dict[str, Any] | None:
     }
 
 
-def _nvtx_steps(trace: Trace, lo: int, hi: int, device: int) -> np.ndarray:
-    """A row (COLUMNS) per annotated step of GPU `device`. Names repeat (decode steps of one batch size), so each
-    distinct name is parsed once."""
+def _nvtx_steps(trace: Trace, lo: int, hi: int, device: int) -> tuple[np.ndarray, int | None]:
+    """A row (COLUMNS) per annotated step of GPU `device`, on the host's timeline, and the process that annotated
+    them. Names repeat (decode steps of one batch size), so each distinct name is parsed once."""
     if "nvtx" not in trace.present:
-        return _NO_STEPS
+        return _NO_STEPS, None
     rows = trace.query(
         "SELECT start, end, name, pid FROM nvtx WHERE name LIKE '%execute\\_%context\\_%' ESCAPE '\\' "
         "AND style != 'GPU' AND end > ? AND start < ? ORDER BY start", (lo, hi))
     rows = _of_process(trace, rows, device)
+    pids = {pid for *_, pid in rows if isinstance(pid, int)}
     parsed: dict[str, tuple[int, ...] | None] = {}
     steps = []
     dropped: Counter[str] = Counter()
@@ -178,7 +245,7 @@ def _nvtx_steps(trace: Trace, lo: int, hi: int, device: int) -> np.ndarray:
         seen.add((start, name))
         steps.append((int(start), int(end), *fields))
     trace.cache[f"steps dropped {lo} {hi}"] = dict(dropped)
-    return np.array(steps, dtype=np.int64).reshape(-1, len(COLUMNS))
+    return np.array(steps, dtype=np.int64).reshape(-1, len(COLUMNS)), (pids.pop() if len(pids) == 1 else None)
 
 
 def _inconsistent(fields: tuple[int, ...]) -> str | None:
