@@ -155,7 +155,7 @@ def test_the_calibration_reproduces_the_measured_run(bf16) -> None:
     # on the GPU's (analysis/steps.py: each step from the first kernel it launched) the prefill-bearing steps' MFU is
     # 0.77, not 0.47 (the host's ranges gave them the decode steps' GPU time behind them), and the prior's split of
     # a step between the weights' read and the arithmetic moved with it
-    assert bf16.fit_error["tpot"] < 0.10 and bf16.fit_error["ttft"] == pytest.approx(0.127, abs=0.005)
+    assert bf16.fit_error["tpot"] < 0.10 and bf16.fit_error["ttft"] < 0.135
 
 
 def test_no_change_predicts_the_measured_run(bf16) -> None:

@@ -23,8 +23,10 @@ STEP = re.compile(r"execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)")
 def brute_force(path) -> tuple[list[tuple[int, int, bool]], list[int]]:
     """(cycle, GPU busy, prefill) per step from the raw events, in plain Python: each annotated step moved onto the
     GPU (from the first kernel or memory operation its CUDA calls launched, the calls made from its annotation's
-    start to the next one's, joined by correlation id), its cycle to the next step's GPU start, its busy time the
-    union of the GPU's operations inside that cycle; a step holding the trace's first or last operation left out.
+    start to the next one's, joined by correlation id; one that launched nothing kept: its host start moved by the
+    median lag, between its neighbours), its cycle to the next step's GPU start, its busy time the union of the GPU's
+    operations inside that cycle; a step the trace cut (holding its first or last operation, or launching nothing
+    kept while the GPU worked) left out, its time given to none.
     And each step's wait: the GPU's idle time just before its first operation, within the step before's cycle."""
     with open_trace(CaptureFolder(path).traces()[0]) as trace:
         marks = [(s, e, n) for s, e, n in trace.query("SELECT start, end, name FROM nvtx WHERE style = 'CPU' "
@@ -45,20 +47,31 @@ def brute_force(path) -> tuple[list[tuple[int, int, bool]], list[int]]:
         if i is not None:
             first[i], last[i] = min(first.get(i, s), s), max(last.get(i, e), e)
     lag = int(statistics.median(first[i] - marks[i][0] for i in first))
-    starts, ends, floor = [], [], None
-    for i, (a, end, _) in enumerate(marks):
-        g = first.get(i, a + lag)
+    # a step that launched nothing kept: its host start moved by the lag, between its neighbours' first operations
+    starts, floor = [], None
+    for i, (a, _, _) in enumerate(marks):
+        if i in first:
+            g = first[i]
+        else:
+            after = max((first[j] for j in first if j < i), default=None)
+            upto = min((first[j] for j in first if j > i), default=None)
+            g = a + lag
+            g = max(g, after) if after is not None else g
+            g = min(g, upto) if upto is not None else g
         floor = g if floor is None else max(floor, g)
         starts.append(floor)
-        ends.append(max(floor + 1, last.get(i, end + lag)))
-    # a step holding the trace's first or last GPU operation may have been cut by it: left out
+    # a step's range ends where the next one starts (the last: its work's end)
+    ends = [max(starts[i + 1], starts[i] + 1) for i in range(len(marks) - 1)]
+    ends.append(max(starts[-1] + 1, last.get(len(marks) - 1, marks[-1][1] + lag)))
+    # cut by the trace: holding its first or last operation, or launching nothing kept while the GPU worked
     device_first, device_last = min(s for s, _, _ in ops), max(e for _, e, _ in ops)
-    kept = [i for i in range(len(marks)) if not (i in first and (first[i] <= device_first or last[i] >= device_last))]
+    kept = [i for i in range(len(marks)) if not (
+        (first[i] <= device_first or last[i] >= device_last) if i in first
+        else (starts[i] < device_last and ends[i] > device_first))]
     out = []
-    for k, i in enumerate(kept):
+    for i in kept:
         name = marks[i][2]
-        a = starts[i]
-        b = starts[kept[k + 1]] if k + 1 < len(kept) else max(ends[i], a + 1)
+        a, b = starts[i], ends[i]
         busy, cur_s, cur_e = 0, None, None
         for s, e, _ in ops:
             s, e = max(s, a), min(e, b)
@@ -155,11 +168,11 @@ def test_nsys_steps_from_vllms_own_kernels(sqlite_path) -> None:
 
 
 def test_a_14b_trace_steps_take_the_gpu_time_of_what_they_launched(tmp_path) -> None:
-    """The 14B on the H100 (tests/data/h100_phases/bf16, nsys, asynchronous scheduling): the GPU runs 7-27 ms behind
-    vLLM's step annotations, so a step's host range holds the end of the step before it. Read with raw SQL on the
-    nsys export: each prompt-bearing step's own kernels (launched from its annotation's start to the next one's,
-    joined by correlation id) against the step view's GPU busy time. The host's ranges had given the step of 1,024
-    prompt tokens 437 ms of GPU time; its kernels took 93."""
+    """The 14B on the H100 (tests/data/h100_phases/bf16, nsys, asynchronous scheduling): the GPU runs behind vLLM's
+    step annotations (decode steps 7-27 ms, a prompt's step up to 0.6 s), so a step's host range holds the end of
+    the step before it. Read with raw SQL on the nsys export: each prompt-bearing step's own kernels (launched from
+    its annotation's start to the next one's, joined by correlation id) against the step view's GPU busy time. The
+    host's ranges had given the step of 1,024 prompt tokens 437 ms of GPU time; its kernels took 93."""
     import sqlite3
     import tarfile
 

@@ -28,7 +28,7 @@ import numpy as np
 
 from profkit.analysis.gaps import DeviceGaps, gpu_gaps
 from profkit.analysis.scans import KERNEL_SCAN
-from profkit.analysis.seq import seq_bounds
+from profkit.analysis.seq import seq_bounds, seq_range
 from profkit.analysis.window import Window
 from profkit.traces import Trace
 from profkit.traces.columns import read_columns
@@ -50,7 +50,9 @@ PREFILL_KERNEL = "_prepare_prefill_inputs_kernel"  # only in steps that carry pr
 END_KERNEL = "_post_update_kernel"  # the last of a step's own kernels, after sampling
 NVTX_SOURCE = "vLLM step annotations (execute_context_N(T)_generation_M(M))"
 ON_GPU = "each from the first GPU operation it launched"
-LAG_MAX_NS = 500_000_000  # how far behind its annotation a step's GPU work may run (recorded: 7-27 ms)
+# how far behind its annotation a step's GPU work may run (recorded: decode steps 7-27 ms, a prompt's step behind
+# queued prompts up to 0.6 s on the 14B)
+LAG_MAX_NS = 2_000_000_000
 KERNEL_SOURCE = f"vLLM's per-step input kernels ({STEP_KERNEL}; prefill: {PREFILL_KERNEL})"
 
 
@@ -76,12 +78,11 @@ def _read_steps(trace: Trace, lo: int, hi: int) -> tuple[DeviceGaps, np.ndarray,
     if not all_gaps.devices:
         return None
     gaps = all_gaps.devices[min(all_gaps.devices)]
-    # the annotations a little before the window too: a step named on the host before it may run inside it
-    steps, pid = _nvtx_steps(trace, lo - LAG_MAX_NS, hi, gaps.device)
-    trace.cache[f"steps dropped {lo} {hi}"] = trace.cache.pop(f"steps dropped {lo - LAG_MAX_NS} {hi}", {})
+    # the annotations from a while before the window too: a step named on the host before it may run inside it
+    steps, pid = _nvtx_steps(trace, lo - LAG_MAX_NS, hi, gaps.device, counted_from=lo)
     source = NVTX_SOURCE
-    if len(steps) and (projected := _on_gpu(trace, steps, pid, gaps)) is not None:
-        steps, source = projected, f"{NVTX_SOURCE}, {ON_GPU}"
+    if len(steps) and (placed := _on_gpu(trace, steps, pid, gaps)) is not None:
+        steps, source = placed, f"{NVTX_SOURCE}, {ON_GPU}"
         steps = steps[(steps[:, 1] > lo) & (steps[:, 0] < hi)]
     elif len(steps):
         steps = steps[steps[:, 1] > lo]
@@ -91,24 +92,29 @@ def _read_steps(trace: Trace, lo: int, hi: int) -> tuple[DeviceGaps, np.ndarray,
 
 
 def _on_gpu(trace: Trace, steps: np.ndarray, pid: int | None, gaps: DeviceGaps) -> np.ndarray | None:
-    """The annotated steps moved onto GPU `device`'s timeline: each from the first GPU operation it launched (the
-    CUDA calls its process made from its annotation's start to the next one's, joined to kernels and memory
-    operations by correlation id) to the last one's end. vLLM names a step on the host while the GPU still runs
-    the one before (asynchronous scheduling: 7-27 ms behind on the recorded 14B traces), so the host's ranges put
-    one step's GPU time on its neighbour at every change of phase. A step that launched nothing the trace kept
-    (outside a trimmed trace's kernels) keeps its host range moved by the median lag, in order; one whose work
-    holds the GPU's first or last operation in the trace is left out (the trace may have cut it: its time would
-    not be its tokens'). None where no step's launches are in the trace (no CUDA calls or correlation ids): the
-    host's ranges stay."""
-    device = gaps.device
+    """The annotated steps moved onto GPU `gaps.device`'s timeline: each from the first GPU operation it launched
+    (the CUDA calls its process made from its annotation's start to the next one's, joined to kernels and memory
+    operations by correlation id) to the next step's first. vLLM names a step on the host while the GPU still runs
+    the ones before (asynchronous scheduling: decode steps 7-27 ms behind on the recorded 14B traces, a prompt's
+    step up to 0.6 s behind the prompts queued before it), so the host's ranges put one step's GPU time on its
+    neighbour at every change of phase. A step that launched nothing the trace kept sits at its host start moved
+    by the median lag, between its neighbours. Left out, their time not given to another step (a row's end is the
+    next step's start): a step the trace cut, whose work holds the GPU's first or last operation in the trace, or
+    that launched nothing the trace kept yet spans some of the GPU's work (launched before the trace's calls
+    begin). None where no step's launches are in the trace (no CUDA calls or correlation ids), or several processes
+    made calls and the annotations do not say whose: the host's ranges stay."""
     if not {"api", "kernels"} <= trace.present:
         return None
+    device = gaps.device
     host = steps[:, 0]
     lo, hi = int(host[0]), int(max(steps[-1, 1], host[-1] + 1))
-    owner_pid = f" AND pid = {int(pid)}" if pid is not None else ""
-    api = read_columns(trace, "api", {"s": "start", "c": "correlation"},
-                       where=f"correlation IS NOT NULL{owner_pid} AND start >= {lo} AND start < {hi}",
-                       seq_span=seq_bounds(trace, "api"))
+    if pid is None and len(trace.query("SELECT DISTINCT pid FROM api LIMIT 2")) > 1:
+        return None
+    mine = f" AND pid = {int(pid)}" if pid is not None else ""
+    span = seq_range(trace, "api", lo, hi)
+    api = read_columns(trace, "api", {"s": "start", "c": "correlation"}, seq_span=span,
+                       where=f"correlation IS NOT NULL{mine} AND start >= {lo} AND start < {hi}"
+                             + (f" AND seq >= {span[0]} AND seq <= {span[1]}" if span else ""))
     if not len(api["c"]):
         return None
     launched_by = np.searchsorted(host, api["s"], side="right") - 1  # the step whose range the call is in
@@ -116,31 +122,49 @@ def _on_gpu(trace: Trace, steps: np.ndarray, pid: int | None, gaps: DeviceGaps) 
     calls, by = api["c"][order], launched_by[order]
     first = np.full(len(steps), np.iinfo(np.int64).max, dtype=np.int64)
     last = np.full(len(steps), np.iinfo(np.int64).min, dtype=np.int64)
-    for relation, seq in (("kernels", seq_bounds(trace, "kernels")), ("memops", None)):
-        if relation not in trace.present:
+    # kernels and copies of this process (torch traces leave a kernel's pid empty) whose ids its calls made
+    ours = f"device = {int(device)} AND correlation BETWEEN {int(calls[0])} AND {int(calls[-1])}" + \
+        (f" AND (pid = {int(pid)} OR pid IS NULL)" if pid is not None else "")
+    kernels = seq_range(trace, "kernels", lo, hi + LAG_MAX_NS)
+    copies = trace.query("SELECT count(*) FROM memops")[0][0] if "memops" in trace.present else 0
+    for relation, where, seq, rows in (
+            ("kernels", ours + (f" AND seq >= {kernels[0]} AND seq <= {kernels[1]}" if kernels else ""), kernels, 0),
+            ("memops", ours + f" AND start >= {lo} AND start < {hi + LAG_MAX_NS}", None, copies)):
+        if relation == "memops" and not copies:
             continue
-        ops = read_columns(trace, relation, {"s": "start", "e": "end", "c": "correlation"},
-                           where=f"correlation IS NOT NULL AND device = {int(device)} AND end >= {lo}",
-                           seq_span=seq)
+        ops = read_columns(trace, relation, {"s": "start", "e": "end", "c": "correlation"}, where=where,
+                           seq_span=seq, rows_hint=rows, arrow=rows > 0)
         at = np.clip(np.searchsorted(calls, ops["c"]), 0, len(calls) - 1)
-        mine = calls[at] == ops["c"]
-        step = by[at[mine]]
-        np.minimum.at(first, step, ops["s"][mine])
-        np.maximum.at(last, step, ops["e"][mine])
+        hit = calls[at] == ops["c"]
+        step = by[at[hit]]
+        np.minimum.at(first, step, ops["s"][hit])
+        np.maximum.at(last, step, ops["e"][hit])
     known = last >= first
     if not known.any():
         return None
     lag = int(np.median(first[known] - host[known]))
+    big = np.iinfo(np.int64).max
+    # an unknown step between its known neighbours' starts (the GPU runs the steps in order)
+    after = np.maximum.accumulate(np.where(known, first, -big))
+    before = np.minimum.accumulate(np.where(known, first, big)[::-1])[::-1]
+    start = np.where(known, first, np.clip(host + lag, after, before))
+    start = np.maximum.accumulate(start)
     out = steps.copy()
-    out[:, 0] = np.maximum.accumulate(np.where(known, first, host + lag))
-    out[:, 1] = np.maximum(out[:, 0] + 1, np.where(known, last, steps[:, 1] + lag))
-    cut = known & ((first <= gaps.first) | (last >= gaps.last))
+    out[:, 0] = start
+    # a row's end: the next step's start (the last: its work's end), so that leaving a step out gives its time to none
+    own_end = np.maximum(start + 1, np.where(known, last, steps[:, 1] + lag))
+    out[:, 1] = np.append(np.maximum(start[1:], start[:-1] + 1), own_end[-1])
+    # cut by the trace: holding its first or last GPU operation, or launching nothing it kept while the GPU worked
+    cut = np.where(known, (first <= gaps.first) | (last >= gaps.last), (start < gaps.last) & (out[:, 1] > gaps.first))
     return out[~cut]
 
 
-def _bounds(steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(starts, ends): each step from its start to the next step's start (the last one to its own end)."""
+def _bounds(steps: np.ndarray, on_gpu: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, ends): each step from its start to the next step's start (the last one to its own end); steps on
+    the GPU to their row's end, the next step's start whether or not that step was left out (`_on_gpu`)."""
     starts = steps[:, 0]
+    if on_gpu:
+        return starts, np.maximum(steps[:, 1], starts + 1)
     last = max(int(steps[-1, 1]), int(steps[-1, 0]) + 1)
     return starts, np.append(starts[1:], np.int64(last))
 
@@ -151,8 +175,8 @@ def step_spans(trace: Trace, win: Window) -> tuple[int, dict[str, tuple[np.ndarr
     found = _steps(trace, win)
     if found is None:
         return None
-    gaps, steps, _ = found
-    a, b = _bounds(steps)
+    gaps, steps, source = found
+    a, b = _bounds(steps, source.endswith(ON_GPU))
     prefill = steps[:, CONTEXT_REQUESTS] > 0
     return gaps.device, {"prefill-bearing": (a[prefill], b[prefill]), "decode-only": (a[~prefill], b[~prefill])}
 
@@ -164,7 +188,7 @@ def engine_steps(trace: Trace, win: Window) -> dict[str, Any] | None:
         return None
     gaps, steps, source = found
     device, first, last = gaps.device, gaps.first, gaps.last
-    a, b = _bounds(steps)
+    a, b = _bounds(steps, source.endswith(ON_GPU))
     # The gaps are idle time between GPU operations only: clip each step to the GPU's active span.
     ca = np.maximum(a, first)
     cb = np.maximum(ca, np.minimum(b, last))
@@ -216,9 +240,10 @@ def engine_steps(trace: Trace, win: Window) -> dict[str, Any] | None:
     }
 
 
-def _nvtx_steps(trace: Trace, lo: int, hi: int, device: int) -> tuple[np.ndarray, int | None]:
+def _nvtx_steps(trace: Trace, lo: int, hi: int, device: int, counted_from: int) -> tuple[np.ndarray, int | None]:
     """A row (COLUMNS) per annotated step of GPU `device`, on the host's timeline, and the process that annotated
-    them. Names repeat (decode steps of one batch size), so each distinct name is parsed once."""
+    them; the annotations left out are counted from those ending after `counted_from` (the window's start). Names
+    repeat (decode steps of one batch size), so each distinct name is parsed once."""
     if "nvtx" not in trace.present:
         return _NO_STEPS, None
     rows = trace.query(
@@ -240,11 +265,12 @@ def _nvtx_steps(trace: Trace, lo: int, hi: int, device: int) -> tuple[np.ndarray
         if why is None and (start, name) in seen:
             why = "written twice in one process"
         if why is not None:
-            dropped[why] += 1
+            if end is None or end > counted_from:
+                dropped[why] += 1
             continue
         seen.add((start, name))
         steps.append((int(start), int(end), *fields))
-    trace.cache[f"steps dropped {lo} {hi}"] = dict(dropped)
+    trace.cache[f"steps dropped {counted_from} {hi}"] = dict(dropped)
     return np.array(steps, dtype=np.int64).reshape(-1, len(COLUMNS)), (pids.pop() if len(pids) == 1 else None)
 
 
