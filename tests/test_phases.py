@@ -13,11 +13,9 @@ Each number is checked against a source that is not profkit's code:
 
 from __future__ import annotations
 
-import bisect
 import json
 import re
 import sqlite3
-import statistics
 import tarfile
 from collections import Counter
 from collections.abc import Callable
@@ -30,6 +28,7 @@ from profkit.analysis.steps import parse_step_name
 from profkit.evidence.model_config import read_model_config
 from profkit.report import ReportOptions, build_report
 from tests.cli import profkit
+from tests.steps_by_hand import place
 from tests.test_gpu_bound import PRECISION_FLAGS, changes_of, counter_delta
 
 DATA = Path(__file__).parent / "data" / "h100_phases"
@@ -85,35 +84,11 @@ def gpu_steps(folder: Path, lo: int = -(1 << 62), hi: int = 1 << 62) -> list[tup
                                           f"CUPTI_ACTIVITY_KIND_{kind}" for kind in ("KERNEL", "MEMCPY", "MEMSET")
                                           if f"CUPTI_ACTIVITY_KIND_{kind}" in tables)).fetchall()
     conn.close()
-    step_of = {c: bisect.bisect_right(host, a) - 1 for a, c in calls}
-    first: dict[int, int] = {}
-    last: dict[int, int] = {}
-    for a, e, c, p in ops:
-        if p == pid and (i := step_of.get(c)) is not None:
-            first[i], last[i] = min(first.get(i, a), a), max(last.get(i, e), e)
-    lag = int(statistics.median(first[i] - host[i] for i in first))
-    known = sorted(first)
-    starts, floor = [], None
-    for i, a in enumerate(host):
-        if i in first:
-            g = first[i]
-        else:
-            k = bisect.bisect_left(known, i)
-            g = a + lag
-            g = max(g, first[known[k - 1]]) if k > 0 else g
-            g = min(g, first[known[k]]) if k < len(known) else g
-        floor = g if floor is None else max(floor, g)
-        starts.append(floor)
-    ends = [max(starts[i + 1], starts[i] + 1) for i in range(len(host) - 1)]
-    ends.append(max(starts[-1] + 1, last.get(len(host) - 1, marks[-1][1] + lag)))
-    device_first, device_last = min(a for a, _, _, _ in ops), max(e for _, e, _, _ in ops)
-    out = []
-    for i, (_, _, fields, _) in enumerate(marks):
-        cut = (first[i] <= device_first or last[i] >= device_last) if i in first else \
-            (starts[i] < device_last and ends[i] > device_first)
-        if not cut and ends[i] > lo and starts[i] < hi:
-            out.append((starts[i], ends[i], fields))
-    return out
+    placed = place([(a, e) for a, e, _, _ in marks], calls, [(a, e, c) for a, e, c, p in ops if p == pid],
+                   (min(a for a, _, _, _ in ops), max(e for _, e, _, _ in ops)))
+    kept = set(placed.kept)
+    return [(placed.starts[i], placed.ends[i], fields) for i, (_, _, fields, _) in enumerate(marks)
+            if i in kept and placed.ends[i] > lo and placed.starts[i] < hi]
 
 
 def step_times(steps: list[tuple[int, int, tuple[int, ...]]]) -> list[int]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import statistics
 
 import pytest
 
@@ -14,6 +13,7 @@ from profkit.evidence.folder import CaptureFolder
 from profkit.report import ReportOptions, build_report
 from profkit.traces import open_trace
 from tests.conftest import FIXTURES, REPO
+from tests.steps_by_hand import place, union
 
 TRACES = {"vllm_torch_profile": FIXTURES / "h100_vllm" / "torch_profile",
           "capture_thr_torch": REPO / "samples" / "capture_thr_torch"}
@@ -34,55 +34,13 @@ def brute_force(path) -> tuple[list[tuple[int, int, bool]], list[int]]:
         calls = trace.query("SELECT start, correlation FROM api WHERE correlation IS NOT NULL")
         ops = sorted(trace.query("SELECT start, end, correlation FROM kernels UNION ALL "
                                  "SELECT start, end, correlation FROM memops"))
-    hosts = [a for a, _, _ in marks] + [max(marks[-1][1], marks[-1][0] + 1)]
-    launched: dict[int, int] = {}
-    for start, correlation in calls:
-        for i in range(len(marks)):
-            if hosts[i] <= start < hosts[i + 1]:
-                launched[correlation] = i
-    first: dict[int, int] = {}
-    last: dict[int, int] = {}
-    for s, e, correlation in ops:
-        i = launched.get(correlation)
-        if i is not None:
-            first[i], last[i] = min(first.get(i, s), s), max(last.get(i, e), e)
-    lag = int(statistics.median(first[i] - marks[i][0] for i in first))
-    # a step that launched nothing kept: its host start moved by the lag, between its neighbours' first operations
-    starts, floor = [], None
-    for i, (a, _, _) in enumerate(marks):
-        if i in first:
-            g = first[i]
-        else:
-            after = max((first[j] for j in first if j < i), default=None)
-            upto = min((first[j] for j in first if j > i), default=None)
-            g = a + lag
-            g = max(g, after) if after is not None else g
-            g = min(g, upto) if upto is not None else g
-        floor = g if floor is None else max(floor, g)
-        starts.append(floor)
-    # a step's range ends where the next one starts (the last: its work's end)
-    ends = [max(starts[i + 1], starts[i] + 1) for i in range(len(marks) - 1)]
-    ends.append(max(starts[-1] + 1, last.get(len(marks) - 1, marks[-1][1] + lag)))
-    # cut by the trace: holding its first or last operation, or launching nothing kept while the GPU worked
-    device_first, device_last = min(s for s, _, _ in ops), max(e for _, e, _ in ops)
-    kept = [i for i in range(len(marks)) if not (
-        (first[i] <= device_first or last[i] >= device_last) if i in first
-        else (starts[i] < device_last and ends[i] > device_first))]
+    placed = place([(a, e) for a, e, _ in marks], calls, ops, (min(s for s, _, _ in ops), max(e for _, e, _ in ops)))
+    starts, ends, kept, first = placed.starts, placed.ends, placed.kept, placed.first
     out = []
     for i in kept:
         name = marks[i][2]
         a, b = starts[i], ends[i]
-        busy, cur_s, cur_e = 0, None, None
-        for s, e, _ in ops:
-            s, e = max(s, a), min(e, b)
-            if e <= s:
-                continue
-            if cur_e is None or s > cur_e:
-                busy += (cur_e - cur_s) if cur_e is not None else 0
-                cur_s, cur_e = s, e
-            else:
-                cur_e = max(cur_e, e)
-        busy += (cur_e - cur_s) if cur_e is not None else 0
+        busy = union([(max(s, a), min(e, b)) for s, e, _ in ops if min(e, b) > max(s, a)])
         out.append((b - a, busy, int(STEP.search(name).group(1)) > 0))
     waits = []
     for k, i in enumerate(kept):
@@ -199,16 +157,6 @@ def test_a_14b_trace_steps_take_the_gpu_time_of_what_they_launched(tmp_path) -> 
         if (i := step_of.get(c, -1)) >= 0:
             own.setdefault(i, []).append((s, e))
     first, last = int(kernels[:, 0].min()), int(kernels[:, 1].max())
-
-    def union(spans: list[tuple[int, int]]) -> int:
-        total, cur = 0, None
-        for s, e in sorted(spans):
-            if cur is None or s > cur[1]:
-                total += cur[1] - cur[0] if cur else 0
-                cur = [s, e]
-            else:
-                cur[1] = max(cur[1], e)
-        return total + (cur[1] - cur[0] if cur else 0)
 
     # prompt-bearing steps whose kernels the trace holds whole (not its first or last kernel's)
     prompted = [union(own[i]) for i, (_, t, _) in enumerate(marks)

@@ -188,27 +188,28 @@ def engine_steps(trace: Trace, win: Window) -> dict[str, Any] | None:
         return None
     gaps, steps, source = found
     device, first, last = gaps.device, gaps.first, gaps.last
-    a, b = _bounds(steps, source.endswith(ON_GPU))
+    on_gpu = source.endswith(ON_GPU)
+    a, b = _bounds(steps, on_gpu)
     # The gaps are idle time between GPU operations only: clip each step to the GPU's active span.
     ca = np.maximum(a, first)
     cb = np.maximum(ca, np.minimum(b, last))
     idle_ns = gaps.idle_in(ca, cb)  # inside the GPU's span: the gaps clipped to the step
-    # the gap starting at or before a (the GPU's wait at the step's start)
-    n = len(gaps.start)
-    j = np.searchsorted(gaps.start, ca, side="right") - 1
-    j_end = gaps.end[np.clip(j, 0, max(n - 1, 0))] if n else np.zeros_like(ca)
-    wait_ns = np.where((j >= 0) & (j_end > ca), j_end - ca, 0)
     cycles = b - a
     busy = np.maximum(0, (cb - ca) - idle_ns)
-    # the GPU's wait at the step's start: idle from the start to its next operation (before the first operation
-    # of the trace, the time until it)
-    waits = np.minimum(cycles, wait_ns + (ca - a))
-    if source.endswith(ON_GPU) and n:
+    n = len(gaps.start)
+    if on_gpu and n:
         # a step on the GPU starts at its first operation: its wait is the idle time just before it (the host
         # launching it), which ends the previous step's cycle
         k = np.clip(np.searchsorted(gaps.end, ca, side="left"), 0, n - 1)
         before = np.where(gaps.end[k] == ca, ca - gaps.start[k], 0)
-        waits = np.minimum(before, np.append(np.int64(0), np.diff(a)) if len(a) > 1 else np.zeros_like(a))
+        waits = np.minimum(before, np.append(np.int64(0), np.diff(a)))
+    else:
+        # the GPU's wait at the step's start: idle from the start to its next operation, the gap starting at or
+        # before it (before the first operation of the trace, the time until it)
+        j = np.searchsorted(gaps.start, ca, side="right") - 1
+        j_end = gaps.end[np.clip(j, 0, max(n - 1, 0))] if n else np.zeros_like(ca)
+        wait_ns = np.where((j >= 0) & (j_end > ca), j_end - ca, 0)
+        waits = np.minimum(cycles, wait_ns + (ca - a))
     prefill = steps[:, CONTEXT_REQUESTS] > 0
     total = int(cycles.sum())
     stride = max(1, len(steps) // SERIES_MAX)
