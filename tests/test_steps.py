@@ -169,3 +169,25 @@ def test_a_14b_trace_steps_take_the_gpu_time_of_what_they_launched(tmp_path) -> 
     for measured, truth in zip(busy, prompted, strict=True):
         assert measured == pytest.approx(truth, rel=0.01)  # the cycle's busy time: its own kernels and copies
     assert min(prompted) == pytest.approx(93e6, rel=0.02)
+
+
+def test_a_trace_whose_calls_name_no_kernel_keeps_the_host_ranges(tmp_path) -> None:
+    """A trace whose CUDA calls carry no correlation id (NULL): nothing joins a step to its kernels, so the steps
+    stay on the host's ranges; the report runs and the trace is not written."""
+    import hashlib
+    import sqlite3
+    import tarfile
+
+    with tarfile.open(REPO / "tests" / "data" / "h100_phases" / "bf16.tar.xz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    folder = tmp_path / "bf16"
+    conn = sqlite3.connect(folder / "trace.sqlite")
+    conn.execute("UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET correlationId = NULL")
+    conn.commit()
+    conn.close()
+    digest = hashlib.sha256((folder / "trace.sqlite").read_bytes()).hexdigest()
+    steps = build_report(folder, options=ReportOptions(window="all")).document()["steps"]
+    assert not steps["source"].endswith("each from the first GPU operation it launched")
+    # the annotations as the trace holds them (the host's ranges): every one of the 543
+    assert steps["count"] == 543
+    assert hashlib.sha256((folder / "trace.sqlite").read_bytes()).hexdigest() == digest
