@@ -90,14 +90,18 @@ def test_the_throughput_each_rate_is_served_at_is_predicted(recorded: Path, name
 
 @pytest.mark.parametrize(("name", "bound"), [
     ("8b_defaults", Bound("p99_tpot_ms", "<=", 30)), ("8b_defaults", Bound("p99_e2el_ms", "<=", 5000)),
-    ("8b_fp8pair", Bound("p99_tpot_ms", "<=", 15)), ("8b_fp8pair", Bound("p99_e2el_ms", "<=", 5000)),
+    ("8b_defaults", Bound("p99_tpot_ms", "<=", 15)), ("8b_fp8pair", Bound("p99_e2el_ms", "<=", 5000)),
     ("14b_defaults", Bound("p99_tpot_ms", "<=", 15)), ("14b_defaults", Bound("p99_e2el_ms", "<=", 8000)),
-    ("14b_fp8pair", Bound("p99_tpot_ms", "<=", 20))])
+    ("14b_fp8pair", Bound("p99_tpot_ms", "<=", 15)), ("14b_fp8pair", Bound("p99_tpot_ms", "<=", 20)),
+    ("8b_512_128_mnbt2048", Bound("p99_e2el_ms", "<=", 3000))])
 def test_the_goodput_under_tpot_and_end_to_end_bounds_is_within_10_percent(recorded: Path, name: str,
                                                                           bound: Bound) -> None:
-    """Measured 21.27 and 19.28 req/s (8B), 22.85 and 27.41 (its FP8 pair, predicted from the 16-bit run), 7.86 and
-    8.22 (14B), 15.15 (its FP8 pair, lease 5); predicted from one full-load run -7 %, -8 %, +5 %, -4 %, +3 %, +1 %,
-    -6 %."""
+    """Measured 21.27, 19.28 and 17.35 req/s (8B: p99 TPOT <= 30 ms, E2E <= 5 s, TPOT <= 15 ms), 27.41 (its FP8 pair,
+    predicted from the 16-bit run), 7.86 and 8.22 (14B), 12.96 and 15.15 (its FP8 pair, lease 5), 41.28 (lease 14's
+    --max-num-batched-tokens 2048, p99 E2E <= 3 s); predicted from r2's full-load run -2 %, -2 %, -5 %, +1 %, +7 %,
+    +6 %, -6 %, -3 %, -5 %. The 8B's TPOT <= 15 ms (-12 % before) and lease 14's (-17 % predicted first) are here
+    since a step at a rate takes the GPU's busy time (`predict._Fit.busy_share`), which was chosen after lease 14's
+    sweeps ran: in-sample for them."""
     capture, sweep, changes, _ = SWEEPS[name]
     cal = calibrated(recorded / capture / "r2")
     f = frontier(cal, changes, [bound])
@@ -107,14 +111,15 @@ def test_the_goodput_under_tpot_and_end_to_end_bounds_is_within_10_percent(recor
 
 
 @pytest.mark.parametrize(("name", "bound", "low", "high", "inside"), [
-    ("8b_defaults", Bound("p99_tpot_ms", "<=", 15), 0.80, 0.90, True),
-    ("14b_fp8pair", Bound("p99_e2el_ms", "<=", 8000), 0.80, 0.90, True),
+    ("8b_fp8pair", Bound("p99_tpot_ms", "<=", 15), 1.10, 1.15, True),
+    ("14b_fp8pair", Bound("p99_e2el_ms", "<=", 8000), 0.85, 0.90, True),
     ("8b_128_256_api2", Bound("p99_e2el_ms", "<=", 3000), 0.80, 0.90, False)])
 def test_the_goodput_the_frontier_misses_by_more_is_said(recorded: Path, name: str, bound: Bound, low: float,
                                                          high: float, inside: bool) -> None:
-    """Where the prediction falls short by more than 10 %, inside its range: the 8B's p99 TPOT <= 15 ms (measured
-    17.35 req/s, predicted -12 %: near its knee the model's TPOT runs ahead of the measured), the 14B FP8 pair's p99
-    E2E <= 8 s (13.93, -14 %) and, since lease 10's changes, lease 7's 2 API servers under p99 E2E <= 3 s (58.56,
+    """Where the prediction misses by more than 10 %, inside its range: the 8B FP8 pair's p99 TPOT <= 15 ms (measured
+    22.85 req/s, predicted from the 16-bit run +12 %; +5 % before a step at a rate took the GPU's busy time, which
+    brought the 16-bit run's own from -12 % to -5 %), the 14B FP8 pair's p99 E2E <= 8 s (13.93, -10.3 %) and,
+    since lease 10's changes, lease 7's 2 API servers under p99 E2E <= 3 s (58.56,
     -13 % from r2: the engine core's CPU per request read off lease 6's 1-API-server run, 48 us, is more than lease
     7's box spent at a rate, about 37; -1 % before). That one's range held it until lease 12's runs moved 2 API
     servers' imbalance (0.17 -> 0.20, 0.05-0.51 -> 0.06-0.50): its high end, 57.46 from r2, is now 2 % short."""
@@ -225,15 +230,16 @@ def test_four_api_servers_swept_at_six_rates_capped_by_the_engine_core(recorded:
 def test_what_the_frontier_misses_is_measured_not_hidden(recorded: Path) -> None:
     """TTFT below the knee, from the 8B's full-load run against its two sweeps (neither has vLLM's histograms: the
     frontend's 1.6 steps were not read off them, its gamma shape was chosen on all six sweeps): at vLLM's
-    defaults the p50 is over-predicted by 10-40 %, the more the nearer the knee (the frontend's time grows with the
-    step and with its load, both), and the goodput under p99 TTFT <= 200 ms lands within 1 %; with the FP8 pair the
-    p50 is under-predicted by 25-40 % at the three lowest rates (its prefill measured no faster than 16-bit's at
-    1,024-token prompts; +16 % at the fourth) and the goodput under p99 TTFT <= 300 ms is over-predicted (+6 %)."""
+    defaults the p50 is over-predicted by 4-23 %, the more the nearer the knee (the frontend's time grows with the
+    step and with its load, both), and the goodput under p99 TTFT <= 200 ms by 6 % (within 1 % before a step at a
+    rate took the GPU's busy time); with the FP8 pair the p50 is under-predicted by 31-42 % at the three lowest rates
+    (its prefill measured no faster than 16-bit's at 1,024-token prompts) and the goodput under p99 TTFT <= 300 ms is
+    over-predicted (+9 %)."""
     cal = calibrated(recorded / "sweep" / "capture" / "r2")
     spread = DEFAULT_NOISE + max(cal.fit_error.values())
     fp8 = {"quantization": "fp8", "kv_cache_dtype": "fp8"}
     for sweep, changes, (low, high), limit, (over_low, over_high) in (
-            ("defaults", {}, (1.05, 1.45), 200, (0.95, 1.05)), ("fp8pair", fp8, (0.6, 0.8), 300, (1.03, 1.1))):
+            ("defaults", {}, (1.0, 1.3), 200, (1.0, 1.1)), ("fp8pair", fp8, (0.55, 0.75), 300, (1.03, 1.12))):
         conf = configured(cal, changes)
         points = sweep_points(recorded / "sweep" / sweep)
         for m in points[:3 if changes else 4]:  # below the knee
@@ -454,7 +460,8 @@ def test_a_run_neither_the_gpu_nor_one_process_paced_is_not_fitted(recorded: Pat
     each step went to the GPU, TPOT at the rates came out +41 % to +86 % and the goodputs -32 % and -24 %, outside
     their ranges (sweep.json). Such a run is not fitted since (the GPU at the factor the fitted runs on this GPU found,
     the engine core's CPU off its samples): from r2 and r3, TPOT p50 within 5 % up to 45 req/s and the goodput under
-    p99 TPOT <= 10 ms +12 %, inside; r1, whose engine core saturated in 55 % of samples, is fitted on it: -17 %."""
+    p99 TPOT <= 10 ms +12 %, inside; r1, whose engine core saturated in 55 % of samples, is fitted on it: -17 %,
+    outside its range."""
     doc = json.loads((recorded / "sweep8s3" / "sweep.json").read_text())
     tpot, ttft = doc["goodput"]
     assert tpot["error"] == pytest.approx(-0.324, abs=0.001) and not tpot["inside_range"]
@@ -476,7 +483,8 @@ def test_a_run_neither_the_gpu_nor_one_process_paced_is_not_fitted(recorded: Pat
     fitted = calibrated(recorded / "api" / "s2_api3b" / "r1")
     assert fitted.fit_error
     f = frontier(fitted, {}, [bound])
-    assert -0.20 < f.goodput["rate"] / measured - 1 < -0.10 and f.goodput["low"] <= measured <= f.goodput["high"]
+    # outside its range since the rows at a rate narrowed (the step at the GPU's busy time): its high end 2 % short
+    assert -0.20 < f.goodput["rate"] / measured - 1 < -0.10 and 0.95 < f.goodput["high"] / measured < 1.0
     # a run whose engine core was not sampled (`vllm bench throughput`: its frontend in one process) is still fitted
     # on its own duration: nothing says its CPU
     offline = calibrated(recorded / "offline" / "tput8_r1")
@@ -490,9 +498,14 @@ def test_a_gpu_bound_shapes_frontier_predicted_first_came_out_short(recorded: Pa
     """Lease 14, on a fifth box: the frontier of the 8B at 512/128 (lengths +-50 %) from lease 12's full-load run on
     another, and of --max-num-batched-tokens 2048 from the same run, predicted by bda68c2 before either sweep ran
     (sweep.json's `predicted`). Throughput within 4 % at every rate; latency near the knee over-predicted (TPOT p50
-    +103 % at 44.66 req/s), so the goodputs came out short and outside their ranges. Today's model is that one: the
-    same. A step's weights' read and arithmetic summed is a small part of it (a p-norm fitted to lease 15's and 17's
-    step curves moves these goodputs 2-4 points: test_the_step_against_its_tokens_as_measured)."""
+    +103 % at 44.66 req/s), so the goodputs came out short and outside their ranges. The cause: the step was fitted
+    on the full-load run's duration, and its GPU had waited 0.07-0.12 of it with no host process saturated; at a
+    rate vLLM's counters gave 217-348 tokens a step in 9.8-12.8 ms, the model 290-620 tokens in 12.5-22.1 ms (a
+    longer step gathers more tokens, which lengthen it). Today's model takes the GPU's busy time at a rate
+    (`predict._Fit.busy_share`, chosen after these sweeps ran: in-sample here): TPOT p50 within +5 to +22 % up to
+    44.66 req/s, the goodput under p99 TTFT <= 300 ms within 2 %. (A p-norm of the weights' read and the arithmetic,
+    fitted to lease 15's and 17's step curves, had moved these goodputs 2-4 points:
+    test_the_step_against_its_tokens_as_measured.)"""
     for sweep, floor, ttft_error in (("sweep4s", 51.15, -0.115), ("sweep4s_mnbt2048", 49.06, -0.130)):
         doc = json.loads((recorded / sweep / "sweep.json").read_text())
         tpot, ttft = doc["goodput"]
@@ -505,15 +518,15 @@ def test_a_gpu_bound_shapes_frontier_predicted_first_came_out_short(recorded: Pa
     for m in points:
         p = point_at(cal, conf, m["request_rate"], m["num_prompts"], DEFAULT_NOISE)
         served = p.predicted["request_throughput"] / m["request_throughput"]
-        # at 51.15 req/s the server kept up (49.75) where r2's model does not (46.83: its capacity is lease 12's box's)
-        assert abs(served - 1) < 0.03 if m["request_rate"] < 50 else 0.9 < served < 0.97
-        if m["request_rate"] > 40:  # near the knee the predicted step runs well ahead of the measured
-            assert p.predicted["p50_tpot_ms"] > 1.5 * m["p50_tpot_ms"]
+        assert abs(served - 1) < 0.02
+        tpot = p.predicted["p50_tpot_ms"] / m["p50_tpot_ms"]
+        # up to the knee within 25 %, over it (51.15 req/s) still well ahead of the measured
+        assert 0.85 < tpot < 1.25 if m["request_rate"] < 45 else tpot > 1.3
     bound = Bound("p99_ttft_ms", "<=", 300)
     measured = measured_goodput(points, bound)
     assert measured == pytest.approx(45.86, abs=0.01)
     f = frontier(cal, {}, [bound])
-    assert -0.15 < f.goodput["rate"] / measured - 1 < -0.05
+    assert abs(f.goodput["rate"] / measured - 1) < 0.02
 
 
 def test_the_step_against_its_tokens_as_measured(recorded: Path) -> None:

@@ -68,7 +68,7 @@ def test_the_sweep_measures_each_rate_and_puts_the_prediction_beside_it(recorded
 
 def test_the_goodput_under_each_bound_is_measured_beside_the_models(recorded: Path, tmp_path: Path) -> None:
     """The 8B's sweep under p99 TPOT <= 15 ms and p99 E2E <= 5 s: measured 17.35 and 19.28 req/s between its points,
-    the model's -12 % and -8 % (tests/test_frontier.py holds what the model misses by); the benchmarks' seconds are
+    the model's -5 % and -2 % (tests/test_frontier.py holds what the model misses by); the benchmarks' seconds are
     the recorded runs' durations."""
     from profkit.compare.sweep import measured_goodput
     from profkit.model.search import Bound
@@ -84,7 +84,7 @@ def test_the_goodput_under_each_bound_is_measured_beside_the_models(recorded: Pa
         assert g["bound"] == f"{bound.metric}<={bound.value:g}" and g["at_least"] is None and g["below"] is None
         assert g["measured"] == pytest.approx(measured_goodput(points, bound))
         assert g["error"] == pytest.approx(g["predicted"]["rate"] / g["measured"] - 1)
-        assert -0.15 < g["error"] < -0.05 and g["inside_range"] == (g["predicted"]["low"] <= g["measured"]
+        assert -0.06 < g["error"] < 0 and g["inside_range"] == (g["predicted"]["low"] <= g["measured"]
                                                                 <= g["predicted"]["high"])
         line = next(x for x in r.stdout.splitlines() if x.startswith(f"  goodput within {g['bound']}: "))
         assert f"measured {g['measured']:,.2f} req/s, predicted {g['predicted']['rate']:,.2f}" in line
@@ -203,7 +203,8 @@ def test_a_run_budget_keeps_the_rates_that_decide_the_goodput_first(recorded: Pa
     good = front["goodput"]["rate"]
     assert chosen_rates(front, 3) == sorted(round(good * s, 2) for s in (0.9, 1.0, 1.1))
     assert chosen_rates(front, 4)[-1] == round(front["capacity"]["metrics"]["request_throughput"]["predicted"], 2)
-    assert chosen_rates(front, 99) == chosen_rates(front) and len(chosen_rates(front)) == 7
+    # 7 marks, 6 rates: 0.75 of the capacity (22.06 req/s) rounds to the goodput (16.55)
+    assert chosen_rates(front, 99) == chosen_rates(front) and len(chosen_rates(front)) == 6
     r = sweep(recorded, tmp_path, "--from", capture, "--slo", "p99_tpot_ms<=15", "--replicates", "3", "--runs", "10",
               "--dry-run")
     assert r.returncode == 0, r.stderr

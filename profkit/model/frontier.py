@@ -135,7 +135,7 @@ def point_at(cal: Calibrated, conf: Configured, rate: float | None, prompts: int
     widened to what each metric missed by on the recorded sweeps (`validation.frontier_band`); off, the model's own
     (what the validation compares)."""
     work = replace(cal.workload, requests=prompts, request_rate=rate)
-    sims = [simulate_latencies(work, conf.engine, cost, conf.engines) for cost in conf.costs]
+    sims = [simulate_latencies(work, conf.engine, cost, conf.engines) for cost in conf.step_costs(rate)]
     runs = [_metrics(cal, conf, r, lat, rate) for r, lat in sims]
     mid = runs[len(runs) // 2]
     # where the API servers' count changes, their ceiling at the imbalance's ends bounds the range too (as predict's)
