@@ -67,6 +67,12 @@ SWEEPS = [  # name, the capture it is predicted from, the sweep, the changes fro
     ("8B 512/128, lengths +-50 %, --max-num-batched-tokens 2048, predicted from the default's run (lease 14, beside "
      "it; 6 rates x 1; predicted by bda68c2 before the lease)", "api/s4_api1", "sweep4s_mnbt2048",
      {"max_num_batched_tokens": 2048}, [("p99_tpot_ms", 30), ("p99_ttft_ms", 300), ("p99_e2el_ms", 3000)]),
+    ("14B 512/128, lengths +-50 %, from its own full-load run (lease 18; the rates `profkit sweep --from` chose on a "
+     "second box, one run each, 4 of 5 finished; predicted by 2e2d974 before they ran; the E2E bound added after)",
+     "api/s14_512_128", "sweep14_512_128", {},
+     [("p99_tpot_ms", 30), ("p99_ttft_ms", 300), ("p99_e2el_ms", 3000)]),
+    ("8B 1024/128, lengths +-50 %, from its own full-load run (lease 18, beside it; the same)", "api/s8_1024_128",
+     "sweep8_1024_128", {}, [("p99_tpot_ms", 30), ("p99_ttft_ms", 300), ("p99_e2el_ms", 3000)]),
 ]
 KEYS = ["request_throughput", "p50_ttft_ms", "p99_ttft_ms", "p50_tpot_ms", "p99_tpot_ms", "p99_e2el_ms"]
 OUT = REPO / "profkit" / "model" / "frontier_validation.json"

@@ -50,6 +50,9 @@ SWEEPS = {  # the sweep: the full-load capture it is predicted from, the changes
     # lease 14: a GPU-bound shape (512/128, lengths +-50 %) from lease 12's run on another box, and a change from it
     "8b_512_128": ("api/s4_api1", "sweep4s", {}, 0.05),
     "8b_512_128_mnbt2048": ("api/s4_api1", "sweep4s_mnbt2048", {"max_num_batched_tokens": 2048}, 0.05),
+    # lease 18: two new shapes, each from its own full-load run (swept on another box, one run a rate)
+    "14b_512_128": ("api/s14_512_128", "sweep14_512_128", {}, 0.05),
+    "8b_1024_128": ("api/s8_1024_128", "sweep8_1024_128", {}, 0.05),
 }
 
 
@@ -492,6 +495,32 @@ def test_a_run_neither_the_gpu_nor_one_process_paced_is_not_fitted(recorded: Pat
     said = json.loads(profkit("predict", recorded / "api" / "s2_api3b" / "r2", "--format", "json", "--",
                               "--api-server-count", "2").stdout)
     assert said["calibration"]["calibrated_on"].startswith("not calibrated: neither the GPU (not kept busy) nor one")
+
+
+def test_two_new_shapes_frontiers_predicted_first(recorded: Path) -> None:
+    """Lease 18: the 14B at 512/128 and the 8B at 1,024/128 (lengths +-50 %), each captured at full load (GPU busy
+    0.92-0.96, no host process saturated), their frontiers under p99 TPOT <= 30 ms and p99 TTFT <= 300 ms predicted
+    by 2e2d974 (the step at a rate at the GPU's busy time) before any point ran (lease18-predicted/), then swept from
+    those runs on another box at the rates its model chose (4 of 5 finished, one run each). The goodput under both
+    bounds: the 14B 24.02 req/s measured, 22.40 predicted (-7 %, its range's high end 24.04); the 8B 23.81, 24.89
+    (+5 %). Each bound alone, from the three replicates: the 14B's TPOT -7.5 %, TTFT every rate met (>= 24.64,
+    predicted 23.60); the 8B's TPOT every rate met (>= 27.38, 25.71), TTFT +5.4 %. 6cc7b18's model (the step fitted
+    on the duration) gave -13.5 %, -9.8 % or more, -15 % or more and -2.0 % (docs/prediction.md)."""
+    for name, tpot_bound_met in (("14b_512_128", False), ("8b_1024_128", True)):
+        capture, sweep, _, _ = SWEEPS[name]
+        said = json.loads((recorded / "lease18-predicted" / f"frontier-{capture.split('/')[1]}.json").read_text())
+        stored = said["frontier"]["goodput"]
+        bounds = [Bound("p99_tpot_ms", "<=", 30), Bound("p99_ttft_ms", "<=", 300)]
+        assert said["frontier"]["bounds"] == ["p99_tpot_ms<=30", "p99_ttft_ms<=300"]
+        # today's model is the one that predicted it
+        f = frontier(calibrated(recorded / capture), {}, bounds)
+        assert f.goodput["rate"] == pytest.approx(stored["rate"], rel=1e-9)
+        points = sweep_points(recorded / sweep)
+        assert len(points) == 4 and all(len(list((recorded / sweep).glob(f"rate-{m['request_rate']:g}/r*"))) == 1
+                                        for m in points)
+        measured = min(measured_goodput(points, b) for b in bounds)
+        assert abs(stored["rate"] / measured - 1) < 0.08 and stored["low"] <= measured <= stored["high"]
+        assert all(bounds[0].holds(m["p99_tpot_ms"]) for m in points) is tpot_bound_met
 
 
 def test_a_gpu_bound_shapes_frontier_predicted_first_came_out_short(recorded: Path) -> None:
