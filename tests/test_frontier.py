@@ -527,11 +527,11 @@ def test_a_gpu_bound_shapes_frontier_predicted_first_came_out_short(recorded: Pa
     """Lease 14, on a fifth box: the frontier of the 8B at 512/128 (lengths +-50 %) from lease 12's full-load run on
     another, and of --max-num-batched-tokens 2048 from the same run, predicted by bda68c2 before either sweep ran
     (sweep.json's `predicted`). Throughput within 4 % at every rate; latency near the knee over-predicted (TPOT p50
-    +103 % at 44.66 req/s), so the goodputs came out short and outside their ranges. The cause: the step was fitted
-    on the full-load run's duration, and its GPU had waited 0.07-0.12 of it with no host process saturated; at a
-    rate vLLM's counters gave 217-348 tokens a step in 9.8-12.8 ms, the model 290-620 tokens in 12.5-22.1 ms (a
-    longer step gathers more tokens, which lengthen it). Today's model takes the GPU's busy time at a rate
-    (`predict._Fit.busy_share`, chosen after these sweeps ran: in-sample here): TPOT p50 within +5 to +22 % up to
+    +103 % at 44.66 req/s), so the goodputs came out short and outside their ranges. Where: at a rate vLLM's
+    counters gave 217-348 tokens a step in 9.8-12.8 ms, the model 290-620 tokens in 12.5-22.1 ms (a longer step
+    gathers more tokens, which lengthen it). Today's model takes the GPU's costs times the full-load run's busy share
+    at a rate (`predict._Fit.busy_share`, an empirical correction chosen after these sweeps ran: in-sample here;
+    what it cancels is the step form's over-count at a few hundred tokens): TPOT p50 within +5 to +22 % up to
     44.66 req/s, the goodput under p99 TTFT <= 300 ms within 2 %. (A p-norm of the weights' read and the arithmetic,
     fitted to lease 15's and 17's step curves, had moved these goodputs 2-4 points:
     test_the_step_against_its_tokens_as_measured.)"""
