@@ -519,7 +519,8 @@ def test_two_new_shapes_frontiers_predicted_first(recorded: Path) -> None:
         assert len(points) == 4 and all(len(list((recorded / sweep).glob(f"rate-{m['request_rate']:g}/r*"))) == 1
                                         for m in points)
         measured = min(measured_goodput(points, b) for b in bounds)
-        assert abs(stored["rate"] / measured - 1) < 0.08 and stored["low"] <= measured <= stored["high"]
+        # the bar (within 10 %), not the errors seen
+        assert abs(stored["rate"] / measured - 1) < 0.10 and stored["low"] <= measured <= stored["high"]
         assert all(bounds[0].holds(m["p99_tpot_ms"]) for m in points) is tpot_bound_met
 
 
