@@ -154,8 +154,8 @@ class Calibrated:
     baseline: SimResult
     fit_error: dict[str, float]  # |log(simulated / measured)| of each metric, fitted or not
     request_latency_s: float = 0.0  # each request's TTFT outside the engine's steps (fitted; REQUEST_LATENCY_MAX_S)
-    # the share of the fitted run the GPU was busy where its waits went into the step's cost (`_Fit.busy_share`): a
-    # simulation at a rate takes its GPU costs times this
+    # the full-load run's GPU busy share where its step was fitted on its duration with no host process saturated
+    # (`_Fit.busy_share`; else 1): a simulation at a rate takes its GPU costs times this
     gpu_busy_share: float = 1.0
 
 
@@ -441,11 +441,13 @@ class Configured:
     changed: bool = False  # another configuration than the run's own
     imbalance_ends: tuple[float, ...] = ()  # where the API servers' count changes: the imbalances a range spans
     families: tuple[str, ...] = ()  # the classes of change (validation's), where it is another configuration
-    costs_at_rate: list[StepCost] | None = None  # `costs` at a rate the server keeps up with (None: the same)
+    rate_scale: float = 1.0  # the GPU's costs at a rate, of `costs` (Calibrated.gpu_busy_share)
 
     def step_costs(self, rate: float | None) -> list[StepCost]:
         """The step costs simulated with every request at once (`rate` None) or at a rate."""
-        return self.costs if rate is None or self.costs_at_rate is None else self.costs_at_rate
+        if rate is None or self.rate_scale == 1.0:
+            return self.costs
+        return [_scaled(c, self.rate_scale, self.rate_scale) for c in self.costs]
 
 
 def configured(cal: Calibrated, changes: dict[str, Any]) -> Configured:
@@ -457,13 +459,10 @@ def configured(cal: Calibrated, changes: dict[str, Any]) -> Configured:
     changed = any(obs.config.get(dest) != value for dest, value in changes.items())  # not the run's own settings
     said = _Said([], [])
     change = _changed(cal, changes, said)
-    costs = _costs(cal, change, said)
-    busy = cal.gpu_busy_share
-    return Configured(change.engine, costs, change.dp,
+    return Configured(change.engine, _costs(cal, change, said), change.dp,
                       lambda after, imbalance=None: host_ceilings(obs, changes, cal.baseline, after, imbalance),
                       changed, _changed_imbalance_ends(obs, changes),
-                      levers.families(changes) if changed else (),
-                      [_scaled(c, busy, busy) for c in costs] if busy < 1 else None)
+                      levers.families(changes) if changed else (), cal.gpu_busy_share)
 
 
 def unfitted_factor(obs: Observation) -> float:
