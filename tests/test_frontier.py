@@ -524,6 +524,40 @@ def test_two_new_shapes_frontiers_predicted_first(recorded: Path) -> None:
         assert all(bounds[0].holds(m["p99_tpot_ms"]) for m in points) is tpot_bound_met
 
 
+def test_the_step_at_a_rate_takes_the_busy_share_only_where_nvml_says_it(recorded: Path, tmp_path: Path) -> None:
+    """Lease 18's 8B capture, r2: the GPU busy 0.916 of its full-load run (NVML), no host process saturated, so at a
+    rate every GPU cost is the fit's times 0.916 and every request at once the fit's own. A host.json whose NVML
+    samples are not a share (NaN, 7.5, -1) says no busy share: the step at a rate stays the fit's, the frontier is
+    still predicted, and the file is not written to."""
+    import hashlib
+    import shutil
+
+    from profkit.report import build_report
+
+    run = recorded / "api" / "s8_1024_128" / "r2"
+    cal = calibrated(run)
+    assert cal.gpu_busy_share == pytest.approx(0.9158, abs=1e-4) == cal.observation.gpu_busy
+    conf = configured(cal, {})
+    assert conf.step_costs(None) == conf.costs
+    for full, at_rate in zip(conf.costs, conf.step_costs(20.0), strict=True):
+        for k in ("weights_s", "token_s", "kv_token_s", "pair_s"):
+            assert getattr(at_rate, k) == pytest.approx(getattr(full, k) * cal.gpu_busy_share, rel=1e-12)
+        assert at_rate.overhead_s == full.overhead_s and at_rate.cpu_step_s == full.cpu_step_s
+    for bad in (math.nan, 7.5, -1.0):
+        copy = tmp_path / f"r2_{bad}"
+        shutil.copytree(run, copy)
+        host = json.loads((copy / "host.json").read_text())
+        for gpu in host["gpus"]:
+            gpu["util"] = [[t, bad] for t, _ in gpu["util"]]
+        (copy / "host.json").write_text(json.dumps(host))
+        digest = hashlib.sha256((copy / "host.json").read_bytes()).hexdigest()
+        broken = calibrate(observe(build_report(copy).document()))
+        assert broken.observation.gpu_busy is None and broken.gpu_busy_share == 1.0
+        assert configured(broken, {}).step_costs(20.0) == configured(broken, {}).costs
+        assert frontier(broken, {}, [Bound("p99_tpot_ms", "<=", 30)]).goodput["rate"] > 0
+        assert hashlib.sha256((copy / "host.json").read_bytes()).hexdigest() == digest
+
+
 def test_a_gpu_bound_shapes_frontier_predicted_first_came_out_short(recorded: Path) -> None:
     """Lease 14, on a fifth box: the frontier of the 8B at 512/128 (lengths +-50 %) from lease 12's full-load run on
     another, and of --max-num-batched-tokens 2048 from the same run, predicted by bda68c2 before either sweep ran
