@@ -505,6 +505,7 @@ def sweep(rates: str | None, from_run: str | None, slos: tuple[str, ...], change
         predictor,
         prompts_for,
         recorded_changes,
+        run_order,
         run_sweep,
         show_sweep,
         unserved_changes,
@@ -559,8 +560,8 @@ def sweep(rates: str | None, from_run: str | None, slos: tuple[str, ...], change
         assert plan.server is not None
         click.echo(terminal(plan.server.shell()))
         click.echo(terminal(plan.warmup_step().shell()))
-        for i, (r, k) in enumerate((r, k) for r in chosen for k in range(replicates)):
-            click.echo(terminal(plan.bench_step(folder / folder_name(r) / f"r{k + 1}", seed=plan.seed() + i,
+        for i, (r, k) in enumerate(run_order(chosen, replicates)):
+            click.echo(terminal(plan.bench_step(folder / folder_name(r) / f"r{k}", seed=plan.seed() + i,
                                                 prompts=prompts_for(r), rate=r).shell()))
         return
     doc = main_interrupt_safe(lambda: run_sweep(plan, chosen, replicates,

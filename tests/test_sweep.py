@@ -211,6 +211,11 @@ def test_a_run_budget_keeps_the_rates_that_decide_the_goodput_first(recorded: Pa
     lines = r.stdout.splitlines()
     assert lines[0] == f"rates: {', '.join(f'{x:g}' for x in chosen_rates(front, 3))} req/s"
     assert len(lines[3:]) == 9  # each rate's three replicates
+    # every rate once, then again: a sweep cut short still measured each rate, and drift spreads over them all
+    runs = [(w[w.index("--request-rate") + 1], Path(w[w.index("--result-dir") + 1]).name, w[w.index("--seed") + 1])
+            for w in map(shlex.split, lines[3:])]
+    assert runs == [(f"{x:g}", f"r{k}", str(int(runs[0][2]) + i))
+                    for i, (x, k) in enumerate((x, k) for k in (1, 2, 3) for x in chosen_rates(front, 3))]
     one_error_line(sweep(recorded, tmp_path, "--from", capture, "--replicates", "3", "--runs", "2", "--dry-run"),
                    "cannot hold one rate's 3 replicates")
     one_error_line(sweep(recorded, tmp_path, "--rates", "5", "--runs", "4", "--dry-run"),

@@ -69,6 +69,13 @@ def folder_name(rate: float) -> str:
     return f"rate-{rate:g}"
 
 
+def run_order(rates: Sequence[float], replicates: int) -> list[tuple[float, int]]:
+    """The order of a sweep's runs, (rate, replicate number from 1): every rate once, ascending, then every rate
+    again. A sweep cut short (the box taken back, Ctrl-C) still measured each rate, and what drifts over a session
+    (the box's clocks, the server's caches) is spread over the rates rather than landing on the last one."""
+    return [(rate, k + 1) for k in range(replicates) for rate in rates]
+
+
 class SweepModel:
     """The model calibrated on a full-load run of the swept configuration (`profkit sweep --from RUN`): each point it
     predicts (`point(rate, prompts)`: `profkit.model.frontier.Point.document()`), its frontier within the bounds (which
@@ -87,10 +94,9 @@ def run_sweep(plan: Plan, rates: Sequence[float], replicates: int = 1, say: Call
     started = time.time()
     try:
         with ServerSession(plan, say) as session:
-            for rate in rates:
-                for k in range(replicates):
-                    say(f"rate {rate:g} req/s, run {k + 1} of {replicates}")
-                    session.run(f"{folder_name(rate)}/r{k + 1}", rate=rate, prompts=prompts_for(rate))
+            for rate, k in run_order(rates, replicates):
+                say(f"rate {rate:g} req/s, run {k} of {replicates}")
+                session.run(f"{folder_name(rate)}/r{k}", rate=rate, prompts=prompts_for(rate))
             startup_s = session.startup_s
     except KeyboardInterrupt:
         raise CaptureError(f"interrupted; partial sweep kept in {plan.out}", interrupted=True) from None
