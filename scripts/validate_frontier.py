@@ -73,6 +73,11 @@ SWEEPS = [  # name, the capture it is predicted from, the sweep, the changes fro
      [("p99_tpot_ms", 30), ("p99_ttft_ms", 300), ("p99_e2el_ms", 3000)]),
     ("8B 1024/128, lengths +-50 %, from its own full-load run (lease 18, beside it; the same)", "api/s8_1024_128",
      "sweep8_1024_128", {}, [("p99_tpot_ms", 30), ("p99_ttft_ms", 300), ("p99_e2el_ms", 3000)]),
+    ("14B 512/128, lengths +-50 %, from lease 18's full-load run, swept on a third box (lease 19; 6 rates of the "
+     "frontier 2e2d974 predicted x 3 replicates, chosen and predicted before the lease)", "api/s14_512_128",
+     "sweep14_512_128b", {}, [("p99_tpot_ms", 30), ("p99_ttft_ms", 300), ("p99_e2el_ms", 3000)]),
+    ("8B 1024/128, lengths +-50 %, from lease 18's full-load run (lease 19, beside it; the same)", "api/s8_1024_128",
+     "sweep8_1024_128b", {}, [("p99_tpot_ms", 30), ("p99_ttft_ms", 300), ("p99_e2el_ms", 3000)]),
 ]
 KEYS = ["request_throughput", "p50_ttft_ms", "p99_ttft_ms", "p50_tpot_ms", "p99_tpot_ms", "p99_e2el_ms"]
 OUT = REPO / "profkit" / "model" / "frontier_validation.json"

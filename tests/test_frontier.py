@@ -53,6 +53,9 @@ SWEEPS = {  # the sweep: the full-load capture it is predicted from, the changes
     # lease 18: two new shapes, each from its own full-load run (swept on another box, one run a rate)
     "14b_512_128": ("api/s14_512_128", "sweep14_512_128", {}, 0.05),
     "8b_1024_128": ("api/s8_1024_128", "sweep8_1024_128", {}, 0.05),
+    # lease 19: the same two, swept again on a third box at six of the predicted frontier's rates, 3 replicates each
+    "14b_512_128_x3": ("api/s14_512_128", "sweep14_512_128b", {}, 0.05),
+    "8b_1024_128_x3": ("api/s8_1024_128", "sweep8_1024_128b", {}, 0.05),
 }
 
 
@@ -96,15 +99,18 @@ def test_the_throughput_each_rate_is_served_at_is_predicted(recorded: Path, name
     ("8b_defaults", Bound("p99_tpot_ms", "<=", 15)), ("8b_fp8pair", Bound("p99_e2el_ms", "<=", 5000)),
     ("14b_defaults", Bound("p99_tpot_ms", "<=", 15)), ("14b_defaults", Bound("p99_e2el_ms", "<=", 8000)),
     ("14b_fp8pair", Bound("p99_tpot_ms", "<=", 15)), ("14b_fp8pair", Bound("p99_tpot_ms", "<=", 20)),
-    ("8b_512_128_mnbt2048", Bound("p99_e2el_ms", "<=", 3000))])
+    ("8b_512_128_mnbt2048", Bound("p99_e2el_ms", "<=", 3000)),
+    ("14b_512_128_x3", Bound("p99_tpot_ms", "<=", 30)), ("14b_512_128_x3", Bound("p99_e2el_ms", "<=", 3000)),
+    ("8b_1024_128_x3", Bound("p99_tpot_ms", "<=", 30)), ("8b_1024_128_x3", Bound("p99_e2el_ms", "<=", 3000))])
 def test_the_goodput_under_tpot_and_end_to_end_bounds_is_within_10_percent(recorded: Path, name: str,
                                                                           bound: Bound) -> None:
     """Measured 21.27, 19.28 and 17.35 req/s (8B: p99 TPOT <= 30 ms, E2E <= 5 s, TPOT <= 15 ms), 27.41 (its FP8 pair,
     predicted from the 16-bit run), 7.86 and 8.22 (14B), 12.96 and 15.15 (its FP8 pair, lease 5), 41.28 (lease 14's
-    --max-num-batched-tokens 2048, p99 E2E <= 3 s); predicted from r2's full-load run -2 %, -2 %, -5 %, +1 %, +7 %,
-    +6 %, -6 %, -3 %, -5 %. The 8B's TPOT <= 15 ms (-12 % before) and lease 14's (-17 % predicted first) are here
-    since a step at a rate takes the GPU's busy time (`predict._Fit.busy_share`), which was chosen after lease 14's
-    sweeps ran: in-sample for them."""
+    --max-num-batched-tokens 2048, p99 E2E <= 3 s), 22.27 and 16.42 (lease 19's 14B at 512/128: p99 TPOT <= 30 ms,
+    E2E <= 3 s), 25.62 and 21.36 (its 8B at 1,024/128); predicted from r2's full-load run -2 %, -2 %, -5 %, +1 %,
+    +7 %, +6 %, -6 %, -3 %, -5 %, +1 %, +0 %, +1 %, +5 % (lease 19's predicted before it ran). The 8B's TPOT
+    <= 15 ms (-12 % before) and lease 14's (-17 % predicted first) are here since a step at a rate takes the GPU's
+    busy time (`predict._Fit.busy_share`), which was chosen after lease 14's sweeps ran: in-sample for them."""
     capture, sweep, changes, _ = SWEEPS[name]
     cal = calibrated(recorded / capture / "r2")
     f = frontier(cal, changes, [bound])
@@ -522,6 +528,45 @@ def test_two_new_shapes_frontiers_predicted_first(recorded: Path) -> None:
         # the issue's bar (within 10 %), not the errors seen
         assert abs(stored["rate"] / measured - 1) < 0.10 and stored["low"] <= measured <= stored["high"]
         assert all(bounds[0].holds(m["p99_tpot_ms"]) for m in points) is tpot_bound_met
+
+
+def test_two_new_shapes_swept_at_six_rates_three_replicates_as_predicted_first(recorded: Path) -> None:
+    """Lease 19: lease 18's two shapes swept again on a third box, `profkit sweep --rates --replicates 3` at six of the
+    frontier points 2e2d974 predicted from lease 18's captures (chosen and predicted before the lease), every rate once
+    and then again. Each bound's goodput as `profkit sweep --show FOLDER --from CAPTURE` gives it: the 14B's p99 TPOT
+    <= 30 ms 22.27 req/s measured, 22.40 predicted (+1 %), p99 TTFT <= 300 ms 26.06, 23.64 (-9 %); the 8B's 25.62,
+    25.45 (-1 %) and 26.25, 24.89 (-5 %): the issue's 10 %, and inside their ranges. Both bounds at once, the stored
+    prediction (lease18-predicted/) +1 % and -3 %. Per point up to the goodputs, TPOT p50 and p99 and TTFT p99 within
+    25 % (the largest: the 8B's TPOT p50 -17 % at 11.78 req/s, the 14B's TTFT p99 +24 % at 20.61); past them the
+    over-prediction near the knee (TPOT p50 +29 % and +49 % at the capacity) is measured, not hidden."""
+    from profkit.compare.sweep import predictor, show_sweep
+
+    bounds = [("p99_tpot_ms", "<=", 30.0), ("p99_ttft_ms", "<=", 300.0)]
+    for name in ("14b_512_128_x3", "8b_1024_128_x3"):
+        capture, sweep, _, _ = SWEEPS[name]
+        folder = recorded / sweep
+        # every rate once, then again: each run's seed says when it ran
+        seeds = {(r.parent.name, r.name): json.loads((r / "manifest.json").read_text())["session"]["seed"]
+                 for r in folder.glob("rate-*/r*")}
+        rates = sorted({rate for rate, _ in seeds}, key=lambda d: float(d.split("-")[1]))
+        assert len(rates) == 6 and len(seeds) == 18
+        assert sorted(seeds, key=seeds.get) == [(rate, f"r{k}") for k in (1, 2, 3) for rate in rates]
+        doc = show_sweep(folder, predictor(recorded / capture, bounds))
+        assert all(p["replicates"] == 3 and abs(p["error"]["request_throughput"]) < 0.05 for p in doc["points"])
+        goodputs = {g["bound"]: g for g in doc["goodput"]}
+        for g in goodputs.values():
+            assert abs(g["error"]) < 0.10 and g["inside_range"], g
+            assert len(g["per_replicate"]) == 3
+        edge = max(g["measured"] for g in goodputs.values())
+        for p in doc["points"]:
+            if p["rate"] <= edge:
+                for metric in ("p50_tpot_ms", "p99_tpot_ms", "p99_ttft_ms"):
+                    assert abs(p["error"][metric]) < 0.25, (name, p["rate"], metric)
+        assert doc["points"][-1]["error"]["p50_tpot_ms"] > 0.15  # the knee's over-prediction, still there
+        said = json.loads((recorded / "lease18-predicted" / f"frontier-{capture.split('/')[1]}.json").read_text())
+        stored = said["frontier"]["goodput"]
+        both = min(g["measured"] for g in goodputs.values())
+        assert abs(stored["rate"] / both - 1) < 0.10 and stored["low"] <= both <= stored["high"]
 
 
 def test_the_step_at_a_rate_takes_the_busy_share_only_where_nvml_says_it(recorded: Path, tmp_path: Path) -> None:
