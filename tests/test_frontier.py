@@ -668,3 +668,48 @@ def test_the_step_against_its_tokens_as_measured(recorded: Path) -> None:
     assert all(2.5 < over < 4.0 for over in overs["steptime.jsonl"].values())
     fourteen = overs["steptime14.jsonl"]
     assert 4.0 < fourteen[256] < 5.5 and 3.0 < fourteen[512] < 4.5 and abs(fourteen[2000]) < 1.0
+
+
+def test_the_frontier_says_its_step_at_a_rate_and_what_the_recorded_sweeps_missed_by(recorded: Path) -> None:
+    """Beside the curve, in every format: the step at a rate where it is not the fit's (lease 18's 8B capture: its GPU
+    busy 0.916 of the run, NVML), and what the recorded sweeps of its class measured against the model, p99 TTFT and
+    TPOT (the 10th-90th percentiles of measured / predicted over the shipped rows, recomputed here by hand): the
+    run's own configuration, a change whose class was swept (precision), and one whose class was not (the KV cache's
+    size: every changed sweep's). A run the frontend paced (lease 6's, not fitted) keeps the fit's step and says
+    nothing of it."""
+    import statistics
+
+    from profkit.model import validation
+
+    def by_hand(metric: str, rows: list[dict]) -> tuple[float, float]:
+        cuts = statistics.quantiles([math.log(r["measured"] / r["predicted"]) for r in rows if r["metric"] == metric],
+                                    n=10, method="inclusive")
+        return math.exp(cuts[0]) - 1, math.exp(cuts[-1]) - 1
+
+    shipped = validation.frontier_rows()
+    own = [r for r in shipped if not r["changed"]]
+    fp8 = [r for r in shipped if "precision" in r.get("families", ())]
+    cal = calibrated(recorded / "api" / "s8_1024_128" / "r2")
+    for changes, rows, of in (({}, own, "the run's own configuration"),
+                              ({"quantization": "fp8"}, fp8, "a change of precision"),
+                              ({"gpu_memory_utilization": 0.8}, [r for r in shipped if r["changed"]],
+                               "any change (KV cache size not swept)")):
+        f = frontier(cal, changes).document()
+        assert f["gpu_scale_at_a_rate"] == pytest.approx(0.9158, abs=1e-4)
+        missed = f["missed_by"]
+        assert missed["of"] == of and missed["sweeps"] == len({r["sweep"] for r in rows})
+        for metric in ("p99_ttft_ms", "p99_tpot_ms"):
+            band = (missed[metric]["low"], missed[metric]["high"])
+            assert band == pytest.approx(by_hand(metric, rows), rel=1e-9)
+    assert frontier(cal, {"quantization": "fp8"}).document()["missed_by"]["p99_ttft_ms"]["low"] > 0  # TTFT over
+    run = recorded / "api" / "s8_1024_128" / "r2"
+    said = {fmt: profkit("predict", run, "--frontier", "--format", fmt).stdout for fmt in ("text", "md", "html")}
+    doc = json.loads(profkit("predict", run, "--frontier", "--format", "json").stdout)["frontier"]
+    ttft = doc["missed_by"]["p99_ttft_ms"]
+    expected = f"{ttft['low'] * 100:+.0f} % to {ttft['high'] * 100:+.0f} %"
+    for fmt, out in said.items():
+        assert "x 0.92, the run" in out and f"p99 TTFT was {expected}" in out, fmt
+        assert f"on {doc['missed_by']['sweeps']} recorded sweep(s) of the run" in out, fmt
+    paced = calibrated(recorded / "api" / "s2_api1" / "r2")
+    assert paced.gpu_busy_share == 1.0 and frontier(paced, {}).document()["gpu_scale_at_a_rate"] == 1.0
+    assert "busy share" not in profkit("predict", recorded / "api" / "s2_api1" / "r2", "--frontier").stdout

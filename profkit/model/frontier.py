@@ -44,6 +44,7 @@ ALIASES = {"median": "p50"}
 # metrics a sweep does not measure as such, widened by the errors of the one they derive from (per user: 1,000 / mean
 # TPOT, the sign flipped; per GPU: the output throughput's)
 BAND_OF = {"tokens_per_user": ("mean_tpot_ms", -1), "output_throughput_per_gpu": ("output_throughput", 1)}
+MISSED_BY = ("p99_ttft_ms", "p99_tpot_ms")  # what the recorded sweeps missed by, said beside the curve
 
 
 def frontier_metrics() -> tuple[str, ...]:
@@ -92,11 +93,14 @@ class Frontier:
     points: list[Point]
     bounds: list[Any] = field(default_factory=list)  # profkit.model.search.Bound on frontier metrics
     goodput: dict[str, Any] | None = None  # {"rate", "low", "high", "binding"}
+    gpu_scale_at_a_rate: float = 1.0  # a step's GPU costs at a rate, of the fit's (`Configured.rate_scale`)
+    missed_by: dict[str, Any] | None = None  # `validation.frontier_misses` of this configuration's class
 
     def document(self) -> dict[str, Any]:
         return {"changes": self.changes, "gpus": self.gpus, "capacity": self.capacity.document(),
                 "points": [p.document() for p in self.points],
-                "bounds": [f"{b.metric}{b.op}{b.value:g}" for b in self.bounds], "goodput": self.goodput}
+                "bounds": [f"{b.metric}{b.op}{b.value:g}" for b in self.bounds], "goodput": self.goodput,
+                "gpu_scale_at_a_rate": self.gpu_scale_at_a_rate, "missed_by": self.missed_by}
 
 
 def frontier(cal: Calibrated, changes: dict[str, Any] | None = None, bounds: Sequence[Any] = (),
@@ -117,7 +121,8 @@ def frontier(cal: Calibrated, changes: dict[str, Any] | None = None, bounds: Seq
     top = capacity.predicted["request_throughput"]
     points = [point_at(cal, conf, top * s, prompts or _prompts(cal, top * s), spread) for s in shares]
     gpus = cal.observation.tensor_parallel * int(changes.get("data_parallel_size") or cal.observation.data_parallel)
-    out = Frontier(changes, gpus, capacity, points, list(bounds))
+    out = Frontier(changes, gpus, capacity, points, list(bounds), gpu_scale_at_a_rate=conf.rate_scale,
+                   missed_by=validation.frontier_misses(MISSED_BY, conf.changed, tuple(conf.families)))
     if bounds:
         out.goodput = _goodput(cal, conf, points, list(bounds), spread, prompts)
     return out

@@ -138,10 +138,41 @@ def frontier_band_of(rows: Sequence[dict[str, Any]], metric: str, changed: bool,
     sweeps sharing a class of change with `families` where any do, else every changed sweep's), without those
     predicted from `leave_out`'s recordings (the full-load captures). A class whose sweeps are all left out has no
     band (0, 0: the model's own range), not another class's."""
-    chosen = [r for r in rows if r["metric"] == metric and r["changed"] == changed]
-    if changed and families:
-        chosen = [r for r in chosen if set(r.get("families", ())) & set(families)] or chosen
+    chosen, _ = _frontier_class(rows, metric, changed, families)
     return _ends([residual(r) for r in chosen if r["recording"] not in leave_out])
+
+
+def _frontier_class(rows: Sequence[dict[str, Any]], metric: str, changed: bool,
+                    families: Sequence[str]) -> tuple[list[dict[str, Any]], str]:
+    """The sweep points a frontier point of this class is held against, and the class in words."""
+    chosen = [r for r in rows if r["metric"] == metric and r["changed"] == changed]
+    if not changed:
+        return chosen, "the run's own configuration"
+    same = [r for r in chosen if set(r.get("families", ())) & set(families)] if families else []
+    swept = {f for r in same for f in r.get("families", ())}
+    unswept = [f for f in families if f not in swept]
+    if same:
+        return same, f"a change of {' and '.join(f for f in families if f in swept)}" + \
+            (f" ({' and '.join(unswept)} not swept)" if unswept else "")
+    return chosen, "any change" + (f" ({' and '.join(unswept)} not swept)" if unswept else "")
+
+
+@cache
+def frontier_misses(metrics: tuple[str, ...], changed: bool, families: tuple[str, ...] = ()) -> dict[str, Any] | None:
+    """What the recorded sweeps' points of this class missed each of `metrics` by, as fractions (the ends a frontier
+    point's range is widened to: `frontier_band`), the class in words and how many sweeps it counts; None where
+    profkit ships no sweeps. What the frontier says beside its curve."""
+    rows = frontier_rows()
+    out: dict[str, Any] = {}
+    for metric in metrics:
+        chosen, out["of"] = _frontier_class(rows, metric, changed, families)
+        if not chosen:
+            return None
+        low, high = _ends([residual(r) for r in chosen])
+        out[metric] = {"low": math.exp(low) - 1, "high": math.exp(high) - 1, "points": len(chosen),
+                       "ends": "10th-90th percentile" if len(chosen) >= QUANTILE_ROWS else "extremes"}
+        out["sweeps"] = len({r["sweep"] for r in chosen})
+    return out or None
 
 
 @cache

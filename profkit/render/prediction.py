@@ -98,6 +98,37 @@ def _beyond(binding: str | None) -> str:
     return "; beyond it the queue grows (the capacity)" if binding == "capacity" else f"; beyond it {binding} fails"
 
 
+def _pct(x: float) -> str:
+    return f"{x * 100:+.0f} %"
+
+
+def missed_by_words(missed: dict[str, Any] | None) -> str | None:
+    """What the recorded sweeps of the frontier's class measured against the model at a rate, in words."""
+    if not missed:
+        return None
+    ttft, tpot = missed["p99_ttft_ms"], missed["p99_tpot_ms"]
+    return (f"on {missed['sweeps']} recorded sweep(s) of {missed['of']} the measured p99 TTFT was "
+            f"{_pct(ttft['low'])} to {_pct(ttft['high'])} and p99 TPOT {_pct(tpot['low'])} to {_pct(tpot['high'])} "
+            f"from the model's ({_ends(ttft, tpot)} of their points)")
+
+
+def _ends(*bands: dict[str, Any]) -> str:
+    return " and ".join(dict.fromkeys(b["ends"] for b in bands))
+
+
+def frontier_notes(f: dict[str, Any]) -> list[str]:
+    """What stands beside a predicted frontier: the step at a rate where it is not the fit's, and what the recorded
+    sweeps of its class measured against the model (each rate's range carries it)."""
+    out = []
+    scale = f.get("gpu_scale_at_a_rate", 1.0)
+    if scale != 1.0:
+        out.append(f"At a rate each step's GPU time is the fit's x {scale:.2f}, the run's GPU busy share (NVML): an "
+                   "empirical correction, checked against measured sweeps (docs/prediction.md)")
+    if words := missed_by_words(f.get("missed_by")):
+        out.append(f"At a rate, {words}: each rate's range carries it")
+    return out
+
+
 def frontier_view(doc: dict[str, Any]) -> dict[str, Any]:
     """`--frontier`'s curve as rows (latencies in ms), its capacity and goodput in words."""
     f = doc["frontier"]
@@ -123,7 +154,7 @@ def frontier_view(doc: dict[str, Any]) -> dict[str, Any]:
             "rows": [row(p) for p in f["points"]] + [row(f["capacity"])],
             "capacity": f"{figure(rt['predicted'])} req/s (range {figure(rt['low'])}-{figure(rt['high'])}), "
                         f"{figure(out['predicted'])} output tok/s per GPU ({f['gpus']} GPU(s))",
-            "goodput": goodput}
+            "goodput": goodput, "notes": frontier_notes(f)}
 
 
 def _frontier_text(doc: dict[str, Any]) -> str:
@@ -133,6 +164,7 @@ def _frontier_text(doc: dict[str, Any]) -> str:
            f"  capacity (every request at once): {v['capacity']}"]
     if v["goodput"]:
         out.append(f"  goodput {terminal(v['goodput'])}")
+    out += [f"  {terminal(n)}" for n in v["notes"]]
     out += ["", "  latencies in ms; each rate's prompts sent over at least 30 s, as a sweep's run would", ""]
     out.append("  " + "  ".join(h.rjust(w) for h, w in zip(v["header"], widths, strict=True)))
     out += ["  " + "  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in v["rows"]]

@@ -6,12 +6,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from profkit.render.prediction import missed_by_words
 from profkit.render.sections.table import text_table
 from profkit.units import figure
 
-LATENCY_NOTE = ("below the knee the model's p99 TTFT missed measured sweeps by -37 % to +74 % at the run's own "
-                "configuration, -83 % to +40 % after a change of precision, +32 % to +339 % after one of API servers "
-                "(TPOT -24 % to +62 %): read the curves' shapes, and measure the rate you need")
+
+def latency_note(f: dict[str, Any]) -> str:
+    """What the recorded sweeps measured against the model at a rate, as run and for the prescribed change's class
+    (`validation.frontier_misses`, shipped with the model: the numbers move as sweeps are recorded)."""
+    sides = [words for side in ("before", "after") if (words := missed_by_words(f[side].get("missed_by")))]
+    said = "; ".join(dict.fromkeys(sides)) if sides else "no recorded sweep says how far the model misses"
+    return f"{said}: read the curves' shapes, and measure the rate you need"
 
 
 
@@ -37,7 +42,7 @@ def view(report: dict[str, Any], top: int) -> dict[str, Any] | None:
                          **{k: figure(p[k]) for k in ("served", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99")},
                          "note": "" if p["keeps_up"] else "queue grows"})
     caps = {side: f[side]["capacity"]["metrics"]["request_throughput"] for side in ("before", "after")}
-    return {"rows": rows, "note": LATENCY_NOTE,
+    return {"rows": rows, "note": latency_note(f),
             "capacity": f"{figure(caps['before']['predicted'])} → {figure(caps['after']['predicted'])} req/s "
                         f"(range {figure(caps['after']['low'])}-{figure(caps['after']['high'])})",
             "curves": {side: _side(f[side]) for side in ("before", "after")}}
