@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -62,10 +62,20 @@ def _quantile(values: np.ndarray, q: float) -> int | None:
     return int(np.partition(values, k := min(len(values) - 1, int(q * len(values))))[k])
 
 
-def _steps(trace: Trace, win: Window) -> tuple[DeviceGaps, np.ndarray, str] | None:
-    """The first GPU's gaps, the window's steps (an int64 array, a row per step: COLUMNS) and where they came
-    from; None without steps. Read once per trace and window: the step view and the GPU metrics by phase both
-    ask."""
+class Found(NamedTuple):
+    """A window's engine steps: the first GPU's gaps, the steps (an int64 array, a row per step: COLUMNS), where
+    they came from, and whether they were moved onto the GPU's timeline (`_on_gpu`: each row then ends where the
+    next step starts)."""
+
+    gaps: DeviceGaps
+    steps: np.ndarray
+    source: str
+    on_gpu: bool
+
+
+def _steps(trace: Trace, win: Window) -> Found | None:
+    """The window's steps (`Found`); None without steps. Read once per trace and window: the step view and the GPU
+    metrics by phase both ask."""
     lo, hi = (win.start_ns, win.end_ns) if win.bounded else (-(1 << 62), 1 << 62)  # `all`: every step
     key = f"steps {lo} {hi}"
     if key not in trace.cache:
@@ -73,22 +83,22 @@ def _steps(trace: Trace, win: Window) -> tuple[DeviceGaps, np.ndarray, str] | No
     return trace.cache[key]
 
 
-def _read_steps(trace: Trace, lo: int, hi: int) -> tuple[DeviceGaps, np.ndarray, str] | None:
+def _read_steps(trace: Trace, lo: int, hi: int) -> Found | None:
     all_gaps = gpu_gaps(trace)
     if not all_gaps.devices:
         return None
     gaps = all_gaps.devices[min(all_gaps.devices)]
     # the annotations from a while before the window too: a step named on the host before it may run inside it
     steps, pid = _nvtx_steps(trace, lo - LAG_MAX_NS, hi, gaps.device, counted_from=lo)
-    source = NVTX_SOURCE
+    source, on_gpu = NVTX_SOURCE, False
     if len(steps) and (placed := _on_gpu(trace, steps, pid, gaps)) is not None:
-        steps, source = placed, f"{NVTX_SOURCE}, {ON_GPU}"
+        steps, source, on_gpu = placed, f"{NVTX_SOURCE}, {ON_GPU}", True
         steps = steps[(steps[:, 1] > lo) & (steps[:, 0] < hi)]
     elif len(steps):
         steps = steps[steps[:, 1] > lo]
     if not len(steps):
-        steps, source = _kernel_steps(trace, lo, hi, gaps), KERNEL_SOURCE
-    return (gaps, steps, source) if len(steps) else None
+        steps, source, on_gpu = _kernel_steps(trace, lo, hi, gaps), KERNEL_SOURCE, False
+    return Found(gaps, steps, source, on_gpu) if len(steps) else None
 
 
 def _on_gpu(trace: Trace, steps: np.ndarray, pid: int | None, gaps: DeviceGaps) -> np.ndarray | None:
@@ -175,8 +185,8 @@ def step_spans(trace: Trace, win: Window) -> tuple[int, dict[str, tuple[np.ndarr
     found = _steps(trace, win)
     if found is None:
         return None
-    gaps, steps, source = found
-    a, b = _bounds(steps, source.endswith(ON_GPU))
+    gaps, steps, _, on_gpu = found
+    a, b = _bounds(steps, on_gpu)
     prefill = steps[:, CONTEXT_REQUESTS] > 0
     return gaps.device, {"prefill-bearing": (a[prefill], b[prefill]), "decode-only": (a[~prefill], b[~prefill])}
 
@@ -186,9 +196,8 @@ def engine_steps(trace: Trace, win: Window) -> dict[str, Any] | None:
     found = _steps(trace, win)
     if found is None:
         return None
-    gaps, steps, source = found
+    gaps, steps, source, on_gpu = found
     device, first, last = gaps.device, gaps.first, gaps.last
-    on_gpu = source.endswith(ON_GPU)
     a, b = _bounds(steps, on_gpu)
     # The gaps are idle time between GPU operations only: clip each step to the GPU's active span.
     ca = np.maximum(a, first)
