@@ -12,8 +12,10 @@ at rate inf), dense near the knee. Ranges: the ends of what the change does to a
 and the fit's error on the calibrated run, as `predict`'s are, and where the API servers' count changes, their
 ceiling at the imbalance's ends (at full load the full-load runs' 10th-90th percentiles; at a rate, where the API
 servers share more evenly, those of runs at a rate: `predict.API_SERVER_IMBALANCE_AT_RATE`); the capacity as wide
-as `predict`'s for the change (its class's held-out errors); at a finite rate, widened again to what each metric
-missed by on the measured sweeps (`validation.frontier_band`: under a change, the sweeps of its class of change).
+as `predict`'s for the change (its class's held-out errors); at a finite rate, also what the simulation gives with
+every cost that spread shorter and longer (near the knee a step's error compounds: `_through`), then widened again to
+what each metric missed by on the measured sweeps (`validation.frontier_band`: under a change, the sweeps of its
+class of change).
 
 What a vLLM sweep (`vllm bench sweep`, benchmarks/auto_tune) measures one restart and one run a point, this
 predicts in seconds; `profkit sweep` measures the points it chooses (around the knee and the bounds' edges)."""
@@ -32,7 +34,7 @@ from profkit.model import validation
 from profkit.model.predict import Calibrated, Configured, configured, frontend_latency, host_stretch, range_width
 from profkit.model.predict import spread as predict_spread
 from profkit.model.search import Bound
-from profkit.model.simulate import Infeasible, Latencies, SimResult, simulate_latencies
+from profkit.model.simulate import Infeasible, Latencies, SimResult, Workload, simulate_latencies
 
 LATENCIES = ("ttft", "tpot", "e2el")
 STATS = ("mean", "p50", "p90", "p99")
@@ -147,6 +149,10 @@ def point_at(cal: Calibrated, conf: Configured, rate: float | None, prompts: int
     runs += [_metrics(cal, conf, r, lat, rate, i) for r, lat in sims for i in _imbalance_ends(conf, rate)]
     low = {k: min(r[k] for r in runs) * math.exp(-spread) for k in mid}
     high = {k: max(r[k] for r in runs) * math.exp(spread) for k in mid}
+    if rate is not None:  # the step's own uncertainty through the simulation, not only on its outputs (_through)
+        for r in _through(cal, conf, work, spread):
+            low = {k: min(v, r[k]) for k, v in low.items()}
+            high = {k: max(v, r[k]) for k, v in high.items()}
     if held_out and rate is None:  # the capacity: as `predict` widens the change's, to its class's held-out errors
         for k, v in mid.items():
             b = validation.band(conf.families, k)
@@ -161,6 +167,19 @@ def point_at(cal: Calibrated, conf: Configured, rate: float | None, prompts: int
     quarter = max(1, len(ttft) // 4)
     growth = float(np.median(ttft[-quarter:])) - QUEUE_GROWTH[0] * float(np.median(ttft[:quarter])) - QUEUE_GROWTH[1]
     return Point(rate, prompts, mid, low, high, max(growth, 0.0) if rate is not None else 0.0)
+
+
+def _through(cal: Calibrated, conf: Configured, work: Workload, spread: float) -> list[dict[str, float]]:
+    """The middle step cost's metrics at a rate with every cost exp(-spread) and exp(+spread) times as long. At a
+    rate a step a little longer gathers more tokens, which lengthen it again (lease 19's 8B at 1,024/128, 29.45 req/s:
+    steps of 808 tokens in 25.4 ms measured by vLLM's counters, 994 in 30.2 simulated: 31.9k and 32.9k tokens a
+    second, 3 % apart), so near the knee the latencies move many times what the step's cost does, and a range that
+    only widens the outputs by the spread misses it (docs/prediction.md gives the coverage either way)."""
+    costs = conf.step_costs(work.request_rate)
+    mid = costs[len(costs) // 2]
+    rate = work.request_rate
+    return [_metrics(cal, conf, *simulate_latencies(work, conf.engine, mid.times(f), conf.engines), rate)
+            for f in (math.exp(-spread), math.exp(spread))]
 
 
 def _imbalance_ends(conf: Configured, rate: float | None) -> tuple[float, ...]:

@@ -89,6 +89,12 @@ class StepCost:
     comm_token_s: float = 0.0  # ... and per token of the step (its activations over NVLink)
     queued_overlap: float = math.inf  # with requests waiting, the norm a step's CPU and GPU combine in (QUEUED_OVERLAP)
 
+    def times(self, f: float) -> StepCost:
+        """Every cost, the GPU's and the engine core's CPU's, `f` times as long: a step as long as a range's end."""
+        return replace(self, overhead_s=self.overhead_s * f, weights_s=self.weights_s * f, token_s=self.token_s * f,
+                       kv_token_s=self.kv_token_s * f, pair_s=self.pair_s * f, cpu_step_s=self.cpu_step_s * f,
+                       cpu_seq_s=self.cpu_seq_s * f, comm_s=self.comm_s * f, comm_token_s=self.comm_token_s * f)
+
     def step_s(self, tokens: float, kv_read: float, pairs: float, seqs: int = 0, queued: bool = False) -> float:
         """The GPU's time for the step, or the engine core's CPU time where that is longer (with asynchronous
         scheduling the CPU prepares the next step while the GPU runs this one); with requests `queued` for the
