@@ -3,6 +3,7 @@
 For each sample run, in its own process (best of `--repeat`):
 - the floor: `profkit predict RUN -- --max-num-seqs 256`, one calibration and one prediction, process start included;
 - `profkit predict RUN --search` and `--search --allow-precision-changes`;
+- `profkit predict RUN --frontier --slo "p99_tpot_ms<=60"`: the curve at 10 rates and the goodput's bisection;
 - the report's prescription: `prescribe(...)` timed inside `profkit report RUN` (the search the report runs), beside
   the whole report's time.
 
@@ -74,7 +75,8 @@ def measure(tree: Path, repeat: int) -> dict[str, dict[str, float]]:
         floor = best_of([*cli, sample, "--", "--max-num-seqs", "256"], tree, repeat)
         search = best_of([*cli, sample, "--search"], tree, repeat)
         precision = best_of([*cli, sample, "--search", "--allow-precision-changes"], tree, repeat)
-        out[sample] = {"floor": floor, "search": search, "search_precision": precision,
+        front = best_of([*cli, sample, "--frontier", "--slo", "p99_tpot_ms<=60"], tree, repeat)
+        out[sample] = {"floor": floor, "search": search, "search_precision": precision, "frontier": front,
                        **prescription(sample, tree, repeat)}
     return out
 
@@ -86,11 +88,12 @@ def main() -> None:
     args = ap.parse_args()
     trees = {"this tree": ROOT, **({"baseline": args.baseline} if args.baseline else {})}
     print(f"{'tree':<10} {'sample':<30} {'floor':>7} {'search':>8} {'+prec.':>8} {'ratio':>6} "
-          f"{'prescr.':>8} {'report':>7}")
+          f"{'front.':>7} {'prescr.':>8} {'report':>7}")
     for label, tree in trees.items():
         for sample, t in measure(tree, args.repeat).items():
             print(f"{label:<10} {Path(sample).name:<30} {t['floor']:7.2f} {t['search']:8.2f} "
-                  f"{t['search_precision']:8.2f} {t['search'] / t['floor']:6.1f} {t['prescription']:8.2f} "
+                  f"{t['search_precision']:8.2f} {t['search'] / t['floor']:6.1f} {t['frontier']:7.2f} "
+                  f"{t['prescription']:8.2f} "
                   f"{t['report']:7.2f}")
 
 
