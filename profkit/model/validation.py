@@ -13,6 +13,7 @@ pair has validated makes the prediction extrapolated, said in every format."""
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import statistics
@@ -157,11 +158,15 @@ def _frontier_class(rows: Sequence[dict[str, Any]], metric: str, changed: bool,
     return chosen, "any change" + (f" ({' and '.join(unswept)} not swept)" if unswept else "")
 
 
-@cache
 def frontier_misses(metrics: tuple[str, ...], changed: bool, families: tuple[str, ...] = ()) -> dict[str, Any] | None:
     """What the recorded sweeps' points of this class missed each of `metrics` by, as fractions (the ends a frontier
     point's range is widened to: `frontier_band`), the class in words and how many sweeps it counts; None where
-    profkit ships no sweeps. What the frontier says beside its curve."""
+    profkit ships no sweeps. What the frontier says beside its curve: a document's own copy."""
+    return copy.deepcopy(_frontier_misses(metrics, changed, families))
+
+
+@cache  # a search's frontiers ask for the same few classes
+def _frontier_misses(metrics: tuple[str, ...], changed: bool, families: tuple[str, ...]) -> dict[str, Any] | None:
     rows = frontier_rows()
     out: dict[str, Any] = {}
     for metric in metrics:
