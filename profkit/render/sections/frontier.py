@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from profkit.render.prediction import missed_by_words
+from profkit.render.frontier_words import missed_by_words
 from profkit.render.sections.table import text_table
 from profkit.units import figure
 
