@@ -281,6 +281,23 @@ def test_predict_frontier_on_the_readme_sample(tmp_path: Path) -> None:
     assert md.returncode == 0 and "| rate (req/s) |" in (tmp_path / "f.md").read_text()
 
 
+def test_a_goodput_the_capacity_binds_has_a_range_on_both_sides() -> None:
+    """The README sample under p99 TPOT <= 60 ms: the bound holds up to the capacity, so the goodput is where the queue
+    starts to grow (11.0 req/s). Each end of its range is judged with every cost at that end: with costs the spread
+    shorter the server keeps up at the next rate past it, so the range reaches past the goodput (its high end had
+    been the goodput itself), and with them longer the queue grows sooner, so it reaches below."""
+    from profkit.report import build_report
+
+    cal = calibrate(observe(build_report(SAMPLE_RUN).document()))
+    f = frontier(cal, {}, [Bound("p99_tpot_ms", "<=", 60)])
+    good = f.goodput
+    assert good["binding"] == "capacity"
+    assert good["low"] < good["rate"] < good["high"]
+    past = next(p for p in f.points if p.rate > good["rate"])
+    assert not keeps_up(past) and past.growth_ends[0] <= 0.0 < past.growth_ends[1]
+    assert good["high"] <= past.rate
+
+
 def test_a_frontier_bound_on_a_metric_it_does_not_predict_is_one_line() -> None:
     line = one_error_line(profkit("predict", "samples/vllm_14b_kv_bound", "--frontier", "--slo", "p95_ttft_ms<=9"),
                           "p95_ttft_ms")
@@ -587,8 +604,8 @@ def test_a_rates_range_carries_the_steps_error_through_the_simulation(recorded: 
     k, measured = "p50_tpot_ms", m["p50_tpot_ms"]
     assert p.predicted[k] * math.exp(-width) > measured  # widened outputs alone miss it
     assert p.low[k] <= measured <= p.high[k]
-    shorter, longer = _through(cal, conf, replace(cal.workload, requests=m["num_prompts"],
-                                                   request_rate=m["request_rate"]), width)
+    (shorter, _), (longer, _) = _through(cal, conf, replace(cal.workload, requests=m["num_prompts"],
+                                                             request_rate=m["request_rate"]), width)
     assert (p.low[k], p.high[k]) == pytest.approx((shorter[k], longer[k]), rel=1e-12)
     assert p.high[k] - p.predicted[k] > p.predicted[k] - p.low[k] > p.predicted[k] * (1 - math.exp(-width))
 

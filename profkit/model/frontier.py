@@ -80,6 +80,8 @@ class Point:
     low: dict[str, float]
     high: dict[str, float]
     queue_growth_s: float = 0.0  # the last quarter's median TTFT beyond what a steady queue allows (0: steady)
+    # the same with every cost the spread shorter and longer (`_through`): whether the range's ends keep up
+    growth_ends: tuple[float, float] = (0.0, 0.0)
 
     def document(self) -> dict[str, Any]:
         return {"rate": self.rate, "prompts": self.prompts, "keeps_up": keeps_up(self),
@@ -149,10 +151,13 @@ def point_at(cal: Calibrated, conf: Configured, rate: float | None, prompts: int
     runs += [_metrics(cal, conf, r, lat, rate, i) for r, lat in sims for i in _imbalance_ends(conf, rate)]
     low = {k: min(r[k] for r in runs) * math.exp(-spread) for k in mid}
     high = {k: max(r[k] for r in runs) * math.exp(spread) for k in mid}
+    ends = (0.0, 0.0)
     if rate is not None:  # the step's own uncertainty through the simulation, not only on its outputs (_through)
-        for r in _through(cal, conf, work, spread):
+        through = _through(cal, conf, work, spread)
+        for r, _ in through:
             low = {k: min(v, r[k]) for k, v in low.items()}
             high = {k: max(v, r[k]) for k, v in high.items()}
+        ends = (through[0][1], through[1][1])
     if held_out and rate is None:  # the capacity: as `predict` widens the change's, to its class's held-out errors
         for k, v in mid.items():
             b = validation.band(conf.families, k)
@@ -163,14 +168,23 @@ def point_at(cal: Calibrated, conf: Configured, rate: float | None, prompts: int
             band = validation.frontier_band(source, conf.changed, tuple(conf.families))
             low[k], high[k] = validation.widened(v, low[k], high[k], (band[0], band[1]) if sign > 0 else
                                                  (-band[1], -band[0]))
-    ttft = sims[len(sims) // 2][1].ttft_s  # in the order the requests were sent
+    growth = _growth(sims[len(sims) // 2][1]) if rate is not None else 0.0
+    return Point(rate, prompts, mid, low, high, growth, ends)
+
+
+def _growth(lat: Latencies) -> float:
+    """How far the last quarter's median TTFT (in the order the requests were sent) exceeds what a steady queue
+    allows: 0 where the server keeps up (QUEUE_GROWTH)."""
+    ttft = lat.ttft_s
     quarter = max(1, len(ttft) // 4)
     growth = float(np.median(ttft[-quarter:])) - QUEUE_GROWTH[0] * float(np.median(ttft[:quarter])) - QUEUE_GROWTH[1]
-    return Point(rate, prompts, mid, low, high, max(growth, 0.0) if rate is not None else 0.0)
+    return max(growth, 0.0)
 
 
-def _through(cal: Calibrated, conf: Configured, work: Workload, spread: float) -> list[dict[str, float]]:
-    """The middle step cost's metrics at a rate with every cost exp(-spread) and exp(+spread) times as long. At a
+def _through(cal: Calibrated, conf: Configured, work: Workload,
+             spread: float) -> list[tuple[dict[str, float], float]]:
+    """The middle step cost's metrics and queue growth at a rate with every cost exp(-spread) and exp(+spread) times
+    as long. At a
     rate a step a little longer gathers more tokens, which lengthen it again (lease 19's 8B at 1,024/128, 29.45 req/s:
     steps of 808 tokens in 25.4 ms measured by vLLM's counters, 994 in 30.2 simulated: 31.9k and 32.9k tokens a
     second, 3 % apart), so near the knee the latencies move many times what the step's cost does, and a range that
@@ -178,8 +192,11 @@ def _through(cal: Calibrated, conf: Configured, work: Workload, spread: float) -
     costs = conf.step_costs(work.request_rate)
     mid = costs[len(costs) // 2]
     rate = work.request_rate
-    return [_metrics(cal, conf, *simulate_latencies(work, conf.engine, mid.times(f), conf.engines), rate)
-            for f in (math.exp(-spread), math.exp(spread))]
+    out = []
+    for f in (math.exp(-spread), math.exp(spread)):
+        r, lat = simulate_latencies(work, conf.engine, mid.times(f), conf.engines)
+        out.append((_metrics(cal, conf, r, lat, rate), _growth(lat)))
+    return out
 
 
 def _imbalance_ends(conf: Configured, rate: float | None) -> tuple[float, ...]:
@@ -264,12 +281,14 @@ def _goodput(cal: Calibrated, conf: Configured, points: list[Point], bounds: lis
     def good(p: Point) -> bool:
         return keeps_up(p) and _meets(p.predicted, bounds)
 
-    def edge(values: list[dict[str, float]]) -> float:
-        ok = [i for i, (p, v) in enumerate(zip(points, values, strict=True)) if keeps_up(p) and _meets(v, bounds)]
+    def edge(values: list[dict[str, float]], end: int) -> float:
+        # the server keeps up at a range's end where the simulation with every cost at that end does (`_through`)
+        kept = [p.growth_ends[end] <= 0.0 for p in points]
+        ok = [i for i, v in enumerate(values) if kept[i] and _meets(v, bounds)]
         if not ok:
             return 0.0
         i = ok[-1]
-        if i + 1 >= len(values) or not keeps_up(points[i + 1]):
+        if i + 1 >= len(values) or not kept[i + 1]:
             return rates[i]
         # where the first bound to fail crosses, linearly between the two rates
         f = min((_crossing(b, values[i][b.metric], values[i + 1][b.metric]) for b in bounds
@@ -281,7 +300,7 @@ def _goodput(cal: Calibrated, conf: Configured, points: list[Point], bounds: lis
         first = points[0]
         failed = next((f"{b.metric}{b.op}{b.value:g}" for b in bounds if not b.holds(first.predicted[b.metric])),
                       "capacity")
-        return {"rate": 0.0, "low": 0.0, "high": edge([_optimistic(p, bounds) for p in points]), "binding": failed}
+        return {"rate": 0.0, "low": 0.0, "high": edge([_optimistic(p, bounds) for p in points], 0), "binding": failed}
     if ok[-1] + 1 >= len(points):
         rate, failing = rates[ok[-1]], None
     else:
@@ -301,8 +320,8 @@ def _goodput(cal: Calibrated, conf: Configured, points: list[Point], bounds: lis
     binding = None if failing is None else next(
         (f"{b.metric}{b.op}{b.value:g}" for b in bounds if not b.holds(failing.predicted[b.metric])),
         "capacity")
-    return {"rate": rate, "low": min(edge([_pessimistic(p, bounds) for p in points]), rate),
-            "high": max(edge([_optimistic(p, bounds) for p in points]), rate), "binding": binding}
+    return {"rate": rate, "low": min(edge([_pessimistic(p, bounds) for p in points], 1), rate),
+            "high": max(edge([_optimistic(p, bounds) for p in points], 0), rate), "binding": binding}
 
 
 def _crossing(bound: Any, a: float, b: float) -> float:
