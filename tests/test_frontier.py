@@ -604,8 +604,10 @@ def test_a_rates_range_carries_the_steps_error_through_the_simulation(recorded: 
     k, measured = "p50_tpot_ms", m["p50_tpot_ms"]
     assert p.predicted[k] * math.exp(-width) > measured  # widened outputs alone miss it
     assert p.low[k] <= measured <= p.high[k]
+    costs = conf.step_costs(m["request_rate"])
     (shorter, _), (longer, _) = _through(cal, conf, replace(cal.workload, requests=m["num_prompts"],
-                                                             request_rate=m["request_rate"]), width)
+                                                             request_rate=m["request_rate"]),
+                                         costs[len(costs) // 2], width)
     assert (p.low[k], p.high[k]) == pytest.approx((shorter[k], longer[k]), rel=1e-12)
     assert p.high[k] - p.predicted[k] > p.predicted[k] - p.low[k] > p.predicted[k] * (1 - math.exp(-width))
 

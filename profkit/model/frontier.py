@@ -34,7 +34,7 @@ from profkit.model import validation
 from profkit.model.predict import Calibrated, Configured, configured, frontend_latency, host_stretch, range_width
 from profkit.model.predict import spread as predict_spread
 from profkit.model.search import Bound
-from profkit.model.simulate import Infeasible, Latencies, SimResult, Workload, simulate_latencies
+from profkit.model.simulate import Infeasible, Latencies, SimResult, StepCost, Workload, simulate_latencies
 
 LATENCIES = ("ttft", "tpot", "e2el")
 STATS = ("mean", "p50", "p90", "p99")
@@ -144,7 +144,8 @@ def point_at(cal: Calibrated, conf: Configured, rate: float | None, prompts: int
     widened to what each metric missed by on the recorded sweeps (`validation.frontier_band`); off, the model's own
     (what the validation compares)."""
     work = replace(cal.workload, requests=prompts, request_rate=rate)
-    sims = [simulate_latencies(work, conf.engine, cost, conf.engines) for cost in conf.step_costs(rate)]
+    costs = conf.step_costs(rate)
+    sims = [simulate_latencies(work, conf.engine, cost, conf.engines) for cost in costs]
     runs = [_metrics(cal, conf, r, lat, rate) for r, lat in sims]
     mid = runs[len(runs) // 2]
     # where the API servers' count changes, their ceiling at the imbalance's ends bounds the range too (as predict's)
@@ -153,7 +154,7 @@ def point_at(cal: Calibrated, conf: Configured, rate: float | None, prompts: int
     high = {k: max(r[k] for r in runs) * math.exp(spread) for k in mid}
     ends = (0.0, 0.0)
     if rate is not None:  # the step's own uncertainty through the simulation, not only on its outputs (_through)
-        through = _through(cal, conf, work, spread)
+        through = _through(cal, conf, work, costs[len(costs) // 2], spread)
         for r, _ in through:
             low = {k: min(v, r[k]) for k, v in low.items()}
             high = {k: max(v, r[k]) for k, v in high.items()}
@@ -181,21 +182,17 @@ def _growth(lat: Latencies) -> float:
     return max(growth, 0.0)
 
 
-def _through(cal: Calibrated, conf: Configured, work: Workload,
+def _through(cal: Calibrated, conf: Configured, work: Workload, cost: StepCost,
              spread: float) -> list[tuple[dict[str, float], float]]:
-    """The middle step cost's metrics and queue growth at a rate with every cost exp(-spread) and exp(+spread) times
-    as long. At a
-    rate a step a little longer gathers more tokens, which lengthen it again (lease 19's 8B at 1,024/128, 29.45 req/s:
-    steps of 808 tokens in 25.4 ms measured by vLLM's counters, 994 in 30.2 simulated: 31.9k and 32.9k tokens a
-    second, 3 % apart), so near the knee the latencies move many times what the step's cost does, and a range that
-    only widens the outputs by the spread misses it (docs/prediction.md gives the coverage either way)."""
-    costs = conf.step_costs(work.request_rate)
-    mid = costs[len(costs) // 2]
-    rate = work.request_rate
+    """The metrics and queue growth at a rate with every one of `cost`'s costs exp(-spread) and exp(+spread) times as
+    long. At a rate a step a little longer gathers more tokens, which lengthen it again (lease 19's 8B at 1,024/128,
+    29.45 req/s: steps of 808 tokens in 25.4 ms measured by vLLM's counters, 994 in 30.2 simulated: 31.9k and 32.9k
+    tokens a second, 3 % apart), so near the knee the latencies move many times what the step's cost does, and a
+    range that only widens the outputs by the spread misses it (docs/prediction.md gives the coverage either way)."""
     out = []
     for f in (math.exp(-spread), math.exp(spread)):
-        r, lat = simulate_latencies(work, conf.engine, mid.times(f), conf.engines)
-        out.append((_metrics(cal, conf, r, lat, rate), _growth(lat)))
+        r, lat = simulate_latencies(work, conf.engine, cost.times(f), conf.engines)
+        out.append((_metrics(cal, conf, r, lat, work.request_rate), _growth(lat)))
     return out
 
 
