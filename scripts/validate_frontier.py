@@ -78,6 +78,13 @@ SWEEPS = [  # name, the capture it is predicted from, the sweep, the changes fro
      "sweep14_512_128b", {}, [("p99_tpot_ms", 30), ("p99_ttft_ms", 300), ("p99_e2el_ms", 3000)]),
     ("8B 1024/128, lengths +-50 %, from lease 18's full-load run (lease 19, beside it; the same)", "api/s8_1024_128",
      "sweep8_1024_128b", {}, [("p99_tpot_ms", 30), ("p99_ttft_ms", 300), ("p99_e2el_ms", 3000)]),
+    ("14B 512/128, lengths +-50 %, --max-num-seqs 64, predicted from the default's run (lease 20; 6 rates of the "
+     "frontier 2fed7ae predicted x 3 replicates on a fourth box, chosen, bounded and predicted before the lease)",
+     "api/s14_512_128", "sweep14_512_128_mns64", {"max_num_seqs": 64},
+     [("p99_tpot_ms", 20), ("p99_ttft_ms", 300), ("p99_e2el_ms", 3000)]),
+    ("8B 1024/128, lengths +-50 %, --max-num-batched-tokens 2048, predicted from the default's run (lease 20, beside "
+     "it; the same)", "api/s8_1024_128", "sweep8_1024_128_mnbt2048", {"max_num_batched_tokens": 2048},
+     [("p99_tpot_ms", 30), ("p99_ttft_ms", 300), ("p99_e2el_ms", 3000)]),
 ]
 KEYS = ["request_throughput", "p50_ttft_ms", "p99_ttft_ms", "p50_tpot_ms", "p99_tpot_ms", "p99_e2el_ms"]
 OUT = REPO / "profkit" / "model" / "frontier_validation.json"

@@ -612,6 +612,49 @@ def test_a_rates_range_carries_the_steps_error_through_the_simulation(recorded: 
     assert p.high[k] - p.predicted[k] > p.predicted[k] - p.low[k] > p.predicted[k] * (1 - math.exp(-width))
 
 
+def test_a_change_from_each_shape_swept_at_six_rates_three_replicates_as_predicted_first(recorded: Path) -> None:
+    """Lease 20, a fourth box: a change from each of lease 18's captures, its frontier predicted on the workstation
+    before the lease (lease20-predicted/, 2fed7ae) and swept at six of its points, 3 replicates each. The 14B at
+    512/128 with --max-num-seqs 64 (bounds p99 TPOT <= 20 ms, p99 TTFT <= 300 ms): 17.43 req/s measured against
+    17.74 predicted (+2 %) and 18.79 against 20.35 (+8 %, below that first range: one replicate's p99 TTFT 678 ms at
+    19.24 req/s, the others' 165-172); the 8B at 1,024/128 with --max-num-batched-tokens 2048 (p99 TPOT <= 30 ms,
+    p99 TTFT <= 300 ms): 26.44 against 25.47 (-4 %) and 26.69 against 25.34 (-5 %). The cap holds the 14B's TPOT
+    where the model put it: p99 under 25 ms at every rate, the throughput past the capacity the capped one."""
+    from profkit.compare.sweep import predictor, show_sweep
+
+    cases = [  # sweep, capture, change, bounds, the stored first prediction
+        ("sweep14_512_128_mns64", "api/s14_512_128", "--max-num-seqs 64",
+         [("p99_tpot_ms", "<=", 20.0), ("p99_ttft_ms", "<=", 300.0)], "frontier-s14_512_128-mns64.json"),
+        ("sweep8_1024_128_mnbt2048", "api/s8_1024_128", "--max-num-batched-tokens 2048",
+         [("p99_tpot_ms", "<=", 30.0), ("p99_ttft_ms", "<=", 300.0)], "frontier-s8_1024_128-mnbt2048.json"),
+    ]
+    for sweep, capture, change, bounds, stored_at in cases:
+        folder = recorded / sweep
+        seeds = {(r.parent.name, r.name): json.loads((r / "manifest.json").read_text())["session"]["seed"]
+                 for r in folder.glob("rate-*/r*")}
+        rates = sorted({rate for rate, _ in seeds}, key=lambda d: float(d.split("-")[1]))
+        assert len(rates) == 6  # every rate once, then again: each run's seed says when it ran
+        assert sorted(seeds, key=seeds.get) == [(rate, f"r{k}") for k in (1, 2, 3) for rate in rates]
+        doc = show_sweep(folder, predictor(recorded / capture, bounds, change))
+        assert all(p["replicates"] == 3 and abs(p["error"]["request_throughput"]) < 0.05 for p in doc["points"])
+        goodputs = doc["goodput"]
+        assert len(goodputs) == 2 and all(abs(g["error"]) < 0.10 and len(g["per_replicate"]) == 3 for g in goodputs)
+        # the prediction made before the lease, both bounds at once
+        said = json.loads((recorded / "lease20-predicted" / stored_at).read_text())["frontier"]
+        # the swept rates are six of that frontier's points
+        assert {float(r.split("-")[1]) for r in rates} <= {round(p["rate"], 2) for p in said["points"]}
+        both = min(g["measured"] for g in goodputs)
+        assert abs(said["goodput"]["rate"] / both - 1) < 0.10
+        assert said["goodput"]["low"] <= both <= said["goodput"]["high"]
+        if "max-num-seqs" in change:
+            assert all(p["measured"]["p99_tpot_ms"] < 25 for p in doc["points"])
+            assert all(p["metrics"]["p99_tpot_ms"]["predicted"] < 25 for p in said["points"])
+            capacity = said["capacity"]["metrics"]["request_throughput"]["predicted"]
+            assert abs(doc["points"][-1]["measured"]["request_throughput"] / capacity - 1) < 0.05
+            ttft = next(g for g in goodputs if g["bound"].startswith("p99_ttft"))
+            assert ttft["measured"] < 0.97 * ttft["predicted"]["rate"]  # the miss: the cap bound sooner
+
+
 def test_the_step_at_a_rate_takes_the_busy_share_only_where_nvml_says_it(recorded: Path, tmp_path: Path) -> None:
     """Lease 18's 8B capture, r2: the GPU busy 0.916 of its full-load run (NVML), no host process saturated, so at a
     rate every GPU cost is the fit's times 0.916 and every request at once the fit's own. A host.json whose NVML
