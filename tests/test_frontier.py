@@ -761,8 +761,8 @@ def test_the_frontier_says_its_step_at_a_rate_and_what_the_recorded_sweeps_misse
     busy 0.916 of the run, NVML), and what the recorded sweeps of its class measured against the model, p99 TTFT and
     TPOT (the 10th-90th percentiles of measured / predicted over the shipped rows, recomputed here by hand): the
     run's own configuration, a change whose class was swept (precision), and one whose class was not (the KV cache's
-    size: every changed sweep's). A run the frontend paced (lease 6's, not fitted) keeps the fit's step and says
-    nothing of it."""
+    size: every changed sweep's); the report's frontier before and after its prescription alike. A run the frontend
+    paced (lease 6's, not fitted) keeps the fit's step and says nothing of it."""
     import statistics
 
     from profkit.model import validation
@@ -796,6 +796,11 @@ def test_the_frontier_says_its_step_at_a_rate_and_what_the_recorded_sweeps_misse
     for fmt, out in said.items():
         assert "x 0.92, the run" in out and f"p99 TTFT was {expected}" in out, fmt
         assert f"on {doc['missed_by']['sweeps']} recorded sweep(s) of the run" in out, fmt
+    # the report's frontier, before and after its prescription, says the same beside its table
+    for fmt in ("text", "md", "html"):
+        out = profkit("report", run, "--format", fmt).stdout
+        frontier_part = out[out.index("The frontier, as run and prescribed"):]
+        assert "x 0.92, the run" in frontier_part and f"p99 TTFT was {expected}" in frontier_part, fmt
     paced = calibrated(recorded / "api" / "s2_api1" / "r2")
     assert paced.gpu_busy_share == 1.0 and frontier(paced, {}).document()["gpu_scale_at_a_rate"] == 1.0
     assert "busy share" not in profkit("predict", recorded / "api" / "s2_api1" / "r2", "--frontier").stdout

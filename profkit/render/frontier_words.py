@@ -24,14 +24,19 @@ def _ends(*bands: dict[str, Any]) -> str:
     return " and ".join(dict.fromkeys(b["ends"] for b in bands))
 
 
+def gpu_scale_words(f: dict[str, Any]) -> str | None:
+    """The step at a rate, where it is not the fit's (`gpu_scale_at_a_rate`), in words."""
+    scale = f.get("gpu_scale_at_a_rate", 1.0)
+    if scale == 1.0:
+        return None
+    return (f"At a rate each step's GPU time is the fit's x {scale:.2f}, the run's GPU busy share (NVML): an "
+            "empirical correction, checked against measured sweeps (docs/prediction.md)")
+
+
 def frontier_notes(f: dict[str, Any]) -> list[str]:
     """What stands beside a predicted frontier: the step at a rate where it is not the fit's, and what the recorded
     sweeps of its class measured against the model (each rate's range carries it)."""
-    out = []
-    scale = f.get("gpu_scale_at_a_rate", 1.0)
-    if scale != 1.0:
-        out.append(f"At a rate each step's GPU time is the fit's x {scale:.2f}, the run's GPU busy share (NVML): an "
-                   "empirical correction, checked against measured sweeps (docs/prediction.md)")
+    out = [words] if (words := gpu_scale_words(f)) else []
     if words := missed_by_words(f.get("missed_by")):
         out.append(f"At a rate, {words}: each rate's range carries it")
     return out

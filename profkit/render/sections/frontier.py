@@ -6,18 +6,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from profkit.render.frontier_words import missed_by_words
+from profkit.render.frontier_words import gpu_scale_words, missed_by_words
 from profkit.render.sections.table import text_table
 from profkit.units import figure
 
 
 def latency_note(f: dict[str, Any]) -> str:
     """What the recorded sweeps measured against the model at a rate, as run and for the prescribed change's class
-    (`validation.frontier_misses`, shipped with the model: the numbers move as sweeps are recorded)."""
+    (`validation.frontier_misses`, shipped with the model: the numbers move as sweeps are recorded), and the step at a
+    rate where it is not the fit's (the run's GPU busy share), as `predict --frontier` says beside its curve."""
     sides = [words for side in ("before", "after") if (words := missed_by_words(f[side].get("missed_by")))]
     said = "; ".join(dict.fromkeys(sides)) if sides else "no recorded sweep says how far the model misses"
-    return f"{said}: read the curves' shapes, and measure the rate you need"
-
+    scales = dict.fromkeys(words for side in ("before", "after") if (words := gpu_scale_words(f[side])))
+    return ". ".join([f"{said}: read the curves' shapes, and measure the rate you need", *scales])
 
 
 def _side(f: dict[str, Any]) -> list[dict[str, Any]]:
