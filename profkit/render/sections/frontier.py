@@ -50,8 +50,8 @@ def view(report: dict[str, Any], top: int) -> dict[str, Any] | None:
 
 
 def text(v: dict[str, Any]) -> list[str]:
-    out = [f"The frontier, as run and prescribed (predicted; capacity {v['capacity']}); latencies in ms, "
-           f"{v['note']}"]
+    out = [f"The frontier, as run and prescribed (predicted; capacity {v['capacity']}); latencies in ms; "
+           f"{v['note']}."]
     out.append(text_table(v["rows"], {
         "config": lambda r: r["side"], "rate (req/s)": lambda r: r["rate"], "served": lambda r: r["served"],
         "TTFT p50": lambda r: r["ttft_p50"], "TTFT p99": lambda r: r["ttft_p99"], "TPOT p50": lambda r: r["tpot_p50"],
