@@ -548,6 +548,17 @@ def test_two_new_shapes_frontiers_predicted_first(recorded: Path) -> None:
         assert all(bounds[0].holds(m["p99_tpot_ms"]) for m in points) is tpot_bound_met
 
 
+def six_rates_run_once_then_again(folder: Path) -> list[str]:
+    """A `profkit sweep --replicates 3` folder of six rates: every rate once, then again (each run's seed says when
+    it ran). Its rate folders, ascending."""
+    seeds = {(r.parent.name, r.name): json.loads((r / "manifest.json").read_text())["session"]["seed"]
+             for r in folder.glob("rate-*/r*")}
+    rates = sorted({rate for rate, _ in seeds}, key=lambda d: float(d.split("-")[1]))
+    assert len(rates) == 6 and len(seeds) == 18
+    assert sorted(seeds, key=seeds.get) == [(rate, f"r{k}") for k in (1, 2, 3) for rate in rates]
+    return rates
+
+
 def test_two_new_shapes_swept_at_six_rates_three_replicates_as_predicted_first(recorded: Path) -> None:
     """Lease 19: lease 18's two shapes swept again on a third box, `profkit sweep --rates --replicates 3` at six of the
     frontier points 2e2d974 predicted from lease 18's captures (chosen and predicted before the lease), every rate once
@@ -563,12 +574,7 @@ def test_two_new_shapes_swept_at_six_rates_three_replicates_as_predicted_first(r
     for name in ("14b_512_128_x3", "8b_1024_128_x3"):
         capture, sweep, _, _ = SWEEPS[name]
         folder = recorded / sweep
-        # every rate once, then again: each run's seed says when it ran
-        seeds = {(r.parent.name, r.name): json.loads((r / "manifest.json").read_text())["session"]["seed"]
-                 for r in folder.glob("rate-*/r*")}
-        rates = sorted({rate for rate, _ in seeds}, key=lambda d: float(d.split("-")[1]))
-        assert len(rates) == 6 and len(seeds) == 18
-        assert sorted(seeds, key=seeds.get) == [(rate, f"r{k}") for k in (1, 2, 3) for rate in rates]
+        six_rates_run_once_then_again(folder)
         doc = show_sweep(folder, predictor(recorded / capture, bounds))
         assert all(p["replicates"] == 3 and abs(p["error"]["request_throughput"]) < 0.05 for p in doc["points"])
         goodputs = {g["bound"]: g for g in doc["goodput"]}
@@ -633,11 +639,7 @@ def test_a_change_from_each_shape_swept_at_six_rates_three_replicates_as_predict
     ]
     for sweep, capture, change, bounds, measured, stored_at in cases:
         folder = recorded / sweep
-        seeds = {(r.parent.name, r.name): json.loads((r / "manifest.json").read_text())["session"]["seed"]
-                 for r in folder.glob("rate-*/r*")}
-        rates = sorted({rate for rate, _ in seeds}, key=lambda d: float(d.split("-")[1]))
-        assert len(rates) == 6  # every rate once, then again: each run's seed says when it ran
-        assert sorted(seeds, key=seeds.get) == [(rate, f"r{k}") for k in (1, 2, 3) for rate in rates]
+        rates = six_rates_run_once_then_again(folder)
         doc = show_sweep(folder, predictor(recorded / capture, bounds, change))
         assert all(p["replicates"] == 3 and abs(p["error"]["request_throughput"]) < 0.05 for p in doc["points"])
         goodputs = doc["goodput"]
