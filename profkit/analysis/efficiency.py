@@ -138,6 +138,9 @@ def efficiency_section(gpu_name: str | None, model: ModelShape | None, config: d
             peak["export_bandwidth_tbs"] = export_bandwidth / 1e12  # the table's figure, checked by the export
     value = {k: (v or {}).get("value") for k, v in config.items()}
     tp = value.get("tensor_parallel_size") or 1
+    # with data parallelism the counters and tokens are every engine's, summed (vLLM labels each engine's): a GPU's
+    # share is 1/dp of them (a DP=2 run read 97 % MFU against one GPU's peak where each GPU did 49 %)
+    dp = value.get("data_parallel_size") or 1
     bits = weight_bits(model, value.get("quantization"))
     kv = kv_bytes(value.get("kv_cache_dtype"), model)
     compute_peak = None
@@ -161,9 +164,11 @@ def efficiency_section(gpu_name: str | None, model: ModelShape | None, config: d
     flops, read, write = (_delta(counters, f"vllm:estimated_{k}_per_gpu_total")
                           for k in ("flops", "read_bytes", "write_bytes"))
     if secs and flops and read is not None:  # 0 without --enable-mfu-metrics: only a change counts
-        out["vllm_counters"] = _rates(flops, read + (write or 0.0), secs, compute_peak, peak)
+        read, write = read / dp, (write or 0.0) / dp
+        out["vllm_counters"] = _rates(flops / dp, read + write, secs, compute_peak, peak)
         out["vllm_counters"].update(read_bytes=read, write_bytes=write)
-    shape = _shape_estimate(model, counters, requests, bits, kv, tp) if secs and model and model.dense else None
+    shape = _shape_estimate(model, counters, requests, bits, kv, tp * dp) if secs and model and model.dense \
+        else None
     if shape and secs:
         out["model_shape"] = {**shape, **_rates(shape["flops"], shape["bytes"], secs, compute_peak, peak)}
     out["phases"] = phase_estimates(model, steps, bits, kv, tp, compute_peak, peak,
@@ -225,12 +230,13 @@ def _rates(flops: float, moved: float, seconds: float, compute_peak: float | Non
 
 
 def _shape_estimate(model: ModelShape, counters: dict[str, float], requests: float | None, bits: int | None,
-                    kv: int | None, tp: int) -> dict[str, Any] | None:
+                    kv: int | None, gpus: int) -> dict[str, Any] | None:
     """FLOPs and bytes of the run from the model's shape and vLLM's token and step counters:
     steps (`vllm:iteration_tokens_total` histogram count), prompt tokens computed (`prompt_tokens` less those
     served from the prefix cache) and generated tokens, requests, preemptions. A preempted request is recomputed
     (vLLM 0.26 preempts by recomputation): its prompt and what it had generated, half its output on average; the
-    token counters count them once."""
+    token counters count them once. `gpus`: the GPUs the work is spread over (tensor x data
+    parallel): the figures are one GPU's share."""
     steps = _delta(counters, "vllm:iteration_tokens_total_count")
     prompt = _delta(counters, "vllm:prompt_tokens_total")
     cached = _delta(counters, "vllm:prompt_tokens_cached_total") or 0.0
@@ -241,19 +247,19 @@ def _shape_estimate(model: ModelShape, counters: dict[str, float], requests: flo
         return None
     computed = max(0.0, prompt - cached)
     prompt_len, out_len = prompt / done, generated / done  # per request, on average
-    kv_token = model.kv_bytes_per_token(kv) / tp
+    kv_token = model.kv_bytes_per_token(kv) / gpus
     recomputed = preempted * (prompt_len + out_len / 2)
     # attention: a prompt's computed tokens over the prompt (causal: half of it on average), each generated
     # token over its context
     attention = (model.attention_flops(computed, prompt_len / 2)
                  + done * model.attention_flops(out_len, prompt_len + out_len / 2)
                  + model.attention_flops(recomputed, (prompt_len + out_len / 2) / 2))
-    flops = (2.0 * model.matmul_params * (computed + generated + recomputed) + attention) / tp
-    weights = steps * model.matmul_params * bits / 8 / tp
+    flops = (2.0 * model.matmul_params * (computed + generated + recomputed) + attention) / gpus
+    weights = steps * model.matmul_params * bits / 8 / gpus
     kv_read = done * (out_len * prompt_len + out_len * out_len / 2) * kv_token
     kv_write = (computed + generated + recomputed) * kv_token
     # each GEMM reads its input and writes its output once per token (fused kernels move less, unfused more)
-    activations = (computed + generated + recomputed) * model.activation_bytes_per_token() / tp
+    activations = (computed + generated + recomputed) * model.activation_bytes_per_token() / gpus
     return {"steps": steps, "tokens": {"prompt_computed": computed, "generated": generated, "requests": done,
                                        "recomputed": recomputed},
             "flops": flops, "bytes": weights + kv_read + kv_write + activations,
