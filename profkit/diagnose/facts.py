@@ -100,10 +100,11 @@ def _declare() -> dict[str, Fact]:
         ("vllm.itl_mean_ms", "ms", "mean inter-token latency (--bench, serve)"),
         ("vllm.itl_p99_ms", "ms", "p99 inter-token latency (--bench, serve)"),
         ("vllm.preemptions", "count", "requests preempted for lack of KV cache (metrics counter delta, else the log)"),
-        ("vllm.kv_cache_usage_max", "share", "peak GPU KV cache usage, 0..1 (log or metrics)"),
-        ("vllm.waiting_max", "count", "peak requests waiting (log or metrics)"),
+        ("vllm.kv_cache_usage_max", "share", "peak GPU KV cache usage, 0..1 (log, live scrapes, or a lone "
+                                             "scrape)"),
+        ("vllm.waiting_max", "count", "peak requests waiting (log, live scrapes, or a lone scrape)"),
         ("vllm.running_max", "count", "peak requests running (log; else the benchmark client's peak in flight; else "
-                                      "metrics)"),
+                                      "a lone scrape)"),
         ("vllm.running_mean", "count", "mean requests running over the log's stats lines (or a live window's "
                                        "scrapes)"),
         ("live.seconds", "s", "the span of a live window's scrapes (profkit attach)"),
@@ -419,7 +420,10 @@ def vllm_facts(vllm: VllmSection | None) -> dict[str, Any]:
             facts[f"vllm.{key}"] = value
     log = vllm.log if vllm is not None else None
     metrics = (vllm.metrics_delta or vllm.metrics or {}) if vllm is not None else {}
-    gauges = (vllm.metrics or {}) if vllm is not None else {}
+    # A scrape's gauges stand in for a peak only where it is the one scrape: of a pair around the benchmark the last
+    # was taken after it, the server idle (0 running, 0 waiting, the cache empty). Runs with several API servers
+    # (whose log has no stats lines) read "peak KV usage 0.0 %" from it, their cache full.
+    gauges = (vllm.metrics or {}) if vllm is not None and not vllm.metrics_delta else {}
 
     series = (vllm.series or {}) if vllm is not None else {}
 
