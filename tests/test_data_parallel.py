@@ -2,8 +2,8 @@
 two shapes, then the same with --data-parallel-size 2 on both GPUs. What the report got wrong of such runs: a GPU's MFU
 and MBU are its share of the engines' summed counters (it read one GPU's peak against both GPUs' work: 97 % MFU where
 each GPU did 49 %), and no peak is read off the idle server's scrape after the benchmark (several API servers: one
-per engine). And what the model said: asked first, x1.99 where the runs measured x1.84 and x1.78, outside its ranges,
-so a change of the GPUs' count stays refused, in one line that says what was measured."""
+per engine). And what the model said: asked first, x1.99 and x1.98 where the runs measured x1.84 and x1.78, outside
+its ranges, so a change of the GPUs' count stays refused, in one line that says what was measured."""
 
 from __future__ import annotations
 
@@ -48,8 +48,9 @@ def test_each_gpus_mfu_and_mbu_under_data_parallelism_by_hand(recorded: Path, ru
 
 @pytest.mark.parametrize("run", ["api/d2_14b/r1", "api/s2_api2/r1"])
 def test_no_peak_is_read_off_the_scrape_after_the_benchmark(recorded: Path, run: str) -> None:
-    """Several API servers (data parallelism runs one per engine): vLLM logs no stats lines, and /metrics after the
-    benchmark reads an idle server though every prompt was sent at once. The report had said "peak KV usage 0.0%"
+    """Several API servers (data parallelism runs one per engine): vLLM logs no stats lines (s2_api2's server.log;
+    lease 21's folders keep none), and /metrics after the benchmark reads an idle server though every prompt was sent
+    at once. The report had said "peak KV usage 0.0%"
     and 0 waiting from that scrape; it says no peak now, and the running peak is the client's in flight."""
     folder = recorded / run
     log = folder / "server.log"
@@ -88,21 +89,22 @@ def _throughput(folder: Path) -> float:
 
 
 def test_one_gpu_to_two_by_data_parallelism_fell_short_of_the_prediction_made_first(recorded: Path) -> None:
-    ratios = {}
+    """The refusal's line says what the recordings say: the measured ratios (the replicates' means) and the ratios
+    the model predicted on the box before the DP=2 server started, each outside the range it gave."""
+    measured, said = {}, {}
     for shape in ("14b", "8b"):
         one, two = (_throughput(recorded / "api" / f"d{n}_{shape}") for n in (1, 2))
-        ratios[shape] = two / one
         made_first = json.loads((recorded / "lease21-predicted-onbox" / f"d1_{shape}.json").read_text())
-        said = made_first["metrics"]["request_throughput"]
         assert made_first["changes"] == {"data_parallel_size": 2}
-        assert said["predicted"] / said["before"] == pytest.approx(1.99, abs=0.01)
-        assert two < said["low"]  # the range made first missed the measurement
-        assert 0.08 < said["predicted"] / two - 1 < 0.12  # +8.5 % (14B) and +11.0 % (8B)
-    assert (round(ratios["8b"], 2), round(ratios["14b"], 2)) == (1.78, 1.84)
+        throughput = made_first["metrics"]["request_throughput"]
+        measured[shape], said[shape] = two / one, throughput["predicted"] / throughput["before"]
+        assert two < throughput["low"]  # the range made first missed the measurement
+        assert 0.08 < throughput["predicted"] / two - 1 < 0.12  # +8.5 % (14B) and +11.0 % (8B)
     line = one_error_line(profkit("predict", recorded / "api" / "d1_14b", "--", "--data-parallel-size", "2"),
                           "2 GPUs where the run used 1: the model predicts only splits of the run's own GPUs")
-    assert (f"(1 GPU -> --data-parallel-size 2 measured x{ratios['8b']:.2f}-{ratios['14b']:.2f} on two shapes where "
-            "it predicted x1.99)") in line
+    low, high = sorted(measured.values())
+    assert (f"(1 GPU -> --data-parallel-size 2 measured x{low:.2f}-{high:.2f} on two shapes where it predicted "
+            f"x{min(said.values()):.2f}-{max(said.values()):.2f})") in line
 
 
 def test_the_refusal_rests_on_what_the_model_still_predicts(recorded: Path, monkeypatch: pytest.MonkeyPatch) -> None:
