@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import statistics
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ from profkit.report import build_report
 from tests.cli import one_error_line, profkit
 from tests.conftest import unpack
 from tests.test_gpu_bound import counter, counter_delta
+from tests.test_model import _mean_rate
 
 H200_BF16, H200_BANDWIDTH = 989.5e12, 4.8e12  # profkit's peak table, NVIDIA's dense figures
 
@@ -82,18 +82,12 @@ def test_preemptions_without_a_recorded_peak_say_so(recorded: Path) -> None:
     assert finding["summary"].startswith(f"{preempted:.0f} preemptions; the KV cache's peak usage was not recorded")
 
 
-def _throughput(folder: Path) -> float:
-    """The mean request throughput of a capture folder's replicates."""
-    return statistics.mean(json.loads((r / "bench.json").read_text())["request_throughput"]
-                           for r in sorted(folder.glob("r[0-9]")))
-
-
 def test_one_gpu_to_two_by_data_parallelism_fell_short_of_the_prediction_made_first(recorded: Path) -> None:
     """The refusal's line says what the recordings say: the measured ratios (the replicates' means) and the ratios
     the model predicted on the box before the DP=2 server started, each outside the range it gave."""
     measured, said = {}, {}
     for shape in ("14b", "8b"):
-        one, two = (_throughput(recorded / "api" / f"d{n}_{shape}") for n in (1, 2))
+        one, two = (_mean_rate(recorded / "api" / f"d{n}_{shape}") for n in (1, 2))
         made_first = json.loads((recorded / "lease21-predicted-onbox" / f"d1_{shape}.json").read_text())
         assert made_first["changes"] == {"data_parallel_size": 2}
         throughput = made_first["metrics"]["request_throughput"]
