@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -112,3 +113,26 @@ def test_the_refusal_rests_on_what_the_model_still_predicts(recorded: Path, monk
         for metric in ("request_throughput", "mean_ttft_ms", "mean_tpot_ms"):
             for end in ("predicted", "low", "high"):
                 assert now[metric][end] == pytest.approx(made_first[metric][end], rel=1e-5), (shape, metric, end)
+
+
+@pytest.mark.parametrize("flag, value", [("--data-parallel-size", "-2"), ("--tensor-parallel-size", "0")])
+def test_a_parallel_size_that_is_not_a_count_withholds_the_figures_per_gpu(recorded: Path, tmp_path: Path, flag: str,
+                                                                           value: str) -> None:
+    """A manifest whose parallel size is no count of GPUs (hostile: vLLM refuses it at start-up) gives no MFU or MBU
+    divided by it: the estimates' figures are withheld, in one line naming the flag, and the report still renders."""
+    run = tmp_path / "r1"
+    shutil.copytree(recorded / "api" / "d2_14b" / "r1", run)
+    manifest = json.loads((run / "manifest.json").read_text())
+    args = manifest["vllm_args"]
+    if flag in args:
+        args[args.index(flag) + 1] = value
+    else:
+        args += [flag, value]
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    eff = build_report(run).document()["efficiency"]
+    assert all(eff[k]["mfu"] is None and eff[k]["mbu"] is None for k in ("vllm_counters", "model_shape"))
+    assert eff["window"].get("mfu") is None
+    said = f"{flag} {value}: not a count of GPUs, so no figure per GPU (MFU, MBU) is given"
+    assert said in eff["withheld"]
+    out = profkit("report", run)
+    assert out.returncode == 0 and said in out.stdout, out.stderr

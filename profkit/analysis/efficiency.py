@@ -137,10 +137,9 @@ def efficiency_section(gpu_name: str | None, model: ModelShape | None, config: d
         else:
             peak["export_bandwidth_tbs"] = export_bandwidth / 1e12  # the table's figure, checked by the export
     value = {k: (v or {}).get("value") for k, v in config.items()}
-    tp = value.get("tensor_parallel_size") or 1
     # with data parallelism the counters and tokens are every engine's, summed (vLLM labels each engine's): a GPU's
     # share is 1/dp of them (a DP=2 run read 97 % MFU against one GPU's peak where each GPU did 49 %)
-    dp = value.get("data_parallel_size") or 1
+    tp, dp, not_counts = _gpu_split(value)
     bits = weight_bits(model, value.get("quantization"))
     kv = kv_bytes(value.get("kv_cache_dtype"), model)
     compute_peak = None
@@ -173,6 +172,11 @@ def efficiency_section(gpu_name: str | None, model: ModelShape | None, config: d
         out["model_shape"] = {**shape, **_rates(shape["flops"], shape["bytes"], secs, compute_peak, peak)}
     out["phases"] = phase_estimates(model, steps, bits, kv, tp, compute_peak, peak,
                                     _decode_context(counters, requests, request_tokens))
+    if not_counts:  # a share of one GPU cannot be said: every estimate's figures withheld, the estimates kept
+        for est in (out["vllm_counters"], out["model_shape"], *((out["phases"] or {}).get("rows") or [])):
+            if est:
+                _clear(est, "flops", "bytes", "tflops", "tbs", "mfu", "mbu", "intensity", "attention_pairs", "parts")
+        withheld.append(f"{not_counts}: not a count of GPUs, so no figure per GPU (MFU, MBU) is given")
     withheld += _withhold_impossible(out, from_export=bool(peak and "TARGET_INFO_GPU" in str(peak.get("source"))))
     if withheld:
         out["withheld"] = withheld
@@ -181,6 +185,19 @@ def efficiency_section(gpu_name: str | None, model: ModelShape | None, config: d
                      "the model's shape" if out["model_shape"] else None,
                      **({k: best[k] for k in ("tflops", "tbs", "mfu", "mbu", "intensity")} if best else {})}
     return out
+
+
+def _gpu_split(value: dict[str, Any]) -> tuple[int, int, str]:
+    """The run's tensor and data parallel sizes (1 where not set), and those that are not a count of GPUs (a
+    hostile manifest's `--data-parallel-size -2`), as the flags were written."""
+    sizes, not_counts = [], []
+    for key in ("tensor_parallel_size", "data_parallel_size"):
+        size = value.get(key)
+        count = size is None or (isinstance(size, int) and not isinstance(size, bool) and size >= 1)
+        sizes.append(size if count and size is not None else 1)
+        if not count:
+            not_counts.append(f"--{key.replace('_', '-')} {size}")
+    return sizes[0], sizes[1], ", ".join(not_counts)
 
 
 def _withhold_impossible(out: dict[str, Any], from_export: bool) -> list[str]:
