@@ -98,8 +98,40 @@ def test_one_gpu_to_two_by_data_parallelism_fell_short_of_the_prediction_made_fi
     line = one_error_line(profkit("predict", recorded / "api" / "d1_14b", "--", "--data-parallel-size", "2"),
                           "2 GPUs where the run used 1: the model predicts only splits of the run's own GPUs")
     low, high = sorted(measured.values())
-    assert (f"(1 GPU -> --data-parallel-size 2 measured x{low:.2f}-{high:.2f} on two shapes where it predicted "
-            f"x{min(said.values()):.2f}-{max(said.values()):.2f})") in line
+    uni = _mean_rate(recorded / "api" / "e2_uni") / _mean_rate(recorded / "api" / "d1_14b")
+    assert (f"(1 GPU -> --data-parallel-size 2 measured x{low:.2f}-{high:.2f} on two shapes (x{uni:.2f} with "
+            f"--distributed-executor-backend uni) where it predicted x{min(said.values()):.2f}-"
+            f"{max(said.values()):.2f})") in line
+
+
+def _idle_at_the_ends(capture: Path) -> list[float]:
+    """Each of the run's GPUs: the seconds it was idle (NVML) after the benchmark started and before it ended (the
+    window `profkit report` reads the host over)."""
+    host = json.loads((capture / "host.json").read_text())
+    start, end = build_report(capture).document()["host"]["window_s"]
+    idle = []
+    for gpu in (g for g in host["gpus"] if g["visible"]):
+        busy = [t for t, value, *_ in gpu["util"] if value > 0 and start <= t <= end]
+        idle.append((busy[0] - start) + (end - busy[-1]))
+    return idle
+
+
+@pytest.mark.parametrize("run", ["r1", "r2", "r3"])
+def test_the_worker_process_is_not_what_data_parallelism_lost(recorded: Path, run: str) -> None:
+    """Lease 22: DP=2 with the worker in each engine core (`--distributed-executor-backend uni`, which vLLM took: no
+    `VLLM::Worker` among the host's processes) fell as short of the prediction made first as lease 21's `mp` runs
+    did; its engine cores no longer spun at a full core (lease 21's: in 79-86 % of the samples). Each GPU idled for
+    seconds at the run's ends instead, the busier API server streaming on after they were done; one GPU alone, 1.4-1.7
+    s of its 60 s."""
+    capture = recorded / "api" / "e2_uni" / run
+    assert "'distributed_executor_backend': 'uni'" in (capture / "server.log").read_text()
+    names = [p["name"] for p in json.loads((capture / "host.json").read_text())["processes"]]
+    assert not any("VLLM::Worker" in n for n in names) and sum("EngineCore_DP" in n for n in names) == 2
+    made_first = json.loads((recorded / "lease21-predicted-onbox" / "d1_14b.json").read_text())
+    assert _mean_rate(recorded / "api" / "e2_uni") < made_first["metrics"]["request_throughput"]["low"]
+    assert build_report(capture).document()["facts"]["host.engine_core_saturated_share"] < 0.7
+    assert len(idle := _idle_at_the_ends(capture)) == 2 and min(idle) > 2.0
+    assert max(_idle_at_the_ends(recorded / "api" / "d1_14b" / run)) < 2.0
 
 
 def test_the_refusal_rests_on_what_the_model_still_predicts(recorded: Path, monkeypatch: pytest.MonkeyPatch) -> None:
