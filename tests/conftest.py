@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import lzma
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -89,6 +90,22 @@ def unpack(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
     with tarfile.open(Path(__file__).parent / "data" / f"{name}.tar.xz") as tar:
         tar.extractall(folder, filter="data")
     return folder / name
+
+
+def _contents(root: Path) -> dict[str, tuple[int, int]]:
+    """Every file under `root`: its size and modification time."""
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*") if p.is_file()}
+
+
+@pytest.fixture(scope="session")
+def h200_model_led(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The H200 recordings of the leases that tested the model (tests/data/h200_model_led.tar.xz; its README says what
+    each is), unpacked once per session (137 MB) and shared: read them, never write into them (a run's folder is the
+    user's evidence; copy it first). The session's end checks that nothing in them was changed, added or removed."""
+    root = unpack(tmp_path_factory, "h200_model_led")
+    before = _contents(root)
+    yield root
+    assert _contents(root) == before, f"a test wrote into the shared recordings at {root}: copy a run before writing"
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,6 @@ import profkit.model.predict as model_predict
 from profkit.api import predict, render
 from profkit.report import build_report
 from tests.cli import one_error_line, profkit
-from tests.conftest import unpack
 from tests.test_gpu_bound import counter, counter_delta
 from tests.test_model import _mean_rate
 
@@ -26,8 +25,8 @@ H200_BF16, H200_BANDWIDTH = 989.5e12, 4.8e12  # profkit's peak table, NVIDIA's d
 
 
 @pytest.fixture(scope="module")
-def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return unpack(tmp_path_factory, "h200_model_led")
+def recorded(h200_model_led: Path) -> Path:
+    return h200_model_led
 
 
 @pytest.mark.parametrize("run", ["r1", "r2", "r3"])

@@ -31,7 +31,7 @@ from profkit.model.predict import DEFAULT_NOISE, calibrate, configured
 from profkit.model.search import Bound
 from profkit.model.simulate import StepCost
 from tests.cli import one_error_line, profkit
-from tests.conftest import script, unpack
+from tests.conftest import script
 
 SAMPLE_RUN = "samples/vllm_14b_kv_bound"
 
@@ -60,8 +60,8 @@ SWEEPS = {  # the sweep: the full-load capture it is predicted from, the changes
 
 
 @pytest.fixture(scope="module")
-def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return unpack(tmp_path_factory, "h200_model_led")
+def recorded(h200_model_led: Path) -> Path:
+    return h200_model_led
 
 
 @functools.lru_cache(maxsize=8)

@@ -426,8 +426,8 @@ def test_a_prescription_keeps_only_changes_a_measurement_could_tell_apart() -> N
 
 
 @pytest.fixture(scope="module")
-def led(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return unpack(tmp_path_factory, "h200_model_led")
+def led(h200_model_led: Path) -> Path:
+    return h200_model_led
 
 
 def test_several_api_servers_share_the_load_unevenly(led: Path, tmp_path: Path,

@@ -19,13 +19,12 @@ from statistics import mean
 import pytest
 
 from tests.cli import profkit
-from tests.conftest import unpack
 from tests.test_capture import FAKES, free_port
 
 
 @pytest.fixture(scope="module")
-def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return unpack(tmp_path_factory, "h200_model_led")
+def recorded(h200_model_led: Path) -> Path:
+    return h200_model_led
 
 
 def measured(folder: Path) -> float:

@@ -13,12 +13,11 @@ import pytest
 
 from profkit.evidence.folder import CaptureFolder
 from tests.cli import one_error_line, profkit
-from tests.conftest import unpack
 
 
 @pytest.fixture(scope="module")
-def session(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return unpack(tmp_path_factory, "h200_model_led") / "sweep14" / "capture"
+def session(h200_model_led: Path) -> Path:
+    return h200_model_led / "sweep14" / "capture"
 
 
 def rates(session: Path) -> dict[str, float]:

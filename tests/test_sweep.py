@@ -16,7 +16,6 @@ from profkit.compare.sweep import chosen_rates, prompts_for
 from profkit.model.observe import observe
 from profkit.model.predict import calibrate
 from tests.cli import one_error_line, profkit
-from tests.conftest import unpack
 from tests.test_capture import FAKES, free_port
 
 RATES = (6.65, 11.09, 15.52, 18.85, 22.18, 26.61)  # as recorded
@@ -25,8 +24,8 @@ BENCH = ("--dataset-name random --random-input-len 1024 --random-output-len 256 
 
 
 @pytest.fixture(scope="module")
-def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return unpack(tmp_path_factory, "h200_model_led")
+def recorded(h200_model_led: Path) -> Path:
+    return h200_model_led
 
 
 def sweep(recorded: Path, tmp: Path, *options: object,

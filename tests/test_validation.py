@@ -104,14 +104,12 @@ def test_the_reports_prescription_says_what_its_range_carries() -> None:
     assert f"{v['coverage']['inside']} of {v['coverage']['rows']} held-out predictions fell inside" in text
 
 
-def test_the_pairs_predicted_before_they_ran(tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_the_pairs_predicted_before_they_ran(h200_model_led: Path) -> None:
     """Lease 4 (tests/data/h200_model_led: lease4-predicted): the model of 1207f25 predicted C's FP8 pair and FP8
     weights at 4 API servers from recorded runs before either ran; measured, both fell inside the ranges it gave
     (+8.3 %, -12.9 %). The validation rows mark those pairs, and those of leases 6, 8, 9 and 10 (predicted before
     they ran), and hold them with the other held-out ones."""
-    from tests.conftest import unpack
-
-    root = unpack(tmp_path_factory, "h200_model_led")
+    root = h200_model_led
     for name, folder, error in (("C-fp8pair-from-C-defaults", "C/fp8pair", 0.083),
                                 ("api4-from-A3-03-model", "api/api4", -0.129)):
         said = json.loads((root / "lease4-predicted" / f"{name}.json").read_text())["metrics"]["request_throughput"]
@@ -124,15 +122,13 @@ def test_the_pairs_predicted_before_they_ran(tmp_path_factory: pytest.TempPathFa
     assert all(r["provenance"] == validation.HELD_OUT for r in after)
 
 
-def test_the_api_server_ladder_predicted_before_it_ran_missed(tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_the_api_server_ladder_predicted_before_it_ran_missed(h200_model_led: Path) -> None:
     """Lease 6 (lease6-predicted): the model of 243a8c4 predicted 4 API servers at the 8B's 128/256 shape from its
     1-API-server runs, 73.35 req/s (61.26-87.81); measured 57.96, 55.31, 56.44: +29.7 %, outside. 6a072aa's model
     missed by more, +37 % to +38 % (the GPU's prior step corrected by the runs that could be fitted lifted the engine's
     limit, so the API servers' ceiling bound higher); today's, shaped after lease 10 (the engine core's CPU read off the
     run into a step whose CPU and GPU overlap only in part with requests waiting), +2 % to +7 %."""
-    from tests.conftest import unpack
-
-    root = unpack(tmp_path_factory, "h200_model_led")
+    root = h200_model_led
     said = json.loads((root / "lease6-predicted" / "s2_api4.json").read_text())["metrics"]["request_throughput"]
     benches = sorted((root / "api" / "s2_api4").glob("r*/bench.json"))
     runs = [json.loads(b.read_text())["request_throughput"] for b in benches]
@@ -145,7 +141,7 @@ def test_the_api_server_ladder_predicted_before_it_ran_missed(tmp_path_factory: 
 
 
 def test_the_ladder_on_a_third_shape_and_a_second_model_size_predicted_first(
-        tmp_path_factory: pytest.TempPathFactory) -> None:
+        h200_model_led: Path) -> None:
     """Lease 9 (lease9-predicted): 9e4b3d9's model predicted 4 and 2 API servers on the GPU box, from each
     configuration's 1-API-server runs before the others ran: the 8B at 64/512 and the 1.1B at 128/256. That model took
     a run paced by its frontend to have its engine core's CPU at the factor the engine-core-bound runs fitted (1.96x
@@ -157,9 +153,7 @@ def test_the_ladder_on_a_third_shape_and_a_second_model_size_predicted_first(
     runs joined the imbalance of 2 (0.17 -> 0.20, read leaving each pair's own runs out), -29 % to -0 %, two outside;
     since lease 17's (0.20 -> 0.22; its own 1.55x on a sixth box: Q31), -30 % to -0 %; since lease 22's four with
     data parallelism (0.23 -> 0.20, lease 21's six having moved it to 0.23), -29 % to -0 %, two outside."""
-    from tests.conftest import unpack
-
-    root = unpack(tmp_path_factory, "h200_model_led")
+    root = h200_model_led
 
     for name, error in (("s3_api4", -0.202), ("s3_api2", -0.261), ("t1_api4", -0.243), ("t1_api2", -0.282)):
         said = json.loads((root / "lease9-predicted" / f"{name}-predicted.json").read_text())["metrics"][
@@ -179,7 +173,7 @@ def test_the_ladder_on_a_third_shape_and_a_second_model_size_predicted_first(
     assert [r["inside_held_out"] for r in rows].count(False) == 2
 
 
-def test_the_ladder_measured_again_with_two_api_servers_and_four(tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_the_ladder_measured_again_with_two_api_servers_and_four(h200_model_led: Path) -> None:
     """Lease 8 (lease8-predicted): 93afb36's model predicted 2 API servers at the 8B's 128/256 shape on the GPU box,
     from each of the 1-API-server runs, before they ran: 73.34, 66.30, 69.83 req/s; measured 67.09, 59.26, 59.40
     (+18 %, +7 %, +13 % of the mean, inside every range). 4 API servers run again (Q20's configuration, whose
@@ -187,9 +181,7 @@ def test_the_ladder_measured_again_with_two_api_servers_and_four(tmp_path_factor
     +11 % from today's; lease 6 measured 56.57):
     at full load the busiest of the four took 55-86 % of the requests and the engine core's CPU, not the API servers',
     capped the run (in the sweep at a rate, lease 8, it saturated from 46.65 req/s)."""
-    from tests.conftest import unpack
-
-    root = unpack(tmp_path_factory, "h200_model_led")
+    root = h200_model_led
     runs = served_runs(root, "api/s2_api2")
     measured = sum(runs) / len(runs)
     assert measured == pytest.approx(61.92, abs=0.01)
@@ -207,16 +199,14 @@ def test_the_ladder_measured_again_with_two_api_servers_and_four(tmp_path_factor
     assert rows["Q21"]["inside_held_out"]
 
 
-def test_two_api_servers_and_four_on_a_third_box_predicted_first(tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_two_api_servers_and_four_on_a_third_box_predicted_first(h200_model_led: Path) -> None:
     """Lease 10 (lease10-predicted): 6a072aa predicted, from lease 6's three 1-API-server runs, 2 and 4 API servers at
     full load and at 40 and 48 req/s before they ran on a third box. At full load it over-predicted, +12 % to +24 %
     with 2 and +42 % to +44 % with 4 (inside its ranges); 4 served less than 2, as on every shape before, with 870-910
     requests running and hundreds waiting (vLLM's gauges): the engine set the pace. At the rates the throughput came
     within 0.3 % and TPOT p50 within 1.5 %. Today's model, shaped on these runs after they ran (not pre-registered
     for it), -4 % to +11 % (Q26, Q27)."""
-    from tests.conftest import unpack
-
-    root = unpack(tmp_path_factory, "h200_model_led")
+    root = h200_model_led
 
     said = json.loads((root / "lease10-predicted" / "lease10-predicted.json").read_text())
     assert said["commit"].startswith("6a072aa")
@@ -241,13 +231,11 @@ def test_two_api_servers_and_four_on_a_third_box_predicted_first(tmp_path_factor
     assert all(-0.05 < r["predicted"] / r["measured"] - 1 < 0.11 for r in rows)
 
 
-def test_three_api_servers_predicted_first_measured_once(tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_three_api_servers_predicted_first_measured_once(h200_model_led: Path) -> None:
     """Lease 11 (lease11-predicted): c317a82, lease 10's model, predicted 3 API servers (a count never recorded: the
     nearest recorded count's imbalance) from lease 6's 1-API-server runs; the device time left ran one replicate,
     63.08 req/s: -9 % to -4 %, inside every range. One replicate is under what a claim needs: not a validation pair."""
-    from tests.conftest import unpack
-
-    root = unpack(tmp_path_factory, "h200_model_led")
+    root = h200_model_led
     said = json.loads((root / "lease11-predicted" / "lease11-predicted.json").read_text())
     assert said["commit"].startswith("c317a82") and said["change"] == "--api-server-count 3"
     benches = sorted((root / "api" / "s2_api3").glob("r*/bench.json"))
@@ -260,14 +248,12 @@ def test_three_api_servers_predicted_first_measured_once(tmp_path_factory: pytes
     assert not [r for r in validation.recorded_rows() if any(x.endswith("/s2_api3/r1") for x in r["recordings"])]
 
 
-def test_three_api_servers_and_a_fourth_shape_predicted_first(tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_three_api_servers_and_a_fourth_shape_predicted_first(h200_model_led: Path) -> None:
     """Lease 12 (lease12-predicted, made-by.txt): 9b10439 predicted 3 API servers on the 8B at 128/256 from lease 6's
     1-API-server runs before the lease (-4 % to +1 % of the 3 replicates' mean, inside: Q28), and on the GPU box, from a
     fourth shape's 1-API-server runs (512/128, lengths +-50 %, the GPU busy ~0.9 of the time), that 2 API servers
     change nothing (-4 % to +2 %, inside: Q29)."""
-    from tests.conftest import unpack
-
-    root = unpack(tmp_path_factory, "h200_model_led")
+    root = h200_model_led
     said = root / "lease12-predicted"
     assert "9b10439" in (said / "made-by.txt").read_text()
 
@@ -288,13 +274,11 @@ def test_three_api_servers_and_a_fourth_shape_predicted_first(tmp_path_factory: 
 
 
 def test_four_api_servers_on_the_fourth_shape_predicted_first_measured_twice(
-        tmp_path_factory: pytest.TempPathFactory) -> None:
+        h200_model_led: Path) -> None:
     """Lease 13: the fourth shape (the 8B at 512/128, lengths +-50 %, a busy GPU) with 4 API servers, predicted first by
     9b10439 on lease 12's box and by 420f359 before this lease (no change: 49.67-53.03 req/s); the device time left
     ran two replicates, 52.28 and 50.97: -4 % to +3 %, inside. Two replicates: a recording, not a validation pair."""
-    from tests.conftest import unpack
-
-    root = unpack(tmp_path_factory, "h200_model_led")
+    root = h200_model_led
     runs = served_runs(root, "api/s4_api4")
     assert [round(r, 2) for r in runs] == [52.28, 50.97]
     measured = sum(runs) / 2
@@ -309,14 +293,12 @@ def test_four_api_servers_on_the_fourth_shape_predicted_first_measured_twice(
 
 
 def test_smaller_prompt_chunks_on_the_fourth_shape_predicted_first_on_a_fifth_box(
-        tmp_path_factory: pytest.TempPathFactory) -> None:
+        h200_model_led: Path) -> None:
     """Lease 14 (lease14-predicted, made by bda68c2 before the lease): the fourth shape with --max-num-batched-tokens
     2048, from lease 12's 1-API-server runs on another box: request throughput -4 % (49.07 from the folder), mean TPOT
     -55 % (121.7 -> 55.0 ms: a step carries a quarter of the prompt tokens), mean TTFT +13 %. Measured, 3 replicates:
     50.87 req/s (49.56-51.58), TPOT 55.5 ms, TTFT 23.4 s: each of the 12 stored predictions inside its range (Q30)."""
-    from tests.conftest import unpack
-
-    root = unpack(tmp_path_factory, "h200_model_led")
+    root = h200_model_led
     said = root / "lease14-predicted"
     assert "bda68c2" in (said / "made-by.txt").read_text()
     runs = [json.loads(b.read_text()) for b in sorted((root / "api" / "s4_mnbt2048").glob("r*/bench.json"))]
@@ -336,7 +318,7 @@ def test_smaller_prompt_chunks_on_the_fourth_shape_predicted_first_on_a_fifth_bo
 
 
 def test_two_api_servers_on_the_small_model_predicted_first_on_a_sixth_box(
-        tmp_path_factory: pytest.TempPathFactory) -> None:
+        h200_model_led: Path) -> None:
     """Lease 17 (lease17-predicted, made by 62d33ec on the GPU box after the 1-API-server runs, before either
     2-API-server server started): Q25's configuration (the 1.1B at 128/256, 3,000 prompts at once), whose 2.06x on
     lease 9's box is the validation's worst miss, again on a sixth box. 1 API server 48.10 req/s (43.53-50.80); 2 API
@@ -344,9 +326,7 @@ def test_two_api_servers_on_the_small_model_predicted_first_on_a_sixth_box(
     (+11.5 %), 84.44 and 72.38 from r2 and r3: every stored prediction inside its range (Q31). The 2-API-server runs'
     throughput falls as their busiest API server's share of the CPU rises (0.52 -> 92.38 req/s, 0.74 -> 64.56): the
     imbalance the model's range spans; at that share the busiest carried what one API server carried alone."""
-    from tests.conftest import unpack
-
-    root = unpack(tmp_path_factory, "h200_model_led")
+    root = h200_model_led
     said = root / "lease17-predicted"
     assert "62d33ec" in (said / "made-by.txt").read_text()
     one = [json.loads(b.read_text()) for b in sorted((root / "api" / "t1b_api1").glob("r*/bench.json"))]
