@@ -16,6 +16,7 @@ import pytest
 
 import profkit.model.predict as model_predict
 from profkit.api import predict, render
+from profkit.model.observe import observe
 from profkit.report import build_report
 from tests.cli import one_error_line, profkit
 from tests.test_gpu_bound import counter, counter_delta
@@ -98,9 +99,10 @@ def test_one_gpu_to_two_by_data_parallelism_fell_short_of_the_prediction_made_fi
                           "2 GPUs where the run used 1: the model predicts only splits of the run's own GPUs")
     low, high = sorted(measured.values())
     uni = _mean_rate(recorded / "api" / "e2_uni") / _mean_rate(recorded / "api" / "d1_14b")
+    longer = _mean_rate(recorded / "api" / "e3_long") / _mean_rate(recorded / "api" / "d3_long")
     assert (f"(1 GPU -> --data-parallel-size 2 measured x{low:.2f}-{high:.2f} on two shapes (x{uni:.2f} with "
-            f"--distributed-executor-backend uni) where it predicted x{min(said.values()):.2f}-"
-            f"{max(said.values()):.2f})") in line
+            f"--distributed-executor-backend uni, x{longer:.2f} on twice the requests) where it predicted "
+            f"x{min(said.values()):.2f}-{max(said.values()):.2f})") in line
 
 
 def _idle_at_the_ends(capture: Path, report: dict) -> list[float]:
@@ -169,3 +171,110 @@ def test_a_parallel_size_that_is_not_a_count_withholds_the_figures_per_gpu(recor
     assert said in eff["withheld"]
     out = profkit("report", run)
     assert out.returncode == 0 and said in out.stdout, out.stderr
+
+
+def test_twice_the_requests_did_not_close_data_parallelisms_gap(recorded: Path) -> None:
+    """Lease 23: DP=2 on 3,600 prompts against one GPU on 3,600 (the same box) came to x1.86, where 1,800 gave
+    x1.82-1.84: the shortfall is not a fixed cost at the run's ends that a longer run would hide. Each DP=2 GPU still
+    idled seconds at the ends (one GPU alone: about 2 s of 120). The prediction made first for the longer run was
+    +6.3 % on the mean, two replicates of three inside its range; one GPU's +0.6 %, inside."""
+    api = recorded / "api"
+    longer = _mean_rate(api / "e3_long") / _mean_rate(api / "d3_long")
+    shorter = _mean_rate(api / "d2_14b") / _mean_rate(api / "d1_14b")
+    assert 1.84 < longer < 1.9 and abs(longer - shorter) < 0.05
+    for capture in sorted((api / "e3_long").glob("r[0-9]")):
+        assert json.loads((capture / "bench.json").read_text())["completed"] == 3600
+        assert min(_idle_at_the_ends(capture, build_report(capture).document())) > 3.0
+    for capture in sorted((api / "d3_long").glob("r[0-9]")):
+        assert max(_idle_at_the_ends(capture, build_report(capture).document())) < 2.5
+    made_first = {case: json.loads((recorded / "lease23-predicted" / f"d1_14b-{case}.json").read_text())
+                  ["metrics"]["request_throughput"] for case in ("dp2_long", "one_long")}
+    inside = [made_first["dp2_long"]["low"] <= rate <= made_first["dp2_long"]["high"]
+              for rate in _rates(api / "e3_long")]
+    assert inside == [True, True, False]
+    assert made_first["dp2_long"]["predicted"] / _mean_rate(api / "e3_long") - 1 == pytest.approx(0.063, abs=0.001)
+    assert made_first["one_long"]["predicted"] / _mean_rate(api / "d3_long") - 1 == pytest.approx(0.006, abs=0.001)
+    one = made_first["one_long"]
+    assert all(one["low"] <= rate <= one["high"] for rate in _rates(api / "d3_long"))
+
+
+def test_one_api_server_for_two_engines_streams_on_after_the_gpus(recorded: Path) -> None:
+    """Lease 23: DP=2 with --api-server-count 1 lost 9 % to two API servers (lease 21-22's boxes), 20 % below what the
+    model said first (all three outside its range). Its API server was at a full core in under half the samples, so
+    the model reads no ceiling; each GPU idled 5-8 s at the ends, 4-7 s of it before the benchmark ended while it
+    worked on, and
+    `--api-server-count 2` from these runs is predicted to change nothing: the model misses this, said here."""
+    api = recorded / "api"
+    one = _mean_rate(api / "e3_api1")
+    assert one / min(_mean_rate(api / "d2_14b"), _mean_rate(api / "e2_uni")) == pytest.approx(0.91, abs=0.01)
+    made_first = json.loads((recorded / "lease23-predicted" / "d1_14b-dp2_api1.json").read_text())
+    throughput = made_first["metrics"]["request_throughput"]
+    assert made_first["changes"] == {"data_parallel_size": 2, "api_server_count": 1}
+    assert max(_rates(api / "e3_api1")) < throughput["low"]
+    assert throughput["predicted"] / one - 1 == pytest.approx(0.204, abs=0.001)
+    for capture in sorted((api / "e3_api1").glob("r[0-9]")):
+        report = build_report(capture).document()
+        facts = report["facts"]
+        assert facts["host.api_server_count"] == 1 and facts["host.api_server_saturated_share"] < 0.5
+        assert min(_idle_at_the_ends(capture, report)) > 5.0
+        then = predict(capture, "--api-server-count 2")["metrics"]["request_throughput"]
+        assert then["predicted"] == pytest.approx(then["before"], rel=1e-3)
+
+
+@pytest.mark.parametrize("run", ["r1", "r2"])
+def test_the_engine_core_spins_where_it_feeds_a_worker_process(recorded: Path, run: str) -> None:
+    """Lease 23: two one-GPU servers side by side, `--distributed-executor-backend mp` (one `VLLM::Worker`, as data and
+    tensor parallelism run) and vLLM's default `uni`: the same throughput, the engine core at a full core in over 90 %
+    of the samples with `mp` against under half with `uni` (it waits on the worker's replies by spinning on vLLM's
+    shared-memory queue). The worker count is a fact; with workers, the engine core's saturation is no finding, and
+    the model neither fits its CPU nor calls it the limit."""
+    mp, uni = recorded / "api" / "f1_mp" / run, recorded / "api" / "f1_uni" / run
+    assert "'distributed_executor_backend': 'mp'" in (mp / "server.log").read_text()
+    assert _mean_rate(mp.parent) / _mean_rate(uni.parent) == pytest.approx(1.0, abs=0.02)
+    spins, works = build_report(mp).document(), build_report(uni).document()
+    assert (spins["facts"]["host.worker_count"], works["facts"]["host.worker_count"]) == (1, 0)
+    saturated = [doc["facts"]["host.engine_core_saturated_share"] for doc in (spins, works)]
+    assert saturated[0] > 0.9 and saturated[1] < 0.5
+    assert "engine-core-bound" not in {f["rule"] for f in spins["findings"]}
+    assert not model_predict.engine_core_cpu_says(observe(spins))
+    said = "fed 1 worker process (vLLM's mp executor) and waits on it by spinning"
+    for fmt in ("text", "md", "html"):  # the host section says why its engine core reads busy
+        assert (said.replace("'", "&#39;") if fmt == "html" else said) in render(spins, fmt)
+        assert "worker process" not in render(works, fmt)
+
+
+def test_a_data_parallel_run_whose_engine_cores_spun_is_fitted_on_its_gpus(recorded: Path) -> None:
+    """Lease 23's `e3_api1/r3` (DP=2, its GPUs busy 79 % with idle ends, its engine cores at a full core in 76 % of the
+    samples): profkit called it engine-core-bound and fitted the engine core's CPU, which the simulation could not
+    bring to the run ("its simulated duration is off by x6.26", refused). Its engine cores fed worker processes: the
+    finding is gone and the model fits the GPUs' steps, to the measured duration within 0.1 %."""
+    capture = recorded / "api" / "e3_api1" / "r3"
+    report = build_report(capture).document()
+    facts = report["facts"]
+    assert facts["host.engine_core_saturated_share"] > 0.5 and facts["gpu.busy"] < 0.85
+    assert facts["host.worker_count"] == 2
+    assert "engine-core-bound" not in {f["rule"] for f in report["findings"]}
+    doc = predict(capture, "--api-server-count 2")
+    assert doc["calibration"]["fit_error"]["elapsed"] < 1e-3
+
+
+def _rates(folder: Path) -> list[float]:
+    return [json.loads((r / "bench.json").read_text())["request_throughput"] for r in sorted(folder.glob("r[0-9]"))]
+
+
+def test_vllm_starts_one_api_server_per_engine_unless_told(recorded: Path) -> None:
+    """vLLM 0.26.0 defaults --api-server-count to --data-parallel-size (entrypoints/cli/serve.py, its internal load
+    balancer): lease 21's DP=2 captures (their server.log left on the box) had two, as their host samples say. profkit
+    took one from its defaults table, so `--api-server-count 1` on them predicted no move of the API server's ceiling
+    (Q32 in scripts/validate_model.py); it halves now, and removing the flag (vLLM's default) changes nothing."""
+    capture = recorded / "api" / "d2_14b" / "r1"
+    facts = build_report(capture).document()["facts"]
+    assert (facts["config.api_server_count"], facts["config_source.api_server_count"]) == (2, "vLLM 0.26 default")
+    assert facts["host.api_server_count"] == 2
+    said = next(r for r in predict(capture, "--api-server-count 1")["reasoning"] if r.startswith("the API server"))
+    before, after = (float(x.replace(",", "")) for x in re.findall(r"([\d,]+) ", said.split("up to ")[1] + " ")[:2])
+    assert after < 0.6 * before
+    same = predict(capture, "--api-server-count default")["metrics"]["request_throughput"]
+    assert same["predicted"] == pytest.approx(same["before"], rel=1e-6)
+    one = build_report(recorded / "api" / "d1_14b" / "r1").document()["facts"]
+    assert one["config.api_server_count"] == 1 and one["host.api_server_count"] == 1

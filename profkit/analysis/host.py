@@ -81,7 +81,19 @@ def host_section(samples: HostSamples, bench_seconds: float | None = None) -> di
             **({"window_note": "no benchmark client was sampled to place the benchmark's window: CPU over every "
                                "sample, NVML's GPU utilization not used"} if unplaced else {}),
             **({"coverage_note": f"the samples span {span:.1f} s of the benchmark's {bench_seconds:.1f} s: no "
-                                 "process's CPU is read off them"} if short else {})}
+                                 "process's CPU is read off them"} if short else {}),
+            **({"worker_note": _worker_note(roles["worker"]["count"])} if "worker" in roles else {})}
+
+
+def _worker_note(workers: int) -> str:
+    """Why an engine core that feeds worker processes reads busy: vLLM's `mp` executor (data and tensor parallelism)
+    hands each step to them through a shared-memory queue whose reader spins for a second after each read (vLLM
+    0.26.0's shm_broadcast.py). Lease 23 (tests/data/h200_model_led): one GPU with `mp` and with `uni` side by side,
+    the same throughput, the engine core at a full core in 91 % and 42 % of the samples."""
+    them = "them" if workers > 1 else "it"
+    return (f"the engine core fed {workers} worker process{'es' if workers > 1 else ''} (vLLM's mp executor) and waits "
+            f"on {them} by spinning: its time at a full core is not its work, and no engine-core-bound finding is read "
+            "off it")
 
 
 def bench_window(processes: list[ProcessSamples], bench_seconds: float | None,

@@ -184,6 +184,9 @@ def _declare() -> dict[str, Fact]:
                                                    "one; 1/N where N share the load evenly)"),
         ("host.engine_core_cpu", "cores", "mean CPU of the engine-core process, in cores"),
         ("host.engine_core_saturated_share", "share", "share of samples the engine core used >= 90 % of a core"),
+        ("host.worker_count", "count", "vLLM worker processes sampled (VLLM::Worker: the `mp` executor, as data and "
+                                       "tensor parallelism run; 0 with none). The engine core waits on theirs by "
+                                       "spinning, so its CPU then says nothing of its work"),
         ("host.client_cpu", "cores", "mean CPU of the benchmark client (vllm bench serve), in cores"),
         ("host.client_saturated_share", "share", "share of samples the benchmark client used >= 90 % of a core"),
         ("host.frontend_cpu", "cores", "mean CPU of an offline benchmark's front-end process, in cores"),
@@ -527,6 +530,7 @@ def host_facts(host: dict[str, Any] | None) -> dict[str, Any]:
         facts[f"{prefix}_cpu"] = r["cpu_mean"] if r else None
         facts[f"{prefix}_saturated_share"] = r["saturated_share"] if r else None
     facts["host.api_server_count"] = roles["api_server"]["count"] if "api_server" in roles else None
+    facts["host.worker_count"] = (roles["worker"]["count"] if "worker" in roles else 0) if roles else None
     api = roles.get("api_server")
     facts["host.api_server_busiest_share"] = (api["cpu_mean"] / api["cpu_total_mean"] if api and api["count"] > 1
                                               and api["cpu_total_mean"] > 0 else 1.0 if api else None)

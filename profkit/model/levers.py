@@ -71,6 +71,8 @@ def vllm_default(dest: str, obs: Observation) -> Any:
         return default_of(dest, obs.gpu)
     if dest == "kv_cache_memory_bytes":
         return None
+    if dest == "api_server_count":  # one per engine (vLLM 0.26's internal load balancer)
+        return max(1, obs.data_parallel)
     return default_of(dest, obs.gpu, offline=obs.offline)
 
 

@@ -47,7 +47,7 @@ VLLM_DEFAULTS: dict[str, Any] = {
     "kv_cache_memory_bytes": None,
     "cpu_offload_gb": 0,
     "async_scheduling": True,
-    "api_server_count": 1,  # data_parallel_size when not given
+    "api_server_count": 1,  # data_parallel_size when not given (effective_config; entrypoints/cli/serve.py)
     "stream_interval": 1,
     # CUDA graphs are captured for batch sizes up to min(2 x max_num_seqs, 512) (config/vllm.py:1791-1798)
     "max_cudagraph_capture_size": None,
@@ -298,6 +298,9 @@ def effective_config(flags: dict[str, Any], logged: dict[str, Any], gpu: str | N
     for key, default in defaults.items():
         if key == "max_cudagraph_capture_size" and out["max_num_seqs"]["value"] is not None:
             default = min(2 * out["max_num_seqs"]["value"], 512)
+        # vLLM 0.26 starts one API server per engine unless told (its internal load balancer, the default mode)
+        if key == "api_server_count" and isinstance(out["data_parallel_size"]["value"], int):
+            default = max(1, out["data_parallel_size"]["value"])
         if key in flags:
             out[key] = _typed(key, flags[key], "given")
         elif logged.get(key) is not None:
