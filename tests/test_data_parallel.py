@@ -100,6 +100,9 @@ def test_one_gpu_to_two_by_data_parallelism_fell_short_of_the_prediction_made_fi
     low, high = sorted(measured.values())
     uni = _mean_rate(recorded / "api" / "e2_uni") / _mean_rate(recorded / "api" / "d1_14b")
     longer = _mean_rate(recorded / "api" / "e3_long") / _mean_rate(recorded / "api" / "d3_long")
+    made_longer = json.loads((recorded / "lease23-predicted" / "d1_14b-dp2_long.json").read_text())
+    said["14b longer"] = made_longer["metrics"]["request_throughput"]["predicted"] / \
+        made_longer["metrics"]["request_throughput"]["before"]
     assert (f"(1 GPU -> --data-parallel-size 2 measured x{low:.2f}-{high:.2f} on two shapes (x{uni:.2f} with "
             f"--distributed-executor-backend uni, x{longer:.2f} on twice the requests) where it predicted "
             f"x{min(said.values()):.2f}-{max(said.values()):.2f})") in line
@@ -278,3 +281,20 @@ def test_vllm_starts_one_api_server_per_engine_unless_told(recorded: Path) -> No
     assert same["predicted"] == pytest.approx(same["before"], rel=1e-6)
     one = build_report(recorded / "api" / "d1_14b" / "r1").document()["facts"]
     assert one["config.api_server_count"] == 1 and one["host.api_server_count"] == 1
+
+
+@pytest.mark.parametrize("given, count", [
+    ({"data_parallel_size": 4}, 4),
+    ({"data_parallel_size": 4, "data_parallel_external_lb": True}, 1),
+    ({"data_parallel_size": 4, "data_parallel_rank": 0}, 1),
+    ({"data_parallel_size": 4, "data_parallel_start_rank": 0, "data_parallel_size_local": 2}, 2),
+    ({"data_parallel_size": 4, "headless": True}, 1),
+    ({"data_parallel_size": 4, "api_server_count": 3}, 3),
+])
+def test_the_api_servers_vllm_starts_by_its_load_balancing_mode(given: dict, count: int) -> None:
+    """vLLM 0.26.0's default by mode (entrypoints/cli/serve.py): one per engine with its internal load balancer; the
+    local engines' count in the hybrid mode (a start rank); one behind an external load balancer (a rank) or with
+    --headless; what the command gives, given."""
+    from profkit.vllm.options import effective_config
+
+    assert effective_config(given, {}, "NVIDIA H200")["api_server_count"]["value"] == count

@@ -89,7 +89,7 @@ def _worker_note(workers: int) -> str:
     """Why an engine core that feeds worker processes reads busy: vLLM's `mp` executor (data and tensor parallelism)
     hands each step to them through a shared-memory queue whose reader spins for a second after each read (vLLM
     0.26.0's shm_broadcast.py). Lease 23 (tests/data/h200_model_led): one GPU with `mp` and with `uni` side by side,
-    the same throughput, the engine core at a full core in 91 % and 42 % of the samples."""
+    the same throughput, the engine core at a full core in 91-93 % and 28-42 % of the samples."""
     them = "them" if workers > 1 else "it"
     return (f"the engine core fed {workers} worker process{'es' if workers > 1 else ''} (vLLM's mp executor) and waits "
             f"on {them} by spinning: its time at a full core is not its work, and no engine-core-bound finding is read "

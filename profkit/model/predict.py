@@ -745,9 +745,10 @@ def engine_core_cpu_says(obs: Observation) -> bool:
     """Whether the engine core's CPU samples say what its own work took: not where it fed worker processes (the `mp`
     executor, as data and tensor parallelism run it), whose replies it waits for by spinning on vLLM's shared-memory
     queue (shm_broadcast's SpinCondition: a second's busy loop after each read). Lease 23's one-GPU runs side by side
-    (tests/data/h200_model_led): `mp` and `uni` gave the same throughput, the engine core at a full core in 91 % and
-    42 % of the samples."""
-    return not obs.host.get("worker_count")
+    (tests/data/h200_model_led): `mp` and `uni` gave the same throughput, the engine core at a full core in 91-93 %
+    and 28-42 % of the samples. With tensor parallelism it always does, whether its workers were
+    sampled or not."""
+    return not obs.host.get("worker_count") and obs.tensor_parallel == 1
 
 
 def host_ceilings(obs: Observation, changes: dict[str, Any], before: SimResult,

@@ -27,7 +27,7 @@ VALIDATED_TP = 2  # tensor parallel sizes measured against the model's predictio
 # with the worker in the engine core, `--distributed-executor-backend uni`); each GPU idled seconds at the run's ends
 # while one API server streamed its last tokens, a cost the model lacks
 SCALE_OUT_MEASURED = ("1 GPU -> --data-parallel-size 2 measured x1.78-1.84 on two shapes (x1.82 with "
-                      "--distributed-executor-backend uni, x1.86 on twice the requests) where it predicted x1.98-1.99")
+                      "--distributed-executor-backend uni, x1.86 on twice the requests) where it predicted x1.97-1.99")
 
 
 class Refused(Infeasible):

@@ -298,9 +298,8 @@ def effective_config(flags: dict[str, Any], logged: dict[str, Any], gpu: str | N
     for key, default in defaults.items():
         if key == "max_cudagraph_capture_size" and out["max_num_seqs"]["value"] is not None:
             default = min(2 * out["max_num_seqs"]["value"], 512)
-        # vLLM 0.26 starts one API server per engine unless told (its internal load balancer, the default mode)
-        if key == "api_server_count" and isinstance(out["data_parallel_size"]["value"], int):
-            default = max(1, out["data_parallel_size"]["value"])
+        if key == "api_server_count":
+            default = default_api_servers({**logged, **flags}, out["data_parallel_size"]["value"])
         if key in flags:
             out[key] = _typed(key, flags[key], "given")
         elif logged.get(key) is not None:
@@ -309,6 +308,19 @@ def effective_config(flags: dict[str, Any], logged: dict[str, Any], gpu: str | N
             known = default is not None or key in DEFAULT_IS_NONE
             out[key] = {"value": default, "source": "vLLM 0.26 default" if known else "unknown"}
     return out
+
+
+def default_api_servers(given: dict[str, Any], data_parallel: Any) -> int:
+    """vLLM 0.26's --api-server-count where the command does not give it (entrypoints/cli/serve.py): one per engine
+    (its internal load balancer, the default); the local engines' count in the hybrid mode; one where an external
+    load balancer or the multi-port mode spreads the requests, or with --headless (none: taken as one)."""
+    if any(given.get(k) for k in ("data_parallel_external_lb", "data_parallel_multi_port_external_lb", "headless")) \
+            or given.get("data_parallel_rank") is not None:
+        return 1
+    count = data_parallel
+    if given.get("data_parallel_hybrid_lb") or given.get("data_parallel_start_rank") is not None:
+        count = given.get("data_parallel_size_local")
+    return int(count) if isinstance(count, (int, float)) and not isinstance(count, bool) and count >= 1 else 1
 
 
 def _typed(key: str, value: Any, source: str) -> dict[str, Any]:
