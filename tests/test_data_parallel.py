@@ -298,3 +298,49 @@ def test_the_api_servers_vllm_starts_by_its_load_balancing_mode(given: dict, cou
     from profkit.vllm.options import effective_config
 
     assert effective_config(given, {}, "NVIDIA H200")["api_server_count"]["value"] == count
+
+
+def _last_busy(capture: Path, report: dict) -> float:
+    """The last NVML sample in the benchmark's window at which any GPU was busy, from host.json as written."""
+    start, end = report["host"]["window_s"]
+    host = json.loads((capture / "host.json").read_text())
+    return max(t for gpu in host["gpus"] if gpu["visible"] for t, value, *_ in gpu["util"]
+               if value > 0 and start <= t <= end)
+
+
+@pytest.mark.parametrize("run", ["r1", "r2", "r3"])
+def test_the_host_section_says_the_gpus_were_done_while_an_api_server_streamed_on(recorded: Path, run: str) -> None:
+    """Lease 23's one API server for two engines: the GPUs were done seconds before the benchmark ended (the client's
+    second after it left out) while the API server was at a full core, streaming the last of 1,800 requests that
+    finished together. The host section says how long and how busy, in every format; one GPU's run of the same shape
+    (its GPU busy to the end) says nothing of it."""
+    capture = recorded / "api" / "e3_api1" / run
+    report = build_report(capture).document()
+    drain = report["host"]["drain"]
+    assert drain["seconds"] == pytest.approx(report["host"]["window_s"][1] - 1.0 - _last_busy(capture, report))
+    assert 3.0 < drain["seconds"] < 6.5 and drain["api_server_cpu"] > 0.95
+    said = f"the GPUs were done {drain['seconds']:.1f} s"
+    for fmt in ("text", "md", "html"):
+        assert said in render(report, fmt)
+    for alone in (recorded / "api" / "d1_14b" / run, recorded / "api" / "d3_long" / "r1"):
+        quiet = build_report(alone).document()
+        assert quiet["host"]["drain"]["seconds"] < 0.5 and "drain_note" not in quiet["host"]
+        assert "the GPUs were done" not in render(quiet, "text")
+
+
+def test_a_frontend_bound_run_is_half_drain_and_its_slow_replicate_is_all_drain(recorded: Path) -> None:
+    """Lease 9's 1.1B with one API server (Q25's baseline, the validation's worst miss): the GPU was done with every
+    token 32-35 s into each 65-78 s run, and the API server streamed the rest at a full core. The slow replicate (r2,
+    38.31 req/s against 44.07 and 46.18) took as long on the GPU as its siblings; its extra 9-11 s are all drain: the
+    API server's cost per token, which the model takes as measured and predicts 2 API servers from."""
+    gpu_done, drained = [], []
+    for run in ("r1", "r2", "r3"):
+        capture = recorded / "api" / "t1_api1" / run
+        host = build_report(capture).document()["host"]
+        start, end = host["window_s"]
+        assert host["drain"]["api_server_cpu"] > 0.95 and host["drain"]["seconds"] > 0.45 * (end - start)
+        assert "the GPUs were done" in host["drain_note"]
+        gpu_done.append(end - 1.0 - host["drain"]["seconds"] - start)
+        drained.append(host["drain"]["seconds"])
+    assert max(gpu_done) - min(gpu_done) < 3.0
+    assert drained[1] - max(drained[0], drained[2]) > 8.0

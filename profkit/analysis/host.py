@@ -73,16 +73,53 @@ def host_section(samples: HostSamples, bench_seconds: float | None = None) -> di
             roles[role] = {"count": len(mine), "cpu_mean": top["cpu_mean"], "cpu_p90": top["cpu_p90"],
                            "saturated_share": top["saturated_share"],
                            "cpu_total_mean": sum(p["cpu_mean"] for p in mine)}
+    servers = {p["pid"] for p in procs if p["role"] == "api_server"}
+    drain = gpu_drain(window, samples.gpu_util, [p for p in samples.processes if p.pid in servers]) \
+        if window and not short else None
     return {"file": samples.path, "cores": samples.cores, "duration_s": samples.duration_s,
             "interval_s": samples.interval_s, "window_s": list(window) if window else None, "processes": procs,
-            "roles": roles, "gpu_util_mean": sum(gpu) / len(gpu) if gpu else None,
+            "roles": roles, "gpu_util_mean": sum(gpu) / len(gpu) if gpu else None, "drain": drain,
             "skipped_samples": samples.skipped_samples, "gpus": samples.gpu_names,
             **({"left_out": dict(samples.left_out)} if samples.left_out else {}),
             **({"window_note": "no benchmark client was sampled to place the benchmark's window: CPU over every "
                                "sample, NVML's GPU utilization not used"} if unplaced else {}),
             **({"coverage_note": f"the samples span {span:.1f} s of the benchmark's {bench_seconds:.1f} s: no "
                                  "process's CPU is read off them"} if short else {}),
-            **({"worker_note": _worker_note(roles["worker"]["count"])} if "worker" in roles else {})}
+            **({"worker_note": _worker_note(roles["worker"]["count"])} if "worker" in roles else {}),
+            **({"drain_note": _drain_note(drain, window)} if drain and _drained(drain, window) else {})}
+
+
+def gpu_drain(window: tuple[float, float], gpu_util: Sequence[tuple[float, float]],
+              servers: Sequence[ProcessSamples]) -> dict[str, float] | None:
+    """The benchmark's last seconds with no GPU busy (NVML; the client's WINDOW_SLACK_S after the benchmark left out)
+    and the busiest API server's mean CPU over them: where every request was admitted at once, they all finish
+    together, and an API server that falls behind streams on after the GPUs are done (lease 23: one API server for two
+    engines at a full core over the last 32-37 % of the run, the GPUs idle 4-7 s before its end). None without NVML
+    samples in the window."""
+    start, end = window[0], window[1] - WINDOW_SLACK_S
+    busy = [t for t, v in gpu_util if start <= t <= window[1] and v > 0]
+    if not busy:
+        return None
+    last = max(busy)
+    seconds = max(0.0, end - last)
+    cpu = [[v for t, v in p.cpu if last < t <= end] for p in servers]
+    return {"seconds": seconds, "api_server_cpu": max((sum(c) / len(c) for c in cpu if c), default=0.0)}
+
+
+# A drain worth saying: at least this long and this share of the benchmark, the busiest API server at half a core
+DRAIN_S, DRAIN_SHARE, DRAIN_CPU = 2.0, 0.05, 0.5
+
+
+def _drained(drain: dict[str, float], window: tuple[float, float]) -> bool:
+    return (drain["seconds"] >= DRAIN_S and drain["seconds"] >= DRAIN_SHARE * (window[1] - window[0])
+            and drain["api_server_cpu"] >= DRAIN_CPU)
+
+
+def _drain_note(drain: dict[str, float], window: tuple[float, float]) -> str:
+    share = drain["seconds"] / (window[1] - window[0])
+    return (f"the GPUs were done {drain['seconds']:.1f} s ({share:.0%}) before the benchmark ended while the busiest "
+            f"API server was at {drain['api_server_cpu']:.2f} of a core: it was still streaming the last requests' "
+            "tokens, a frontend cost at the run's end that more API servers share")
 
 
 def _worker_note(workers: int) -> str:

@@ -37,4 +37,4 @@ def text(v: dict[str, Any]) -> list[str]:
 def host_notes(host: dict[str, Any]) -> list[str]:
     """What the host section left out of host.json and why, and a window it could not place (every format)."""
     out = [f"left out: {n:,} {why}" for why, n in (host.get("left_out") or {}).items()]
-    return out + [host[k] for k in ("window_note", "coverage_note", "worker_note") if host.get(k)]
+    return out + [host[k] for k in ("window_note", "coverage_note", "worker_note", "drain_note") if host.get(k)]
