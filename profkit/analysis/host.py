@@ -86,7 +86,7 @@ def host_section(samples: HostSamples, bench_seconds: float | None = None) -> di
             **({"coverage_note": f"the samples span {span:.1f} s of the benchmark's {bench_seconds:.1f} s: no "
                                  "process's CPU is read off them"} if short else {}),
             **({"worker_note": _worker_note(roles["worker"]["count"])} if "worker" in roles else {}),
-            **({"drain_note": _drain_note(drain, window)} if drain and _drained(drain, window) else {})}
+            **({"drain_note": _drain_note(drain, window)} if drain and window and _drained(drain, window) else {})}
 
 
 def gpu_drain(window: tuple[float, float], gpu_util: Sequence[tuple[float, float]],
