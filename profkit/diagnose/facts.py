@@ -187,6 +187,9 @@ def _declare() -> dict[str, Fact]:
         ("host.worker_count", "count", "vLLM worker processes sampled (VLLM::Worker: the `mp` executor, as data and "
                                        "tensor parallelism run; 0 with none). The engine core waits on theirs by "
                                        "spinning, so its CPU then says nothing of its work"),
+        ("host.drain_s", "s", "seconds no GPU was busy before the benchmark ended (NVML; the client's last second "
+                                    "left out): the frontend still streaming"),
+        ("host.drain_api_server_cpu", "cores", "the busiest API server's mean CPU over host.drain_s"),
         ("host.client_cpu", "cores", "mean CPU of the benchmark client (vllm bench serve), in cores"),
         ("host.client_saturated_share", "share", "share of samples the benchmark client used >= 90 % of a core"),
         ("host.frontend_cpu", "cores", "mean CPU of an offline benchmark's front-end process, in cores"),
@@ -531,6 +534,8 @@ def host_facts(host: dict[str, Any] | None) -> dict[str, Any]:
         facts[f"{prefix}_saturated_share"] = r["saturated_share"] if r else None
     facts["host.api_server_count"] = roles["api_server"]["count"] if "api_server" in roles else None
     facts["host.worker_count"] = (roles["worker"]["count"] if "worker" in roles else 0) if roles else None
+    drain = (host or {}).get("drain") or {}
+    facts["host.drain_s"], facts["host.drain_api_server_cpu"] = drain.get("seconds"), drain.get("api_server_cpu")
     api = roles.get("api_server")
     facts["host.api_server_busiest_share"] = (api["cpu_mean"] / api["cpu_total_mean"] if api and api["count"] > 1
                                               and api["cpu_total_mean"] > 0 else 1.0 if api else None)
