@@ -86,7 +86,9 @@ def host_section(samples: HostSamples, bench_seconds: float | None = None) -> di
             **({"coverage_note": f"the samples span {span:.1f} s of the benchmark's {bench_seconds:.1f} s: no "
                                  "process's CPU is read off them"} if short else {}),
             **({"worker_note": _worker_note(roles["worker"]["count"])} if "worker" in roles else {}),
-            **({"drain_note": _drain_note(drain, window)} if drain and window and _drained(drain, window) else {})}
+            **({"drain_note": _drain_note(drain, window)}
+               if drain and window and drain_worth_saying(drain["seconds"], drain["api_server_cpu"],
+                                                          window[1] - window[0]) else {})}
 
 
 def gpu_drain(window: tuple[float, float], gpu_util: Sequence[tuple[float, float]],
@@ -110,9 +112,10 @@ def gpu_drain(window: tuple[float, float], gpu_util: Sequence[tuple[float, float
 DRAIN_S, DRAIN_SHARE, DRAIN_CPU = 2.0, 0.05, 0.5
 
 
-def _drained(drain: dict[str, float], window: tuple[float, float]) -> bool:
-    return (drain["seconds"] >= DRAIN_S and drain["seconds"] >= DRAIN_SHARE * (window[1] - window[0])
-            and drain["api_server_cpu"] >= DRAIN_CPU)
+def drain_worth_saying(seconds: float, api_server_cpu: float, length: float) -> bool:
+    """Whether a drain of `seconds` at the busiest API server's `api_server_cpu`, in a run `length` seconds long, is
+    one the report (and `predict`) says."""
+    return seconds >= DRAIN_S and seconds >= DRAIN_SHARE * length and api_server_cpu >= DRAIN_CPU
 
 
 def _drain_note(drain: dict[str, float], window: tuple[float, float]) -> str:

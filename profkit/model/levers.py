@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from profkit.model.observe import Observation
-from profkit.vllm.options import default_of, flag_for
+from profkit.vllm.options import default_api_servers, default_of, flag_for
 
 
 @dataclass(frozen=True)
@@ -71,8 +71,8 @@ def vllm_default(dest: str, obs: Observation) -> Any:
         return default_of(dest, obs.gpu)
     if dest == "kv_cache_memory_bytes":
         return None
-    if dest == "api_server_count":  # one per engine (vLLM 0.26's internal load balancer)
-        return max(1, obs.data_parallel)
+    if dest == "api_server_count":  # one per engine (vLLM 0.26's internal load balancer; its modes are the log's)
+        return default_api_servers({}, obs.data_parallel)
     return default_of(dest, obs.gpu, offline=obs.offline)
 
 

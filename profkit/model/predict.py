@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from profkit.analysis.host import DRAIN_CPU, DRAIN_S, DRAIN_SHARE
+from profkit.analysis.host import drain_worth_saying
 from profkit.model import levers, validation
 from profkit.model.observe import Observation, Unobservable
 from profkit.model.refusals import Refused, change_refusal
@@ -751,8 +751,8 @@ def drain_unmodelled(obs: Observation) -> str | None:
     where its API server was saturated over the run: its ceiling, which the model has, set the pace (a frontend-bound
     run's drain is that ceiling's)."""
     seconds, cpu, elapsed = obs.host.get("drain_s"), obs.host.get("drain_api_server_cpu"), obs.measured.elapsed_s
-    if not seconds or not cpu or not elapsed or seconds < DRAIN_S or seconds < DRAIN_SHARE * elapsed \
-            or cpu < DRAIN_CPU or obs.host.get("api_server_saturated_share", 0.0) >= SATURATED:
+    if not seconds or not cpu or not elapsed or not drain_worth_saying(seconds, cpu, elapsed) \
+            or obs.host.get("api_server_saturated_share", 0.0) >= SATURATED:
         return None
     return (f"the GPUs were done {seconds:.1f} s ({seconds / elapsed:.0%}) before the run ended while the API server "
             "streamed on: the model has no cost for that burst, and API-server changes from such runs missed by 7-14 % "
