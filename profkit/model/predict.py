@@ -336,7 +336,18 @@ class _Fit:
         r, m = self.cache[log_scale], self.obs.measured
         if self.arrival_bound and m.tpot_mean_s:
             return math.log(max(r.tpot_mean_s, 1e-9) / m.tpot_mean_s), r
-        return math.log(r.elapsed_s / m.elapsed_s), r
+        return math.log(r.elapsed_s / self.gpu_elapsed_s()), r
+
+    def gpu_elapsed_s(self) -> float:
+        """The seconds the engine's steps took: the measured duration less the host samples' drain (the GPUs done
+        while an API server streamed on, `host.drain_s`), which the steps' cost must not take in; the drain is the
+        frontend's (`stream_end`)."""
+        elapsed, drain = self.obs.measured.elapsed_s, self.obs.host.get("drain_s") or 0.0
+        return elapsed - drain if 0.0 < drain < 0.5 * elapsed else elapsed
+
+    def stretch(self, r: SimResult) -> float:
+        """The host's stretch of the simulated run (`host_stretch`, at the run's own ceilings)."""
+        return host_stretch(r, host_ceilings(self.obs, {}, r)) if self.obs.host else 1.0
 
     def uncalibrated(self) -> Calibrated:
         """The prior, as the runs that could be fitted on this GPU and precision found it (UNFITTED_FACTOR), with the
@@ -353,13 +364,15 @@ class _Fit:
         """The model at log factor `x`, with its error on this run (and, fitted jointly, the largest on the others)."""
         _, sim = self.gap(x)
         m = self.obs.measured
-        error = {"elapsed": abs(math.log(sim.elapsed_s / m.elapsed_s))}
+        stretch = self.stretch(sim)  # every time stretches alike (`_metrics`)
+        error = {"elapsed": abs(math.log(sim.elapsed_s / stretch / m.elapsed_s))}
         if m.tpot_mean_s:
-            error["tpot"] = abs(math.log(sim.tpot_mean_s / m.tpot_mean_s))
+            error["tpot"] = abs(math.log(sim.tpot_mean_s / stretch / m.tpot_mean_s))
         latency = 0.0
         if m.ttft_mean_s:
-            latency = min(max(m.ttft_mean_s - sim.ttft_mean_s, 0.0), REQUEST_LATENCY_MAX_S)
-            error["ttft"] = abs(math.log(max(sim.ttft_mean_s + latency, 1e-6) / m.ttft_mean_s))
+            ttft = sim.ttft_mean_s / stretch
+            latency = min(max(m.ttft_mean_s - ttft, 0.0), REQUEST_LATENCY_MAX_S)
+            error["ttft"] = abs(math.log(max(ttft + latency, 1e-6) / m.ttft_mean_s))
         if others_error:
             error["others"] = others_error
         return Calibrated(self.obs, self.work, self.engine, self.scaled(x), math.exp(x), math.exp(x), sim, error,
@@ -787,16 +800,34 @@ def host_ceilings(obs: Observation, changes: dict[str, Any], before: SimResult,
         if not cpu or cpu <= 0 or not out:
             continue
         processes, count = api_server_counts(obs, changes) if name == "api_server" else (1, 1)
-        per_process = cpu  # the host facts' CPU is the busiest process's own
-        if obs.host.get(f"{name}_saturated_share", 0.0) >= SATURATED:
-            per_process = 1.0  # it carried what one core carries
+        saturated = obs.host.get(f"{name}_saturated_share", 0.0) >= SATURATED
+        per_process = 1.0 if saturated else cpu  # saturated, it carried what one core carries; else the busiest's own
         # the busiest process carried its share of the tokens (its share of the API servers' CPU; an even split
         # where the samples do not say)
         share = (obs.host.get("api_server_busiest_share") or busiest_share(processes)) if processes > 1 else 1.0
         per_token = max(per_process - FRONTEND_STEP_S * steps_per_s, 0.2 * per_process) / (out * share)
+        # what it carried, the run's burst included: where its queue at that mean would have ended after the run
+        # did, it kept pace with more
+        batch = before.output_throughput / steps_per_s if steps_per_s else 1.0
+        per_token *= kept_pace(before, obs.measured.elapsed_s,
+                               1.0 / (FRONTEND_STEP_S / max(batch, 1.0) + per_token * share))
         share_after = share if count == processes else busiest_share(count, imbalance)
         caps[name] = 1.0 / (FRONTEND_STEP_S / max(batch_after, 1.0) + per_token * share_after)
     return caps
+
+
+def kept_pace(r: SimResult, measured_s: float, cap: float) -> float:
+    """The share of its cost per token a frontend process's ceiling `cap` (read off its CPU over the run) leaves, once
+    its queue of the simulated run `r`'s tokens (`stream_end`) is to end no later than the measured run did
+    (`measured_s`): where the run produced its tokens in a burst the process kept pace with, it carried more than
+    its CPU's mean says (1: its queue at `cap` ends by then)."""
+    if not r.token_profile or not r.output_throughput or not r.elapsed_s or not cap:
+        return 1.0
+    load, end, n = r.output_throughput / cap, max(measured_s / r.elapsed_s, 1.0), len(r.token_profile) - 1
+    # stream_end is the largest of lines in the load, rising: it reaches `end` at the smallest load any line does
+    fitted = min(((end - k / n) / (1.0 - a) for k, a in enumerate(r.token_profile[:-1]) if a < 1.0 - 1e-9),
+                 default=load)
+    return min(1.0, fitted / load)
 
 
 def frontend_latency(r: SimResult, caps: dict[str, float], step_s: float) -> float:
@@ -826,10 +857,26 @@ def _nearest(by_count: dict[int, Any], count: int, default: Any) -> Any:
 
 
 def host_stretch(r: SimResult, caps: dict[str, float]) -> float:
-    """The factor a simulated run's throughput keeps under the host's ceilings (1: none binds): past one, the tokens
-    wait for the host and every time stretches by its inverse."""
+    """The factor a simulated run's throughput keeps under the host's ceilings (1: none binds): the tokens wait for
+    the host, and the run ends when the slowest frontend process has streamed the last of them (`stream_end`)."""
     cap = min(caps.values(), default=math.inf)
-    return cap / r.output_throughput if r.output_throughput > cap else 1.0
+    if not r.output_throughput or not math.isfinite(cap):
+        return 1.0
+    return 1.0 / stream_end(r.token_profile, r.output_throughput / cap)
+
+
+def stream_end(profile: tuple[float, ...], load: float) -> float:
+    """When a process that streams the run's tokens at `load` of their mean rate over the run (the run's output
+    throughput over its ceiling) has streamed the last of them, as a share of the engine's run (at least 1): a queue
+    that drains at its ceiling, fed as the simulated run produced them (its `token_profile`). At a time t with a
+    share a(t) produced, what is left takes (1 - a(t)) * load more; the latest such end is the run's. From t = 0 that
+    is `load` itself (the mean rate's bound), and later times add what a burst costs: the 14B's last third produced
+    tokens at twice its mean rate (one API server behind two engines streamed on seconds after both GPUs were
+    done, lease 23). Without a profile, the mean rate's bound alone."""
+    if not profile:
+        return max(1.0, load)
+    n = len(profile) - 1
+    return max(1.0, max(k / n + (1.0 - a) * load for k, a in enumerate(profile)))
 
 
 def _metrics(r: SimResult, caps: dict[str, float]) -> dict[str, float]:

@@ -48,6 +48,8 @@ QUEUED_OVERLAP = 2.0
 # A step no longer than this times the engine core's CPU for it took the CPU's time: the GPU waited for the CPU (with
 # requests waiting a step is sqrt(cpu² + gpu²): 1.05 is a GPU under a third of the CPU)
 CPU_PACED = 1.05
+# The times a run's output is profiled at (SimResult.token_profile): a 60 s run's to 0.5 s
+PROFILE_POINTS = 128
 
 
 @dataclass(frozen=True)
@@ -131,6 +133,10 @@ class SimResult:
     cpu_step_mean_s: float  # the engine core's CPU in it (StepCost.cpu_step_s and cpu_seq_s)
     cpu_paced_share: float  # share of the steps' time in steps the engine core's CPU paced (CPU_PACED)
     seqs_capped_share: float  # share of the steps' time with --max-num-seqs requests running (the cap held)
+    # the share of the output tokens produced by each of PROFILE_POINTS + 1 evenly spaced times over the run (its
+    # first arrival to its last token): where a frontend process streaming them falls behind, and for how long
+    # (`predict.stream_end`)
+    token_profile: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -454,7 +460,8 @@ class _Run:
         if np.isnan(finish).any():
             raise ValueError(f"the simulation did not finish within {max_steps:,} steps")
         n, out = self.work.requests, sum(self.output_len)
-        elapsed = float(finish.max()) - float(self.arrival_np.min())
+        start = float(self.arrival_np.min())
+        elapsed = float(finish.max()) - start
         ttft = first - sent
         tpot = (finish - first) / self.decoded_np
         steps = self.steps
@@ -468,7 +475,41 @@ class _Run:
             step_mean_s=self.busy_time / steps if steps else 0.0,
             cpu_step_mean_s=self.cost.cpu_step_s + self.cost.cpu_seq_s * self.seqs_stepped / steps if steps else 0.0,
             cpu_paced_share=self.cpu_paced_time / self.busy_time if self.busy_time else 0.0,
-            seqs_capped_share=self.capped_time / self.busy_time if self.busy_time else 0.0)
+            seqs_capped_share=self.capped_time / self.busy_time if self.busy_time else 0.0,
+            token_profile=token_profile(first, finish, np.array(self.output_len, dtype=float), start, elapsed))
+
+
+def token_profile(first: np.ndarray, finish: np.ndarray, output_len: np.ndarray, start: float,
+                  elapsed: float, points: int = PROFILE_POINTS) -> tuple[float, ...]:
+    """The share of the output tokens produced by each of `points` + 1 evenly spaced times from `start` over
+    `elapsed`: a request's first token at `first`, the rest evenly until `finish` (at once where it finished in the
+    step that began it). Each request is a ramp, so the tokens by a time are the ramps begun by then less those
+    ended: sums over the sorted times, searched (no array of times by requests)."""
+    total = float(output_len.sum())
+    if not total or not elapsed > 0:
+        return ()
+    t = start + elapsed * np.linspace(0.0, 1.0, points + 1)
+    rest, span = output_len - 1.0, finish - first
+    slope = np.divide(rest, span, out=np.zeros_like(rest), where=span > 0)
+    made = (_by(first, np.ones_like(rest), t)[0] + _ramps(first, slope, t) - _ramps(finish, slope, t)
+            + _by(finish, np.where(span > 0, 0.0, rest), t)[0])
+    shares = np.minimum(made, total) / total
+    shares[-1] = 1.0  # every token by the run's last (the sums' rounding aside)
+    return tuple(float(v) for v in shares)
+
+
+def _by(times: np.ndarray, weights: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """At each of `t`: the sum of `weights`, and of `weights` * `times`, over the times by then."""
+    order = np.argsort(times, kind="stable")
+    at, w = times[order], weights[order]
+    k = np.searchsorted(at, t, side="right")
+    return np.concatenate(([0.0], np.cumsum(w)))[k], np.concatenate(([0.0], np.cumsum(w * at)))[k]
+
+
+def _ramps(times: np.ndarray, slopes: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """At each of `t`: the sum of slope * (t - time) over the ramps begun by then."""
+    slope_sum, weighted = _by(times, slopes, t)
+    return slope_sum * t - weighted
 
 
 def simulate_engines(work: Workload, engine: Engine, cost: StepCost, engines: int = 1) -> SimResult:
