@@ -141,16 +141,24 @@ def test_the_worker_process_is_not_what_data_parallelism_lost(recorded: Path, ru
 
 
 def test_the_refusal_rests_on_what_the_model_still_predicts(recorded: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The refusal lifted (as scripts/predict_dp.py did on the box), today's model gives the prediction the lease
-    measured against: the folders here lack the runs' server.log (left on the box) and predict the same, within
-    0.001 %."""
+    """The refusal lifted (as scripts/predict_dp.py did on the box), today's model still predicts more than any
+    measured ratio: the 14B's is the prediction the lease measured against, within 0.001 % (the folders here lack the
+    runs' server.log, left on the box); the 8B's moved from x1.98 to x1.95 with the API servers' queue (7a23ad0: two
+    engines' tokens at the run's end through the busier of two API servers), against x1.78 measured."""
     monkeypatch.setattr(model_predict, "change_refusal", lambda obs, changes: None)
+    ratios = {}
     for shape in ("14b", "8b"):
         now = predict(recorded / "api" / f"d1_{shape}", "--data-parallel-size 2")["metrics"]
-        made_first = json.loads((recorded / "lease21-predicted-onbox" / f"d1_{shape}.json").read_text())["metrics"]
-        for metric in ("request_throughput", "mean_ttft_ms", "mean_tpot_ms"):
-            for end in ("predicted", "low", "high"):
-                assert now[metric][end] == pytest.approx(made_first[metric][end], rel=1e-5), (shape, metric, end)
+        ratios[shape] = now["request_throughput"]["predicted"] / now["request_throughput"]["before"]
+        if shape == "14b":
+            made_first = json.loads((recorded / "lease21-predicted-onbox" / "d1_14b.json").read_text())["metrics"]
+            for metric in ("request_throughput", "mean_ttft_ms", "mean_tpot_ms"):
+                for end in ("predicted", "low", "high"):
+                    assert now[metric][end] == pytest.approx(made_first[metric][end], rel=1e-5), (metric, end)
+    assert round(ratios["8b"], 2) == 1.95 and round(ratios["14b"], 2) == 1.99
+    pairs = (("d1_14b", "d2_14b"), ("d1_8b", "d2_8b"), ("d1_14b", "e2_uni"), ("d3_long", "e3_long"))
+    measured = [_mean_rate(recorded / "api" / two) / _mean_rate(recorded / "api" / one) for one, two in pairs]
+    assert min(ratios.values()) > 1.04 * max(measured)
 
 
 @pytest.mark.parametrize("flag, value", [("--data-parallel-size", "-2"), ("--tensor-parallel-size", "0")])
@@ -204,9 +212,10 @@ def test_twice_the_requests_did_not_close_data_parallelisms_gap(recorded: Path) 
 def test_one_api_server_for_two_engines_streams_on_after_the_gpus(recorded: Path) -> None:
     """Lease 23: DP=2 with --api-server-count 1 lost 9 % to two API servers (lease 21-22's boxes), 20 % below what the
     model said first (all three outside its range). Its API server was at a full core in under half the samples, so
-    the model reads no ceiling; each GPU idled 5-8 s at the ends, 4-7 s of it before the benchmark ended while it
-    worked on, and
-    `--api-server-count 2` from these runs is predicted to change nothing: the model misses this, said here."""
+    the model reads no ceiling from its mean; each GPU idled 5-8 s at the ends, 4-7 s of it before the benchmark
+    ended while it worked on. The model of 5c1913a predicted no change from `--api-server-count 2` here; since the API
+    servers' queue (7a23ad0) it predicts x1.03-1.13 from the three runs, where two API servers measured x1.08-1.15
+    against each (lease 21's boxes)."""
     api = recorded / "api"
     one = _mean_rate(api / "e3_api1")
     assert one / min(_mean_rate(api / "d2_14b"), _mean_rate(api / "e2_uni")) == pytest.approx(0.91, abs=0.01)
@@ -221,7 +230,7 @@ def test_one_api_server_for_two_engines_streams_on_after_the_gpus(recorded: Path
         assert facts["host.api_server_count"] == 1 and facts["host.api_server_saturated_share"] < 0.5
         assert min(_idle_at_the_ends(capture, report)) > 5.0
         then = predict(capture, "--api-server-count 2")["metrics"]["request_throughput"]
-        assert then["predicted"] == pytest.approx(then["before"], rel=1e-3)
+        assert 1.02 < then["predicted"] / then["before"] < _mean_rate(api / "d2_14b") / then["before"]
 
 
 @pytest.mark.parametrize("run", ["r1", "r2"])
@@ -250,7 +259,8 @@ def test_a_data_parallel_run_whose_engine_cores_spun_is_fitted_on_its_gpus(recor
     """Lease 23's `e3_api1/r3` (DP=2, its GPUs busy 79 % with idle ends, its engine cores at a full core in 76 % of the
     samples): profkit called it engine-core-bound and fitted the engine core's CPU, which the simulation could not
     bring to the run ("its simulated duration is off by x6.26", refused). Its engine cores fed worker processes: the
-    finding is gone and the model fits the GPUs' steps, to the measured duration within 0.1 %."""
+    finding is gone and the model fits the GPUs' steps to the measured duration less the 5.9 s its GPUs were done
+    before the end (7a23ad0); the API server's queue gives 4.2 s of that drain, so the whole run within 5 %."""
     capture = recorded / "api" / "e3_api1" / "r3"
     report = build_report(capture).document()
     facts = report["facts"]
@@ -258,7 +268,9 @@ def test_a_data_parallel_run_whose_engine_cores_spun_is_fitted_on_its_gpus(recor
     assert facts["host.worker_count"] == 2
     assert "engine-core-bound" not in {f["rule"] for f in report["findings"]}
     doc = predict(capture, "--api-server-count 2")
-    assert doc["calibration"]["fit_error"]["elapsed"] < 1e-3
+    assert facts["host.drain_s"] == pytest.approx(5.9, abs=0.05)
+    assert doc["calibration"]["fit_error"]["elapsed"] < 0.05
+    assert any("gives 4.2 s of it" in line for line in doc["reasoning"])
 
 
 def _rates(folder: Path) -> list[float]:
@@ -346,22 +358,54 @@ def test_a_frontend_bound_run_is_half_drain_and_its_slow_replicate_is_all_drain(
     assert drained[1] - max(drained[0], drained[2]) > 8.0
 
 
-def test_a_prediction_of_api_servers_from_a_drained_run_says_what_it_leaves_out(recorded: Path) -> None:
-    """`--api-server-count` predicted from lease 23's one-API-server DP=2 run: its GPUs were done seconds before the
-    end while the API server, not saturated over the run, streamed on; the model has no cost for that (Q32 and Q33
-    missed by 7-14 %), and the prediction says so in every format. Not from a run with no drain (one GPU), nor from a
-    frontend-bound one, whose drain is the API server's ceiling, which the model has."""
+def test_a_prediction_from_a_drained_run_says_how_much_of_the_drain_the_model_gives(recorded: Path) -> None:
+    """A prediction from lease 23's one-API-server DP=2 run: its GPUs were done seconds before the end while the API
+    server, not saturated over the run, streamed on. The model's queue of the simulated run's tokens (7a23ad0) gives
+    part of it, and the prediction says both, in every format. The pairs that shaped the queue (Q32, Q33) are
+    in-sample since; lease 24's, recorded after it (Q34 predicted before the lease from another box), are held out:
+    -12.4 % to +8.1 %, all 15 inside their ranges. Not from a run with no drain (one GPU), nor from a frontend-bound
+    one, whose drain is the API server's ceiling from the start."""
     capture = recorded / "api" / "e3_api1" / "r1"
     seconds = build_report(capture).document()["host"]["drain"]["seconds"]
     doc = predict(capture, "--api-server-count 2")
     said = f"the GPUs were done {seconds:.1f} s"
-    assert sum(line.startswith(said) and "(Q32, Q33)" in line for line in doc["reasoning"]) == 1
+    lines = [line for line in doc["reasoning"] if line.startswith(said)]
+    assert len(lines) == 1 and lines[0].endswith("gives 0.9 s of it")
     for fmt in ("text", "md", "html"):
         assert said in render(doc, fmt)
     rows = [r for r in json.loads((Path(model_predict.__file__).parent / "validation.json").read_text())["rows"]
-            if r["pair"] in ("Q32", "Q33") and r["metric"] == "request_throughput"]
-    errors = sorted(abs(r["predicted"] / r["measured"] - 1) for r in rows)
-    assert len(rows) == 6 and round(100 * errors[0]) == 7 and round(100 * errors[-1]) == 14
+            if r["metric"] == "request_throughput" and r["pair"] in {f"Q{i}" for i in range(32, 39)}]
+    assert {r["provenance"] for r in rows if r["pair"] in ("Q32", "Q33")} == {"in-sample"}
+    held = [r for r in rows if r["pair"] not in ("Q32", "Q33")]
+    errors = sorted(r["predicted"] / r["measured"] - 1 for r in held)
+    assert len(held) == 15 and all(r["provenance"] == "held-out" and r["recorded_after_model"] for r in held)
+    assert round(errors[0], 3) == -0.124 and round(errors[-1], 3) == 0.081 and all(r["inside_held_out"] for r in held)
     for quiet in ("d1_14b", "t1_api1"):
         reasoning = predict(recorded / "api" / quiet / "r1", "--api-server-count 2")["reasoning"]
         assert not any("the GPUs were done" in line for line in reasoning)
+
+
+def test_one_api_server_behind_two_engines_was_predicted_first(recorded: Path) -> None:
+    """Lease 24 (an eighth box): the API servers' queue of 7a23ad0, pre-registered. Before the lease that model said,
+    from lease 21's DP=2 8B at 1,024/128 (two API servers, another box), that one API server would serve 44.3, 46.9
+    and 48.0 req/s (lease24-predicted; the model before it: no change, 53.3-56.8). Measured: 50.06, 50.31, 51.47
+    (50.61): -12.4 %, -7.3 %, -5.1 %, inside every range. On the same box two API servers served 56.03, one 0.90 of
+    it, as on the 14B (49.80 against 55.39, the lease's second half)."""
+    api = recorded / "api"
+    assert (recorded / "lease24-predicted" / "made-by.txt").read_text().startswith("predict_lease24.py with profkit "
+                                                                                  "at 7a23ad0")
+    one = _mean_rate(api / "g_8b_api1")
+    assert one == pytest.approx(50.61, abs=0.01)
+    errors = []
+    for run in ("r1", "r2", "r3"):
+        made_first = json.loads((recorded / "lease24-predicted" / f"d2_8b_{run}-api1.json").read_text())
+        assert made_first["changes"] == {"api_server_count": 1}
+        said = made_first["metrics"]["request_throughput"]
+        assert said["before"] == _rates(api / "d2_8b")[int(run[1]) - 1]
+        assert said["low"] <= one <= said["high"]
+        errors.append(round(said["predicted"] / one - 1, 3))
+    assert errors == [-0.124, -0.073, -0.051]
+    for shape, two_servers in (("8b", 56.03), ("14b", 55.39)):
+        two = _mean_rate(api / f"{'g' if shape == '8b' else 'h'}_{shape}_api2")
+        assert two == pytest.approx(two_servers, abs=0.01)
+        assert _mean_rate(api / f"{'g' if shape == '8b' else 'h'}_{shape}_api1") / two == pytest.approx(0.90, abs=0.01)

@@ -6,18 +6,20 @@ arrivals and configurations vLLM refuses."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from profkit.model.simulate import Engine, Infeasible, StepCost, Workload, simulate
+from profkit.model.simulate import PROFILE_POINTS, Engine, Infeasible, StepCost, Workload, _Run, simulate
 from tests.oracles.simulate_v1 import simulate as first_implementation
 
 
 def _outcome(fn, work: Workload, engine: Engine, cost: StepCost) -> object:
-    try:
-        return repr(fn(work, engine, cost))
+    try:  # the token profile came after the first implementation (test_the_token_profile_counts_each_requests_tokens)
+        return repr(replace(fn(work, engine, cost), token_profile=()))
     except Infeasible as exc:  # the message says why, the same way
         return ("infeasible", str(exc))
 
@@ -54,7 +56,29 @@ def test_a_kv_bound_run_preempts_as_vllm_does_and_matches_the_first_implementati
     engine = Engine(kv_tokens=115_024, max_num_seqs=1024, max_num_batched_tokens=8192, reserve=0.0)
     cost = StepCost(overhead_s=5e-4, weights_s=8e-3, token_s=3e-6, kv_token_s=2e-8, pair_s=1e-11)
     new, old = simulate(work, engine, cost), first_implementation(work, engine, cost)
-    assert new == old and new.preemptions > 0 and not math.isnan(new.decode_step_s)
+    assert replace(new, token_profile=()) == old and new.preemptions > 0 and not math.isnan(new.decode_step_s)
+
+
+@pytest.mark.parametrize("rate", [None, 6.0])
+def test_the_token_profile_counts_each_requests_tokens(rate: float | None) -> None:
+    """SimResult.token_profile against each request's tokens counted one by one at each profiled time: its first at
+    its first token's time, the rest evenly until its last (preemptions included: the README sample's shape)."""
+    work = Workload(400, 1024, 256, request_rate=rate, length_spread=0.5)
+    engine = Engine(kv_tokens=115_024, max_num_seqs=1024, max_num_batched_tokens=8192, reserve=0.0)
+    cost = StepCost(overhead_s=5e-4, weights_s=8e-3, token_s=3e-6, kv_token_s=2e-8, pair_s=1e-11)
+    run = _Run(work, engine, cost)
+    r = run.run(2_000_000)
+    first, finish, out = np.array(run.first), np.array(run.finish), np.array(run.output_len, dtype=float)
+    start = float(run.arrival_np.min())
+    counted = []
+    for t in start + r.elapsed_s * np.linspace(0.0, 1.0, PROFILE_POINTS + 1):
+        made = sum((1.0 if t >= f else 0.0) + (n - 1) * min(max((t - f) / (e - f), 0.0), 1.0) if e > f else
+                   (n if t >= e else 0.0) for f, e, n in zip(first, finish, out, strict=True))
+        counted.append(made / out.sum())
+    assert r.preemptions > 0 or rate
+    assert len(r.token_profile) == PROFILE_POINTS + 1 and r.token_profile[0] == 0.0 and r.token_profile[-1] == 1.0
+    assert r.token_profile == pytest.approx(counted, abs=1e-9)
+    assert all(b >= a for a, b in zip(r.token_profile[:-1], r.token_profile[1:], strict=True))
 
 
 def test_vllms_refusals_are_infeasible() -> None:
@@ -67,7 +91,6 @@ def test_request_lengths_are_drawn_as_the_random_dataset_draws_them() -> None:
     """--random-range-ratio 0.5 at 512/512 (tests/data/h200_model_led's start C): each request's lengths from
     int(512 x 0.5) to int(512 x 1.5), both included, their mean the workload's; a fixed seed; output tokens counted
     per request, and TPOT over each request's own tokens."""
-    from dataclasses import replace
 
     from profkit.model.simulate import lengths, simulate_latencies
 

@@ -202,8 +202,12 @@ def test_a_run_budget_keeps_the_rates_that_decide_the_goodput_first(recorded: Pa
     good = front["goodput"]["rate"]
     assert chosen_rates(front, 3) == sorted(round(good * s, 2) for s in (0.9, 1.0, 1.1))
     assert chosen_rates(front, 4)[-1] == round(front["capacity"]["metrics"]["request_throughput"]["predicted"], 2)
-    # 7 marks, 6 rates: 0.75 of the capacity (22.06 req/s) rounds to the goodput (16.55)
-    assert chosen_rates(front, 99) == chosen_rates(front) and len(chosen_rates(front)) == 6
+    # 7 marks, 7 rates (the goodput 17.03 req/s, the capacity 22.42); where two marks round alike, one rate: before
+    # 7a23ad0 0.75 of the capacity (22.06) rounded to the goodput (16.55), as it does here with the goodput moved there
+    assert chosen_rates(front, 99) == chosen_rates(front) and len(chosen_rates(front)) == 7
+    capacity = front["capacity"]["metrics"]["request_throughput"]["predicted"]
+    at_the_knee = {**front, "goodput": {**front["goodput"], "rate": 0.75 * capacity}}
+    assert len(chosen_rates(at_the_knee)) == 6 and round(0.75 * capacity, 2) in chosen_rates(at_the_knee)
     r = sweep(recorded, tmp_path, "--from", capture, "--slo", "p99_tpot_ms<=15", "--replicates", "3", "--runs", "10",
               "--dry-run")
     assert r.returncode == 0, r.stderr
