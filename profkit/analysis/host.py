@@ -118,6 +118,17 @@ def drain_worth_saying(seconds: float, api_server_cpu: float, length: float) -> 
     return seconds >= DRAIN_S and seconds >= DRAIN_SHARE * length and api_server_cpu >= DRAIN_CPU
 
 
+# A drain longer than this share of the benchmark is not a tail the steps left to the API servers: the GPUs idle over
+# most of the run is a frontend-bound run's (its API server saturated from the start) or NVML samples that stopped
+DRAIN_MAX_SHARE = 0.5
+
+
+def gpu_seconds(length: float, drain_s: float) -> float:
+    """The seconds of a benchmark `length` seconds long that the engine's steps took: less its drain (`gpu_drain`),
+    where that is a tail (up to DRAIN_MAX_SHARE of the run)."""
+    return length - drain_s if 0.0 < drain_s < DRAIN_MAX_SHARE * length else length
+
+
 def _drain_note(drain: dict[str, float], window: tuple[float, float]) -> str:
     share = drain["seconds"] / (window[1] - window[0])
     return (f"the GPUs were done {drain['seconds']:.1f} s ({share:.0%}) before the benchmark ended while the busiest "

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from profkit.analysis.host import drain_worth_saying
+from profkit.analysis.host import drain_worth_saying, gpu_seconds
 from profkit.model import levers, validation
 from profkit.model.observe import Observation, Unobservable
 from profkit.model.refusals import Refused, change_refusal
@@ -343,8 +343,7 @@ class _Fit:
         """The seconds the engine's steps took: the measured duration less the host samples' drain (the GPUs done
         while an API server streamed on, `host.drain_s`), which the steps' cost must not take in; the drain is the
         frontend's (`stream_end`)."""
-        elapsed, drain = self.obs.measured.elapsed_s, self.obs.host.get("drain_s") or 0.0
-        return elapsed - drain if 0.0 < drain < 0.5 * elapsed else elapsed
+        return gpu_seconds(self.obs.measured.elapsed_s, self.obs.host.get("drain_s") or 0.0)
 
     def stretch(self, r: SimResult) -> float:
         """The host's stretch of the simulated run (`host_stretch`, at the run's own ceilings)."""
@@ -427,16 +426,17 @@ def predict(cal: Calibrated, changes: dict[str, Any], noise: float | None = None
     mid = runs[len(runs) // 2]
     before = cal.baseline
     caps_before, caps = host_ceilings(obs, {}, before), host_ceilings(obs, changes, before, mid)
+    stretch_before = host_stretch(before, caps_before)  # the run's own, as the model has it: once, for both below
     for name, cap in caps.items():  # said where the change moves a ceiling by itself or one binds
         binds = cap <= mid.output_throughput or caps_before[name] <= before.output_throughput
         if "api_server_count" in changes and name == "api_server" or binds:
             said.reasoning.append(f"{HOST_NAMES[name]} carries up to {caps_before[name]:,.0f} → {cap:,.0f} tok/s")
-    if (drained := drain_said(obs, before, caps_before)) is not None:
+    if (drained := drain_said(obs, before, stretch_before)) is not None:
         said.reasoning.append(drained)
     # where the API servers' count changes, their ceiling at the imbalance's ends bounds the range too
     ends_caps = [host_ceilings(obs, changes, before, mid, imbalance)
                  for imbalance in _changed_imbalance_ends(obs, changes)] if ends else []
-    metrics = _ranged(cal, runs, mid, [caps, *ends_caps], caps_before, noise)
+    metrics = _ranged(cal, runs, mid, [caps, *ends_caps], stretch_before, noise)
     checked = _widened(metrics, levers.families(changes)) if held_out else None
     # the engine core's CPU is named only where host samples say what the CPU did (without them the fit scales the
     # CPU and the GPU alike, and which one binds is the priors' say)
@@ -657,15 +657,15 @@ def spread(cal: Calibrated, noise: float | None = None) -> float:
 
 
 def _ranged(cal: Calibrated, runs: list[SimResult], mid: SimResult, cap_ends: list[dict[str, float]],
-            caps_before: dict[str, float], noise: float | None) -> dict[str, dict[str, float | None]]:
+            stretch_before: float, noise: float | None) -> dict[str, dict[str, float | None]]:
     """Each metric measured, predicted and its range: the simulated values scaled by the baseline's measured over
     simulated (the fit's bias cancels), widened by the noise and the fit's error. `cap_ends`: the host's ceilings
-    (the middle first, then any ends the range spans)."""
+    (the middle first, then any ends the range spans); `stretch_before`: the host's on the baseline's own run."""
     caps = cap_ends[0]
     width = range_width(cal, bool(caps), noise)
     metrics: dict[str, dict[str, float | None]] = {}
     latency = {"mean_ttft_ms": cal.request_latency_s * 1e3}  # the same for every request, before and after
-    base_values = _metrics(cal.baseline, caps_before)
+    base_values = _stretched(cal.baseline, stretch_before)
     for name, _ in METRICS:
         values = [_metrics(r, c)[name] + latency.get(name, 0.0) for r in runs for c in cap_ends]
         meas = _measured(cal.observation.measured, name)
@@ -758,17 +758,17 @@ def host_bound(obs: Observation) -> str | None:
     return name if shares[name] >= SATURATED else None
 
 
-def drain_said(obs: Observation, r: SimResult, caps: dict[str, float]) -> str | None:
+def drain_said(obs: Observation, r: SimResult, stretch: float) -> str | None:
     """What the model makes of a run whose GPUs were done while an API server streamed on (the host samples' drain, as
     the report says it): the measured drain beside the one its queue of the simulated run `r`'s tokens gives at the
-    run's ceilings `caps` (`stream_end`; the rest is the run's own, before and after the change). None where the run
-    did not drain, or where its API server was saturated over the run (a frontend-bound run's drain is that ceiling's,
-    from the start)."""
+    run's ceilings (`stretch`, `host_stretch`'s; the rest is the run's own, before and after the change). None where
+    the run did not drain, or where its API server was saturated over the run (a frontend-bound run's drain is that
+    ceiling's, from the start)."""
     seconds, cpu, elapsed = obs.host.get("drain_s"), obs.host.get("drain_api_server_cpu"), obs.measured.elapsed_s
     if not seconds or not cpu or not elapsed or not drain_worth_saying(seconds, cpu, elapsed) \
             or obs.host.get("api_server_saturated_share", 0.0) >= SATURATED:
         return None
-    modelled = r.elapsed_s * (1.0 / host_stretch(r, caps) - 1.0)
+    modelled = r.elapsed_s * (1.0 / stretch - 1.0)
     return (f"the GPUs were done {seconds:.1f} s ({seconds / elapsed:.0%}) before the run ended while the API server "
             f"streamed on: the model's queue of the simulated run's tokens at its ceiling gives {modelled:.1f} s of it")
 
@@ -824,10 +824,10 @@ def kept_pace(r: SimResult, measured_s: float, cap: float) -> float:
     its CPU's mean says (1: its queue at `cap` ends by then)."""
     if not r.token_profile or not r.output_throughput or not r.elapsed_s or not cap:
         return 1.0
-    load, end, n = r.output_throughput / cap, max(measured_s / r.elapsed_s, 1.0), len(r.token_profile) - 1
-    # stream_end is the largest of lines in the load, rising: it reaches `end` at the smallest load any line does
-    fitted = min(((end - k / n) / (1.0 - a) for k, a in enumerate(r.token_profile[:-1]) if a < 1.0 - 1e-9),
-                 default=load)
+    load, end = r.output_throughput / cap, max(measured_s / r.elapsed_s, 1.0)
+    # stream_end is the largest of the queue's lines in the load, rising: it reaches `end` at the smallest load any
+    # line does (the profile's last point, all produced, is flat: rounding aside, it never does)
+    fitted = min(((end - t) / left for t, left in _queue_lines(r.token_profile)[:-1] if left > 1e-9), default=load)
     return min(1.0, fitted / load)
 
 
@@ -876,13 +876,24 @@ def stream_end(profile: tuple[float, ...], load: float) -> float:
     done, lease 23). Without a profile, the mean rate's bound alone."""
     if not profile:
         return max(1.0, load)
+    return max(1.0, max(t + left * load for t, left in _queue_lines(profile)))
+
+
+def _queue_lines(profile: tuple[float, ...]) -> list[tuple[float, float]]:
+    """The queue's lines of a token profile: at each point, the time (a share of the run) and the share of the tokens
+    still to be produced, whose streaming at a load L ends at time + share * L (`stream_end`, and `kept_pace` its
+    inverse)."""
     n = len(profile) - 1
-    return max(1.0, max(k / n + (1.0 - a) * load for k, a in enumerate(profile)))
+    return [(k / n, 1.0 - a) for k, a in enumerate(profile)]
 
 
 def _metrics(r: SimResult, caps: dict[str, float]) -> dict[str, float]:
     """The simulated run's metrics under the host's ceilings."""
-    scale = host_stretch(r, caps)
+    return _stretched(r, host_stretch(r, caps))
+
+
+def _stretched(r: SimResult, scale: float) -> dict[str, float]:
+    """The simulated run's metrics with its throughput kept to `scale` by the host (`host_stretch`)."""
     return {"request_throughput": r.request_throughput * scale, "output_throughput": r.output_throughput * scale,
             "mean_ttft_ms": r.ttft_mean_s * 1e3 / scale, "mean_tpot_ms": r.tpot_mean_s * 1e3 / scale}
 
