@@ -171,6 +171,27 @@ LED = [
      "1,800)", "api/h_14b_api2", "api/h_14b_api1", {"api_server_count": 1}),
     ("Q38", "14B at 512/128 +-50 %, DP=2: 1 -> 2 API servers, one box", "GPU-bound (14B, 512/128 +-50 %, DP=2, "
      "1,800)", "api/h_14b_api1", "api/h_14b_api2", {"api_server_count": 2}),
+    # lease 25 (2 H200s, a ninth box): CUDA graphs off and the scheduler's caps on lease 21's one-GPU 8B, predicted
+    # from it by 3518ece before their runs were read (lease25-predicted), then on one box against its own defaults,
+    # both ways, by the same model after it
+    *((pid, f"8B at 1,024/128 +-50 %: {change}{where}", f"{limit} (8B, 1,024/128 +-50 %, 1,800)", before, after,
+       changes) for pid, change, where, limit, before, after, changes in (
+        ("Q39", "--enforce-eager", ", another box", "KV capacity", "api/d1_8b", "api/k_8b_eager",
+         {"enforce_eager": True}),
+        ("Q40", "--max-num-seqs 64", ", another box", "KV capacity", "api/d1_8b", "api/k_8b_mns64",
+         {"max_num_seqs": 64}),
+        ("Q41", "--max-num-batched-tokens 2048", ", another box", "KV capacity", "api/d1_8b", "api/k_8b_mnbt2048",
+         {"max_num_batched_tokens": 2048}),
+        ("Q42", "--enforce-eager", "", "KV capacity", "api/k_8b_default", "api/k_8b_eager", {"enforce_eager": True}),
+        ("Q43", "--max-num-seqs 64", "", "KV capacity", "api/k_8b_default", "api/k_8b_mns64", {"max_num_seqs": 64}),
+        ("Q44", "--max-num-batched-tokens 2048", "", "KV capacity", "api/k_8b_default", "api/k_8b_mnbt2048",
+         {"max_num_batched_tokens": 2048}),
+        ("Q45", "--enforce-eager removed", "", "KV capacity, eager", "api/k_8b_eager", "api/k_8b_default",
+         {"enforce_eager": False}),
+        ("Q46", "--max-num-seqs 64 removed", "", "batch cap", "api/k_8b_mns64", "api/k_8b_default",
+         {"max_num_seqs": None}),
+        ("Q47", "--max-num-batched-tokens 2048 removed", "", "GPU-bound", "api/k_8b_mnbt2048", "api/k_8b_default",
+         {"max_num_batched_tokens": None}))),
 ]
 # Q3: the engine core's ceiling was added after its miss (+32 %; since lease 10 its measured CPU goes into the step
 # instead); no constant was read off it, but it shaped the model.
@@ -184,9 +205,10 @@ IN_SAMPLE = {"P1", "P2", "P3", "P4", "P5", "P6", "P8", "P9", "P19", "Q3", "Q12",
 # of 9e4b3d9: Q22-Q25's, on the GPU box; lease 10, the model of 6a072aa: Q26's and Q27's; lease 12, the model of
 # 9b10439: Q28's, here, and Q29's, on the GPU box; lease 14, the model of bda68c2: Q30's, here; lease 17, the model
 # of 62d33ec: Q31's, on the GPU box; lease 24, the model of 7a23ad0: Q34's before it, Q35-Q38's after it, the model
-# unchanged): held-out, counted apart too
+# unchanged; lease 25, the model of 3518ece: Q39-Q41's before their runs were read, Q42-Q47's after, unchanged):
+# held-out, counted apart too
 AFTER_MODEL = {"Q15", "Q16", "Q17", "Q19", "Q20", "Q21", "Q22", "Q23", "Q24", "Q25", "Q26", "Q27", "Q28", "Q29",
-               "Q30", "Q31", "Q34", "Q35", "Q36", "Q37", "Q38"}
+               "Q30", "Q31", "Q34", "Q35", "Q36", "Q37", "Q38", *(f"Q{n}" for n in range(39, 48))}
 
 PAIRS = [
     ("P1", "--kv-cache-memory-bytes 3e8 removed", "KV capacity (tiny)", "h100_tune.tar.xz",
