@@ -192,6 +192,15 @@ LED = [
          {"max_num_seqs": None}),
         ("Q47", "--max-num-batched-tokens 2048 removed", "", "GPU-bound", "api/k_8b_mnbt2048", "api/k_8b_default",
          {"max_num_batched_tokens": None}))),
+    # lease 26 (2 H200s, a tenth box): the 8B as tensor parallelism on both GPUs, predicted by b17e3b1 from its DP=2
+    # runs on two other boxes before the server started (lease26-predicted); the reverse, to both boxes' DP=2 runs,
+    # by the same model after it
+    ("Q48", "8B at 1,024/128 +-50 %: DP=2 -> TP=2, another box", "GPU-bound (8B, 1,024/128 +-50 %, DP=2, 1,800)",
+     "api/d2_8b", "api/m_8b_tp2", {"tensor_parallel_size": 2, "data_parallel_size": 1}),
+    ("Q49", "8B at 1,024/128 +-50 %: DP=2 -> TP=2, a third box", "GPU-bound (8B, 1,024/128 +-50 %, DP=2, 1,800)",
+     "api/g_8b_api2", "api/m_8b_tp2", {"tensor_parallel_size": 2, "data_parallel_size": 1}),
+    ("Q50", "8B at 1,024/128 +-50 %: TP=2 -> DP=2, two other boxes", "GPU-bound (8B, 1,024/128 +-50 %, TP=2, "
+     "1,800)", "api/m_8b_tp2", ("api/d2_8b", "api/g_8b_api2"), {"tensor_parallel_size": 1, "data_parallel_size": 2}),
 ]
 # Q3: the engine core's ceiling was added after its miss (+32 %; since lease 10 its measured CPU goes into the step
 # instead); no constant was read off it, but it shaped the model.
@@ -205,10 +214,10 @@ IN_SAMPLE = {"P1", "P2", "P3", "P4", "P5", "P6", "P8", "P9", "P19", "Q3", "Q12",
 # of 9e4b3d9: Q22-Q25's, on the GPU box; lease 10, the model of 6a072aa: Q26's and Q27's; lease 12, the model of
 # 9b10439: Q28's, here, and Q29's, on the GPU box; lease 14, the model of bda68c2: Q30's, here; lease 17, the model
 # of 62d33ec: Q31's, on the GPU box; lease 24, the model of 7a23ad0: Q34's before it, Q35-Q38's after it, the model
-# unchanged; lease 25, the model of 3518ece: Q39-Q41's before their runs were read, Q42-Q47's after, unchanged):
-# held-out, counted apart too
+# unchanged; lease 25, the model of 3518ece: Q39-Q41's before their runs were read, Q42-Q47's after, unchanged;
+# lease 26, the model of b17e3b1: Q48's and Q49's before the server started, Q50's after): held-out, counted apart too
 AFTER_MODEL = {"Q15", "Q16", "Q17", "Q19", "Q20", "Q21", "Q22", "Q23", "Q24", "Q25", "Q26", "Q27", "Q28", "Q29",
-               "Q30", "Q31", "Q34", "Q35", "Q36", "Q37", "Q38", *(f"Q{n}" for n in range(39, 48))}
+               "Q30", "Q31", "Q34", "Q35", "Q36", "Q37", "Q38", *(f"Q{n}" for n in range(39, 51))}
 
 PAIRS = [
     ("P1", "--kv-cache-memory-bytes 3e8 removed", "KV capacity (tiny)", "h100_tune.tar.xz",

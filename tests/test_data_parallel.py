@@ -143,8 +143,10 @@ def test_the_worker_process_is_not_what_data_parallelism_lost(recorded: Path, ru
 def test_the_refusal_rests_on_what_the_model_still_predicts(recorded: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The refusal lifted (as scripts/predict_dp.py did on the box), today's model still predicts more than any
     measured ratio: the 14B's is the prediction the lease measured against, within 0.001 % (the folders here lack the
-    runs' server.log, left on the box); the 8B's moved from x1.98 to x1.95 with the API servers' queue (7a23ad0: two
-    engines' tokens at the run's end through the busier of two API servers), against x1.78 measured."""
+    runs' server.log, left on the box), its range the same until lease 26's GPU layout pairs (Q48-Q50) moved the
+    class's held-out errors (the throughput's low end 55.59 -> 55.75 req/s); the 8B's moved from x1.98 to x1.95
+    with the API servers' queue (7a23ad0: two engines' tokens at the run's end through the busier of two API
+    servers), against x1.78 measured."""
     monkeypatch.setattr(model_predict, "change_refusal", lambda obs, changes: None)
     ratios = {}
     for shape in ("14b", "8b"):
@@ -153,8 +155,10 @@ def test_the_refusal_rests_on_what_the_model_still_predicts(recorded: Path, monk
         if shape == "14b":
             made_first = json.loads((recorded / "lease21-predicted-onbox" / "d1_14b.json").read_text())["metrics"]
             for metric in ("request_throughput", "mean_ttft_ms", "mean_tpot_ms"):
-                for end in ("predicted", "low", "high"):
-                    assert now[metric][end] == pytest.approx(made_first[metric][end], rel=1e-5), (metric, end)
+                assert now[metric]["predicted"] == pytest.approx(made_first[metric]["predicted"], rel=1e-5), metric
+                # the ends are the class's held-out band, which moves as GPU layout pairs are recorded
+                assert now[metric]["low"] <= now[metric]["predicted"] <= now[metric]["high"], metric
+            assert now["request_throughput"]["low"] == pytest.approx(55.75, abs=0.01)
     assert round(ratios["8b"], 2) == 1.95 and round(ratios["14b"], 2) == 1.99
     pairs = (("d1_14b", "d2_14b"), ("d1_8b", "d2_8b"), ("d1_14b", "e2_uni"), ("d3_long", "e3_long"))
     measured = [_mean_rate(recorded / "api" / two) / _mean_rate(recorded / "api" / one) for one, two in pairs]

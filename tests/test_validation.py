@@ -119,7 +119,7 @@ def test_the_pairs_predicted_before_they_ran(h200_model_led: Path) -> None:
         assert said["low"] <= measured <= said["high"]
     after = [r for r in validation.recorded_rows() if r.get("recorded_after_model")]
     assert {r["pair"] for r in after} == {"Q15", "Q16", "Q17", *(f"Q{i}" for i in range(19, 32)),
-                                          *(f"Q{i}" for i in range(34, 48))}
+                                          *(f"Q{i}" for i in range(34, 51))}
     assert all(r["provenance"] == validation.HELD_OUT for r in after)
 
 
@@ -404,3 +404,32 @@ def test_cuda_graphs_off_and_the_schedulers_caps_predicted_first_on_a_ninth_box(
     assert len(rows) == 27 and all(r["recorded_after_model"] and r["provenance"] == "held-out" for r in rows)
     same_box = [r["predicted"] / r["measured"] - 1 for r in rows if r["pair"] not in ("Q39", "Q40", "Q41")]
     assert round(min(same_box), 3) == -0.047 and round(max(same_box), 3) == 0.056
+
+
+def test_tensor_parallelism_predicted_first_from_data_parallelism_on_a_tenth_box(h200_model_led: Path) -> None:
+    """Lease 26 (lease26-predicted, made by b17e3b1 before the server started): the 8B at 1,024/128 as TP=2 (one
+    engine, one API server) from its DP=2 runs on two other boxes (lease 21's and lease 24's): 43.66-47.83 req/s.
+    Measured, 3 replicates: 46.68 req/s; every one of the 24 stored predictions (throughput, TTFT, TPOT from each
+    folder and replicate) inside its range, the throughput -6.5 to +2.4 %."""
+    root = h200_model_led
+    said = root / "lease26-predicted"
+    assert (said / "made-by.txt").read_text().startswith("predict_lease26.py with profkit at b17e3b1")
+    runs = [json.loads(b.read_text()) for b in sorted((root / "api" / "m_8b_tp2").glob("r*/bench.json"))]
+    assert len(runs) == 3
+    measured = {k: sum(r[k] for r in runs) / 3 for k in ("request_throughput", "mean_ttft_ms", "mean_tpot_ms")}
+    assert measured["request_throughput"] == pytest.approx(46.68, abs=0.01)
+    files = sorted(said.glob("*-tp2.json"))
+    assert len(files) == 8  # each of the two folders' and their replicates'
+    errors = []
+    for f in files:
+        doc = json.loads(f.read_text())
+        assert doc["changes"] == {"tensor_parallel_size": 2, "data_parallel_size": 1}
+        for key, value in measured.items():
+            m = doc["metrics"][key]
+            assert m["low"] <= value <= m["high"], (f.name, key)
+        errors.append(round(doc["metrics"]["request_throughput"]["predicted"] / measured["request_throughput"] - 1, 3))
+    assert min(errors) == -0.065 and max(errors) == 0.024
+    rows = [r for r in validation.recorded_rows() if r["pair"] in ("Q48", "Q49", "Q50")
+            and r["metric"] == "request_throughput"]
+    assert len(rows) == 9 and all(r["recorded_after_model"] and r["inside_held_out"] for r in rows)
+    assert all(r["families"] == ["GPU layout"] for r in rows)
