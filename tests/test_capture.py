@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -278,6 +279,36 @@ def test_ctrl_c_stops_the_server_and_keeps_a_finalized_trace(env, tmp_path: Path
     m = manifest(out)
     assert m["status"] == "interrupted" and m["server"]["exit_code"] == 0
     assert {"trace.nsys-rep", "trace.sqlite", "server.log", "metrics-before.txt"} <= set(m["files"])
+
+
+def test_a_child_is_reaped_though_an_interrupt_left_popens_lock_held() -> None:
+    """CPython's Popen.wait and poll take an internal lock with a non-blocking acquire just before a `try`: a
+    KeyboardInterrupt landing between the two (Ctrl-C, as profkit's handler raises it) leaves the lock held, and every
+    later Popen.wait blocks for ever (a loaded test run hung `profkit tune` so, its benchmark a zombie). `exited`
+    reaps without that lock: here the lock is held as the interrupt left it, and the children are still reaped."""
+    from profkit.capture.run import exited
+
+    done = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        for proc in (done, running):
+            lock = getattr(proc, "_waitpid_lock", None)
+            if lock is None:
+                pytest.skip("this Python's Popen has no internal wait lock")
+            assert lock.acquire(False)  # as the interrupt left it
+        said: list[bool] = []  # in a thread: a wait that took the held lock would block, not fail
+        waiter = threading.Thread(target=lambda: said.append(exited(done, None)), daemon=True)
+        waiter.start()
+        waiter.join(60)
+        assert said == [True] and done.returncode == 3
+        assert not exited(running, 0.0) and running.returncode is None
+        running.kill()
+        assert exited(running, None) and running.returncode == -signal.SIGKILL
+        assert exited(running)  # reaped already: said so, the code kept
+    finally:
+        for proc in (done, running):
+            if proc.returncode is None:
+                proc.kill()
 
 
 def test_real_h100_capture_folder_in_samples() -> None:

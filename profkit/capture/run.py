@@ -176,7 +176,7 @@ class ServerSession:
         Ctrl-C."""
         plan, server = self.plan, self.server
         assert server is not None and self.manifest is not None and plan.server is not None
-        if server.poll() is not None:
+        if exited(server):
             why = start_failure(self.log_path)
             raise CaptureError(f"vllm serve exited with code {server.returncode}"
                                f"{': ' + one_line(why, 600) if why else ''}; see {self.log_path}")
@@ -303,12 +303,12 @@ def _run_step(step: Step, out: Path, manifest: Manifest, say: Callable[[str], No
         if on_start:
             on_start(proc)
         try:
-            code = proc.wait(timeout=step.timeout_s)
-        except subprocess.TimeoutExpired:
-            _signal_group(proc, signal.SIGINT)
-            _wait_or_kill(proc, STOP_GRACE_S)
-            manifest.step(step, started, proc.returncode, note=f"timed out after {step.timeout_s:g} s")
-            raise CaptureError(f"{step.name} timed out after {step.timeout_s:g} s") from None
+            if not exited(proc, step.timeout_s):
+                _signal_group(proc, signal.SIGINT)
+                _wait_or_kill(proc, STOP_GRACE_S)
+                manifest.step(step, started, proc.returncode, note=f"timed out after {step.timeout_s:g} s")
+                raise CaptureError(f"{step.name} timed out after {step.timeout_s:g} s")
+            code = proc.returncode
         except KeyboardInterrupt:
             _signal_group(proc, signal.SIGINT)
             _wait_or_kill(proc, STOP_GRACE_S)
@@ -331,7 +331,7 @@ def _start_server(plan: Plan, manifest: Manifest, say: Callable[[str], None]) ->
     deadline = time.time() + plan.health_timeout_s
     url = f"http://127.0.0.1:{plan.port}/health"
     while time.time() < deadline:
-        if proc.poll() is not None:
+        if exited(proc):
             manifest.server_exit(proc.returncode)
             why = start_failure(plan.out / step.log)
             raise CaptureError(f"vllm serve exited with code {proc.returncode} before it was healthy"
@@ -368,21 +368,39 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
         os.killpg(proc.pid, sig)
 
 
-def _wait_or_kill(proc: subprocess.Popen, grace: float) -> None:
-    try:
-        proc.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        _signal_group(proc, signal.SIGTERM)
+def exited(proc: subprocess.Popen, timeout: float | None = 0.0) -> bool:
+    """Whether `proc` has exited (its returncode then set), waiting up to `timeout` seconds (None: until it does).
+
+    Not Popen.wait or poll: they take Popen's internal lock with a non-blocking acquire just before a `try`, and a
+    KeyboardInterrupt (raised by `main_interrupt_safe`'s handler) landing between the two leaves it held. Every later
+    wait then blocks for ever (a Ctrl-C during a loaded test run hung `profkit tune` with its benchmark a zombie).
+    os.waitpid takes no lock."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while proc.returncode is None:
         try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
+            pid, status = os.waitpid(proc.pid, os.WNOHANG)
+        except ChildProcessError:  # reaped already, its status lost to an interrupt: gone, its code unknown (None)
+            return True
+        if pid == proc.pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            break
+        if deadline is not None and time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def _wait_or_kill(proc: subprocess.Popen, grace: float) -> None:
+    if not exited(proc, grace):
+        _signal_group(proc, signal.SIGTERM)
+        if not exited(proc, 30.0):
             _signal_group(proc, signal.SIGKILL)
-            proc.wait()
+            exited(proc, None)
 
 
 def _stop(proc: subprocess.Popen, manifest: Manifest, say: Callable[[str], None]) -> None:
     """SIGINT to the server's process group (vLLM shuts down, nsys finalizes its report), then wait."""
-    if proc.poll() is None:
+    if not exited(proc):
         say("stopping vllm serve (SIGINT)")
         _signal_group(proc, signal.SIGINT)
         _wait_or_kill(proc, STOP_GRACE_S)
