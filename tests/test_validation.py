@@ -23,6 +23,13 @@ def served_runs(root: Path, folder: str) -> list[float]:
     return [json.loads(b.read_text())["request_throughput"] for b in sorted((root / folder).glob("r*/bench.json"))]
 
 
+def measured_means(root: Path, folder: str) -> dict[str, float]:
+    """The request throughput, mean TTFT and mean TPOT of a capture folder's three replicates, each their mean."""
+    runs = [json.loads(b.read_text()) for b in sorted((root / folder).glob("r*/bench.json"))]
+    assert len(runs) == 3
+    return {k: sum(r[k] for r in runs) / 3 for k in ("request_throughput", "mean_ttft_ms", "mean_tpot_ms")}
+
+
 def served(root: Path, folder: str) -> float:
     """The mean request throughput of a capture folder's three replicates."""
     runs = served_runs(root, folder)
@@ -304,9 +311,7 @@ def test_smaller_prompt_chunks_on_the_fourth_shape_predicted_first_on_a_fifth_bo
     root = h200_model_led
     said = root / "lease14-predicted"
     assert "bda68c2" in (said / "made-by.txt").read_text()
-    runs = [json.loads(b.read_text()) for b in sorted((root / "api" / "s4_mnbt2048").glob("r*/bench.json"))]
-    assert len(runs) == 3
-    measured = {k: sum(r[k] for r in runs) / 3 for k in ("request_throughput", "mean_tpot_ms", "mean_ttft_ms")}
+    measured = measured_means(root, "api/s4_mnbt2048")
     assert measured["request_throughput"] == pytest.approx(50.87, abs=0.01)
     files = sorted(said.glob("s4_mnbt2048-from-s4_api1-*.json"))
     assert len(files) == 4  # the folder's and each replicate's
@@ -383,9 +388,7 @@ def test_cuda_graphs_off_and_the_schedulers_caps_predicted_first_on_a_ninth_box(
     for name, folder, change in (("eager", "k_8b_eager", {"enforce_eager": True}),
                                  ("mns64", "k_8b_mns64", {"max_num_seqs": 64}),
                                  ("mnbt2048", "k_8b_mnbt2048", {"max_num_batched_tokens": 2048})):
-        runs = [json.loads(b.read_text()) for b in sorted((root / "api" / folder).glob("r*/bench.json"))]
-        assert len(runs) == 3
-        measured = {k: sum(r[k] for r in runs) / 3 for k in ("request_throughput", "mean_ttft_ms", "mean_tpot_ms")}
+        measured = measured_means(root, f"api/{folder}")
         files = sorted(said.glob(f"d1_8b*-{name}.json"))
         assert len(files) == 4  # the folder's and each replicate's
         for f in files:
@@ -414,9 +417,7 @@ def test_tensor_parallelism_predicted_first_from_data_parallelism_on_a_tenth_box
     root = h200_model_led
     said = root / "lease26-predicted"
     assert (said / "made-by.txt").read_text().startswith("predict_lease26.py with profkit at b17e3b1")
-    runs = [json.loads(b.read_text()) for b in sorted((root / "api" / "m_8b_tp2").glob("r*/bench.json"))]
-    assert len(runs) == 3
-    measured = {k: sum(r[k] for r in runs) / 3 for k in ("request_throughput", "mean_ttft_ms", "mean_tpot_ms")}
+    measured = measured_means(root, "api/m_8b_tp2")
     assert measured["request_throughput"] == pytest.approx(46.68, abs=0.01)
     files = sorted(said.glob("*-tp2.json"))
     assert len(files) == 8  # each of the two folders' and their replicates'
