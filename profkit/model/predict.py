@@ -666,14 +666,16 @@ def _ranged(cal: Calibrated, runs: list[SimResult], mid: SimResult, cap_ends: li
     metrics: dict[str, dict[str, float | None]] = {}
     latency = {"mean_ttft_ms": cal.request_latency_s * 1e3}  # the same for every request, before and after
     base_values = _stretched(cal.baseline, stretch_before)
+    spanned = [_metrics(r, c) for r in runs for c in cap_ends]  # each run at each ceiling, once for every metric
+    mid_values = _metrics(mid, caps)
     for name, _ in METRICS:
-        values = [_metrics(r, c)[name] + latency.get(name, 0.0) for r in runs for c in cap_ends]
+        values = [m[name] + latency.get(name, 0.0) for m in spanned]
         meas = _measured(cal.observation.measured, name)
         base = base_values[name] + latency.get(name, 0.0)
         ratio = meas / base if meas and base else 1.0
         scaled = [v * ratio for v in values]
         err = width + (cal.fit_error.get("ttft", 0.0) if name == "mean_ttft_ms" else 0.0)
-        metrics[name] = {"before": meas, "predicted": (_metrics(mid, caps)[name] + latency.get(name, 0.0)) * ratio,
+        metrics[name] = {"before": meas, "predicted": (mid_values[name] + latency.get(name, 0.0)) * ratio,
                          "low": min(scaled) * math.exp(-err), "high": max(scaled) * math.exp(err)}
     return metrics
 
