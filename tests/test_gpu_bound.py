@@ -85,6 +85,17 @@ def test_unknown_gpus_have_no_peak_and_lookalikes_are_not_taken() -> None:
     assert "GB200" in gpu_peak("NVIDIA GB200")["name"] and "GB200" not in gpu_peak("NVIDIA B200")["name"]  # type: ignore[index]
 
 
+def test_every_gpu_that_gpu_names_has_its_peaks() -> None:
+    """`--gpu` resolves a user's words to a row's name, which the table must find again: the A100s' matches are
+    nvidia-smi's hyphenated spelling (A100-SXM4-80GB), so their names once resolved to no peaks ("not in the peak
+    table" for a GPU --gpu had just accepted)."""
+    from profkit.analysis.efficiency import _table, known_gpu
+
+    for row in _table():
+        assert gpu_peak(known_gpu(row["name"].removeprefix("NVIDIA ")))["name"] == row["name"]  # type: ignore[index]
+    assert gpu_peak(known_gpu("A100 SXM4 80GB"))["bandwidth_tbs"] == 2.039  # type: ignore[index]
+
+
 def test_the_h100_bandwidth_agrees_with_the_exports_target_info(gemm_copy: Path) -> None:
     """TARGET_INFO_GPU.memoryBandwidth of the real export (bytes/s) is the table's 3.35 TB/s."""
     doc = build_report(gemm_copy, options=ReportOptions(window="all")).document()

@@ -50,8 +50,9 @@ def _gpu_row(name: str | None) -> dict[str, Any] | None:
     if not name:
         return None
     key = name.lower().strip().removeprefix("nvidia ").strip()
-    return next((row for row in _table()
-                 if any((key == m) if row.get("exact") else (m in key) for m in row["match"])), None)
+    # a row's own name too: `--gpu` resolves to it (nvidia-smi's spelling, the matches', can differ: A100-SXM4-80GB)
+    return next((row for row in _table() if key == row["name"].lower().removeprefix("nvidia ")
+                 or any((key == m) if row.get("exact") else (m in key) for m in row["match"])), None)
 
 
 def known_gpu(text: str) -> str:
