@@ -31,6 +31,38 @@ def test_a_change_the_model_has_no_grounds_for_is_refused(change: str, says: str
     one_error_line(profkit("predict", SAMPLE, "--frontier", "--", *change.split()), says)
 
 
+@pytest.mark.parametrize("change, flag", [
+    (["--stream-interval", "4"], "--stream-interval"),
+    (["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 4}'], "--speculative-config"),
+])
+def test_a_flag_it_does_not_know_is_refused_beside_ones_it_does(change: list[str], flag: str) -> None:
+    """A prediction of the flags it knows was once said as the whole change's, the others listed "not modelled";
+    `--stream-interval` moves a frontend-bound run and speculative decoding a decode-bound one. A config flag's JSON
+    keys (the speculative method) are said as the flag that was written."""
+    says = f"changes: not predicted: the model does not know what {flag} would do (it models --api-server-count"
+    for args in (["--", *change], ["--", "--max-num-seqs", "64", *change], ["--frontier", "--", *change]):
+        line = one_error_line(profkit("predict", SAMPLE, *args), says)
+        assert line.endswith("; ask without it for the others") == ("--max-num-seqs" in args)
+
+
+def test_a_lever_the_runs_evidence_cannot_read_is_refused(tmp_path: Path) -> None:
+    """What the search leaves out for want of evidence, `predict` refuses: the API servers' count without their host
+    samples (the sample without host.json) and FP8 weights on a GPU without FP8 tensor cores (the sample said to be
+    an A100's)."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(SAMPLE, run, ignore=shutil.ignore_patterns("host.json"))
+    one_error_line(profkit("predict", run, "--", "--api-server-count", "2"),
+                   "--api-server-count: the run has no host samples of its API servers, so what they carried is "
+                   "unknown (profkit capture records them)")
+    assert profkit("predict", SAMPLE, "--", "--api-server-count", "2").returncode == 0
+    a100 = ("predict", SAMPLE, "--gpu", "A100 SXM4 80GB")
+    one_error_line(profkit(*a100, "--", "--quantization", "fp8"),
+                   "--quantization: the NVIDIA A100 SXM4 80GB has no FP8 tensor cores")
+    assert profkit(*a100, "--", "--max-num-seqs", "512").returncode == 0
+
+
 def test_a_change_it_knows_still_predicts() -> None:
     r = profkit("predict", SAMPLE, "--", "--kv-cache-dtype", "bfloat16", "--max-model-len", "1280")
     assert r.returncode == 0, r.stderr

@@ -9,10 +9,12 @@ come from profkit's record of vLLM 0.26 (`profkit.vllm.options.default_of`), by 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from profkit.model.observe import Observation
 from profkit.vllm.options import default_api_servers, default_of, flag_for
+
+if TYPE_CHECKING:  # observe reads the run's refusals, which read this table
+    from profkit.model.observe import Observation
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,20 @@ def with_defaults(changes: dict[str, Any], obs: Observation) -> dict[str, Any]:
     return out
 
 
+def unreadable(dest: str, obs: Observation) -> str | None:
+    """Why the run's evidence cannot say what a change of the lever would do, in words; None where it can. The
+    search does not try such a lever and `predict` refuses it (`profkit.model.refusals`)."""
+    if dest == "gpu_memory_utilization" and not (obs.memory.total_bytes and obs.memory.utilization):
+        return "the run's evidence gives neither the GPU's memory nor the share vLLM took of it (vLLM's log has both)"
+    if dest == "api_server_count" and obs.host.get("api_server_cpu") is None:
+        return "the run has no host samples of its API servers, so what they carried is unknown (profkit capture " \
+               "records them)"
+    if dest == "quantization" and not obs.fp8_flops:
+        return f"the {obs.gpu or 'GPU'} has no FP8 tensor cores (vLLM runs FP8 weights there as weight-only " \
+               "kernels, which the model has not measured)"
+    return None
+
+
 def space(obs: Observation, allow_precision: bool) -> dict[str, tuple[Any, ...]]:
     """The values the search tries per lever for this run: the run's own first, vLLM's default, the lever's values
     where the run's evidence lets the model read their effect (the GPU's memory, host samples, 16-bit weights on an
@@ -97,10 +113,9 @@ def space(obs: Observation, allow_precision: bool) -> dict[str, tuple[Any, ...]]
         dest = lever.dest
         if lever.precision and not allow_precision or dest in PARALLEL or dest == "max_model_len":
             continue
-        if dest == "gpu_memory_utilization" and not (obs.memory.total_bytes and obs.memory.utilization) \
+        if unreadable(dest, obs) is not None \
                 or dest == "kv_cache_memory_bytes" and not obs.memory.kv_given \
-                or dest == "api_server_count" and obs.host.get("api_server_cpu") is None \
-                or dest == "quantization" and (obs.weight_bits <= 8 or not obs.fp8_flops) \
+                or dest == "quantization" and obs.weight_bits <= 8 \
                 or dest == "kv_cache_dtype" and str(config.get("kv_cache_dtype") or "auto").startswith("fp8") \
                 or dest == "enforce_eager" and not config.get("enforce_eager"):
             continue

@@ -11,7 +11,7 @@ A change moves the simulation's inputs, and only those the change physically mov
 (`--gpu-memory-utilization`, `--kv-cache-memory-bytes`, FP8 KV cache or weights), the scheduler's caps
 (`--max-num-seqs`, `--max-num-batched-tokens`), the bytes and arithmetic rate of a step (FP8 weights: half the
 bytes, a GEMM rate between 1.2x and 1.9x, the two ends simulated), the per-step overhead (CUDA graphs off or on),
-the API servers' ceiling. A flag the model does not know is listed as unmodelled, never guessed."""
+the API servers' ceiling. A flag the model does not know is refused, never guessed (`profkit.model.refusals`)."""
 
 from __future__ import annotations
 
@@ -142,7 +142,6 @@ ACTIVATIONS_SHARE = 0.02
 # Where the model's config.json does not say: a layer's attention width (heads x head dim), and so its hidden size,
 # taken as the 13-14B Llama shape's 5,120; layers are then the run's layers x heads x head dim over it.
 LLAMA_HIDDEN = 5120.0
-MODELLED = levers.MODELLED  # the levers' table: profkit.model.levers
 
 
 @dataclass(frozen=True)
@@ -168,14 +167,14 @@ class Prediction:
     limit_before: str
     limit_after: str
     reasoning: list[str]
-    unmodelled: list[str]
     trades: list[str] = field(default_factory=list)
     validation: dict[str, Any] | None = None  # the held-out errors the ranges carry (validation.Band.document)
 
     def document(self) -> dict[str, Any]:
         return {"schema": SCHEMA, "changes": self.changes, "metrics": self.metrics, "limit": {
             "before": self.limit_before, "after": self.limit_after}, "reasoning": self.reasoning,
-            "unmodelled": self.unmodelled, "trades": self.trades, "validation": self.validation}
+            # always empty: a flag the model does not know is refused (kept for profkit.prediction/1's readers)
+            "unmodelled": [], "trades": self.trades, "validation": self.validation}
 
 
 # ------------------------------------------------------------------------------------------------ calibration
@@ -410,9 +409,6 @@ def predict(cal: Calibrated, changes: dict[str, Any], noise: float | None = None
     if (refused := change_refusal(obs, changes)) is not None:
         raise Refused(refused)
     changes = levers.with_defaults(changes, obs)
-    unmodelled = sorted(k for k in changes if k not in MODELLED)
-    if "gpu_memory_utilization" in changes and not (obs.memory.total_bytes and obs.memory.utilization):
-        unmodelled.append("gpu_memory_utilization (the GPU's memory is unknown)")
     said = _Said([], [])
     if obs.vllm_version and obs.vllm_version != RECORDED_VERSION:
         said.reasoning.append(f"the run is vLLM {obs.vllm_version}'s: the defaults assumed and the model's validation "
@@ -444,7 +440,7 @@ def predict(cal: Calibrated, changes: dict[str, Any], noise: float | None = None
     limit_after = limit_of(mid, change.engine, cal.workload, caps, costs[len(costs) // 2], cpu_known, change.dp)
     limit_before = limit_of(before, cal.engine, cal.workload, caps_before, cal.cost, cpu_known, obs.data_parallel)
     _outcome_reasoning(cal, mid, metrics, said.reasoning)
-    return Prediction(changes, metrics, limit_before, limit_after, said.reasoning, unmodelled, said.trades, checked)
+    return Prediction(changes, metrics, limit_before, limit_after, said.reasoning, said.trades, checked)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ def prediction_view(doc: dict[str, Any]) -> dict[str, Any]:
         "rows": metric_rows(doc.get("metrics") or {}),
         "limit_before": (doc.get("limit") or {}).get("before"), "limit_after": (doc.get("limit") or {}).get("after"),
         "reasoning": list(doc.get("reasoning") or []), "trades": list(doc.get("trades") or []),
-        "unmodelled": list(doc.get("unmodelled") or []), "validation": validation_line(doc.get("validation")),
+        "validation": validation_line(doc.get("validation")),
         "fit": (f"calibrated on the run ({fit.get('calibrated_on')}): simulated vs measured {fitted}" if fitted
                 else fit.get("calibrated_on")),
         "source": (doc.get("source") or {}).get("path") or "the evidence given (no run folder or trace)",
@@ -155,8 +155,6 @@ def render_prediction_text(doc: dict[str, Any]) -> str:
     out += ["", "Why:"] + [f"  - {terminal(r)}" for r in v["reasoning"]]
     if v["trades"]:
         out += ["Trades:"] + [f"  - {terminal(t)}" for t in v["trades"]]
-    if v["unmodelled"]:
-        out += [f"Not modelled (no prediction for these): {terminal(', '.join(v['unmodelled']))}"]
     if v["fit"]:
         out += [f"Model: {terminal(v['fit'])}"]
     return document("\n".join(out) + "\n")

@@ -18,8 +18,8 @@ from profkit.errors import ProfkitError
 from profkit.evidence.record import Evidence
 from profkit.model import levers
 from profkit.model.observe import Unobservable, observe
-from profkit.model.predict import MODELLED, Calibrated, Configured, calibrate, configured, host_bound, predict
-from profkit.model.refusals import Refused, unreproduced
+from profkit.model.predict import Calibrated, Configured, calibrate, configured, host_bound, predict
+from profkit.model.refusals import Refused, unknown_refusal, unreproduced
 from profkit.model.search import Bound, check_bounds, known_metrics, search
 from profkit.model.simulate import Infeasible
 from profkit.report.build import build_report
@@ -42,6 +42,15 @@ def parse_changes(text: str) -> dict[str, Any]:
         raise ProfkitError(f"changes: no vLLM flag in {text!r} (give them after --, e.g. -- --max-num-seqs 256)")
     # `--flag default`: the flag removed, vLLM's default in force (what the prescription writes as "not set")
     return {k: None if isinstance(v, str) and v.lower() in ("default", "none") else v for k, v in flags.items()}
+
+
+def known_changes(text: str) -> dict[str, Any]:
+    """The changes as written, parsed, or one line where the model does not know a flag among them (said before the
+    run is read: no run can make it known)."""
+    asked = parse_changes(text)
+    if (unknown := unknown_refusal(asked)) is not None:
+        raise ProfkitError(f"changes: not predicted: {unknown}")
+    return asked
 
 
 def calibrated(run: str | os.PathLike | None, evidence: Evidence | None = None) -> Calibrated:
@@ -80,7 +89,7 @@ def frontier_question(run: str | os.PathLike | None, changes: str | None = None,
         bounds = bounds_of(slos)
     except ValueError as exc:
         raise ProfkitError(f"--slo: {exc}") from None
-    asked = parse_changes(changes) if changes is not None else {}
+    asked = known_changes(changes) if changes is not None else {}
     cal = calibrated(run, evidence)
     frontier_of(cal, run)
     return FrontierQuestion(cal, asked, configured_for(cal, asked, changes), bounds)
@@ -175,10 +184,7 @@ def predict_run(run: str | os.PathLike | None, changes: str, evidence: Evidence 
                 noise: float | None = None) -> dict[str, Any]:
     """The prediction document (`profkit.prediction/1`) for `changes` on the run at `run` (a capture folder, a
     trace, or None with the evidence alone)."""
-    asked = parse_changes(changes)
-    if not set(asked) & MODELLED:
-        raise ProfkitError(f"changes: the model knows none of {', '.join(sorted(asked))} (it models "
-                           f"{', '.join('--' + m.replace('_', '-') for m in sorted(MODELLED))})")
+    asked = known_changes(changes)
     cal = calibrated(run, evidence)
     obs = cal.observation
     configured_for(cal, asked, changes)
