@@ -143,3 +143,27 @@ def test_a_flag_taken_back_to_vllms_default_is_said_default_and_a_bad_value_is_o
     assert said["metrics"]["request_throughput"] == same["metrics"]["request_throughput"]
     one_error_line(profkit("predict", SAMPLE, "--", "--max-num-seqs", "many"),
                    "changes: --max-num-seqs many: a value vLLM would not take")
+
+
+def test_failed_requests_are_said_and_a_run_where_many_failed_is_refused(h200_model_led: Path) -> None:
+    """Lease 27's first start (a tokenizer without the ids its dummy model emitted): 374 of 1,000 requests failed and
+    `vllm bench serve` reported the other 626's figures; profkit read `num_prompts` as the requests and said nothing.
+    Now the report says it, the completed are the run's requests, and the model refuses such a run. Its third start
+    failed 16 of 1,000 (400s before any work): said, and predicted (Q51)."""
+    from profkit.model.refusals import run_refusal
+
+    broken = h200_model_led / "lease27-first-start" / "q_base_r1-bench.json"
+    doc = json.loads(profkit("report", "--bench", broken, "--format", "json").stdout)
+    facts = doc["facts"]
+    assert (facts["vllm.num_requests"], facts["vllm.failed_requests"]) == (626, 374)
+    assert facts["vllm.failed_share"] == pytest.approx(0.374)
+    said = next(f for f in doc["findings"] if f["rule"] == "failed-requests")
+    assert said["summary"].startswith("374 of 1,000 requests failed (37.4%): the benchmark's figures are the "
+                                      "completed requests'")
+    assert run_refusal(doc) == ("374 of 1,000 requests failed (37%): the completed ones are not the workload the "
+                                "benchmark asked for (the server's log says why)")
+    run = h200_model_led / "api" / "q_base" / "r1"
+    text = profkit("report", run).stdout
+    assert "16 of 1,000 requests failed (1.6%)" in text
+    pred = json.loads(profkit("predict", run, "--format", "json", "--", "--gpu-memory-utilization", "0.5").stdout)
+    assert pred["metrics"]["request_throughput"]["before"] == pytest.approx(25.61, abs=0.01)

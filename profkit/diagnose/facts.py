@@ -92,6 +92,8 @@ def _declare() -> dict[str, Fact]:
     rows += [
         ("vllm.requests_per_second", "req/s", "benchmark request throughput (--bench)"),
         ("vllm.num_requests", "count", "requests the benchmark completed (--bench)"),
+        ("vllm.failed_requests", "count", "requests the benchmark sent that failed (--bench, serve)"),
+        ("vllm.failed_share", "share", "failed requests as a share of those sent (--bench, serve)"),
         ("vllm.output_throughput", "tok/s", "benchmark output tokens/s (--bench)"),
         ("vllm.ttft_mean_ms", "ms", "mean time to first token (--bench, serve)"),
         ("vllm.ttft_p99_ms", "ms", "p99 time to first token (--bench, serve)"),
@@ -408,9 +410,12 @@ def vllm_facts(vllm: VllmSection | None) -> dict[str, Any]:
     """`vllm.*` and `config.*` from the `vllm` section (None: no vLLM evidence)."""
     facts: dict[str, Any] = {}
     bench = vllm.bench if vllm is not None else None
-    for key in ("requests_per_second", "num_requests", "output_throughput", "ttft_mean_ms", "ttft_p99_ms",
-                "tpot_mean_ms", "tpot_p99_ms", "itl_mean_ms", "itl_p99_ms"):
+    for key in ("requests_per_second", "num_requests", "failed_requests", "output_throughput", "ttft_mean_ms",
+                "ttft_p99_ms", "tpot_mean_ms", "tpot_p99_ms", "itl_mean_ms", "itl_p99_ms"):
         facts[f"vllm.{key}"] = getattr(bench, key) if bench is not None else None
+    failed, done = facts["vllm.failed_requests"], facts["vllm.num_requests"]
+    facts["vllm.failed_share"] = failed / (failed + done) if failed is not None and done is not None and failed + done \
+        else None
     live = (vllm.live or {}) if vllm is not None else {}
     if bench is None and live:  # a live window: the server's own counters and histograms
         window = live.get("seconds") or 0.0

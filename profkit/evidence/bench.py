@@ -20,7 +20,8 @@ class BenchResult(msgspec.Struct, omit_defaults=True, frozen=True):
     output_throughput: float | None = None
     tokens_per_second: float | None = None
     elapsed_s: float | None = None
-    num_requests: float | None = None
+    num_requests: float | None = None  # requests completed (vllm bench serve's `completed`, not its `num_prompts`)
+    failed_requests: float | None = None  # requests sent that failed (vllm bench serve: HTTP errors, stream errors)
     ttft_mean_ms: float | None = None
     ttft_median_ms: float | None = None
     ttft_p99_ms: float | None = None
@@ -47,7 +48,9 @@ KEYS: dict[str, tuple[str, ...]] = {
     "output_throughput": ("output_throughput",),
     "tokens_per_second": ("tokens_per_second", "total_token_throughput"),
     "elapsed_s": ("elapsed_time", "duration"),
-    "num_requests": ("num_requests", "num_prompts", "completed"),
+    # serve's figures are its completed requests' (request_throughput = completed / duration): `num_prompts` counts
+    # the failed too
+    "num_requests": ("num_requests", "completed", "num_prompts"), "failed_requests": ("failed",),
     "ttft_mean_ms": ("mean_ttft_ms",), "ttft_median_ms": ("median_ttft_ms",), "ttft_p99_ms": ("p99_ttft_ms",),
     "tpot_mean_ms": ("mean_tpot_ms",), "tpot_p99_ms": ("p99_tpot_ms",),
     "itl_mean_ms": ("mean_itl_ms",), "itl_p99_ms": ("p99_itl_ms",),
