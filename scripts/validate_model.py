@@ -174,24 +174,24 @@ LED = [
     # lease 25 (2 H200s, a ninth box): CUDA graphs off and the scheduler's caps on lease 21's one-GPU 8B, predicted
     # from it by 3518ece before their runs were read (lease25-predicted), then on one box against its own defaults,
     # both ways, by the same model after it
-    *((pid, f"8B at 1,024/128 +-50 %: {change}{where}", f"{limit} (8B, 1,024/128 +-50 %, 1,800)", before, after,
-       changes) for pid, change, where, limit, before, after, changes in (
-        ("Q39", "--enforce-eager", ", another box", "KV capacity", "api/d1_8b", "api/k_8b_eager",
-         {"enforce_eager": True}),
-        ("Q40", "--max-num-seqs 64", ", another box", "KV capacity", "api/d1_8b", "api/k_8b_mns64",
-         {"max_num_seqs": 64}),
-        ("Q41", "--max-num-batched-tokens 2048", ", another box", "KV capacity", "api/d1_8b", "api/k_8b_mnbt2048",
-         {"max_num_batched_tokens": 2048}),
-        ("Q42", "--enforce-eager", "", "KV capacity", "api/k_8b_default", "api/k_8b_eager", {"enforce_eager": True}),
-        ("Q43", "--max-num-seqs 64", "", "KV capacity", "api/k_8b_default", "api/k_8b_mns64", {"max_num_seqs": 64}),
-        ("Q44", "--max-num-batched-tokens 2048", "", "KV capacity", "api/k_8b_default", "api/k_8b_mnbt2048",
-         {"max_num_batched_tokens": 2048}),
-        ("Q45", "--enforce-eager removed", "", "KV capacity, eager", "api/k_8b_eager", "api/k_8b_default",
-         {"enforce_eager": False}),
-        ("Q46", "--max-num-seqs 64 removed", "", "batch cap", "api/k_8b_mns64", "api/k_8b_default",
-         {"max_num_seqs": None}),
-        ("Q47", "--max-num-batched-tokens 2048 removed", "", "GPU-bound", "api/k_8b_mnbt2048", "api/k_8b_default",
-         {"max_num_batched_tokens": None}))),
+    ("Q39", "8B at 1,024/128 +-50 %: --enforce-eager, another box", "KV capacity (8B, 1,024/128 +-50 %, 1,800)",
+     "api/d1_8b", "api/k_8b_eager", {"enforce_eager": True}),
+    ("Q40", "8B at 1,024/128 +-50 %: --max-num-seqs 64, another box", "KV capacity (8B, 1,024/128 +-50 %, 1,800)",
+     "api/d1_8b", "api/k_8b_mns64", {"max_num_seqs": 64}),
+    ("Q41", "8B at 1,024/128 +-50 %: --max-num-batched-tokens 2048, another box",
+     "KV capacity (8B, 1,024/128 +-50 %, 1,800)", "api/d1_8b", "api/k_8b_mnbt2048", {"max_num_batched_tokens": 2048}),
+    ("Q42", "8B at 1,024/128 +-50 %: --enforce-eager", "KV capacity (8B, 1,024/128 +-50 %, 1,800)",
+     "api/k_8b_default", "api/k_8b_eager", {"enforce_eager": True}),
+    ("Q43", "8B at 1,024/128 +-50 %: --max-num-seqs 64", "KV capacity (8B, 1,024/128 +-50 %, 1,800)",
+     "api/k_8b_default", "api/k_8b_mns64", {"max_num_seqs": 64}),
+    ("Q44", "8B at 1,024/128 +-50 %: --max-num-batched-tokens 2048", "KV capacity (8B, 1,024/128 +-50 %, 1,800)",
+     "api/k_8b_default", "api/k_8b_mnbt2048", {"max_num_batched_tokens": 2048}),
+    ("Q45", "8B at 1,024/128 +-50 %: --enforce-eager removed", "KV capacity, eager (8B, 1,024/128 +-50 %, 1,800)",
+     "api/k_8b_eager", "api/k_8b_default", {"enforce_eager": False}),
+    ("Q46", "8B at 1,024/128 +-50 %: --max-num-seqs 64 removed", "batch cap (8B, 1,024/128 +-50 %, 1,800)",
+     "api/k_8b_mns64", "api/k_8b_default", {"max_num_seqs": None}),
+    ("Q47", "8B at 1,024/128 +-50 %: --max-num-batched-tokens 2048 removed", "GPU-bound (8B, 1,024/128 +-50 %, 1,800)",
+     "api/k_8b_mnbt2048", "api/k_8b_default", {"max_num_batched_tokens": None}),
     # lease 26 (2 H200s, a tenth box): the 8B as tensor parallelism on both GPUs, predicted by b17e3b1 from its DP=2
     # runs on two other boxes before the server started (lease26-predicted); the reverse, to both boxes' DP=2 runs,
     # by the same model after it
@@ -201,6 +201,14 @@ LED = [
      "api/g_8b_api2", "api/m_8b_tp2", {"tensor_parallel_size": 2, "data_parallel_size": 1}),
     ("Q50", "8B at 1,024/128 +-50 %: TP=2 -> DP=2, two other boxes", "GPU-bound (8B, 1,024/128 +-50 %, TP=2, "
      "1,800)", "api/m_8b_tp2", ("api/d2_8b", "api/g_8b_api2"), {"tensor_parallel_size": 1, "data_parallel_size": 2}),
+    # lease 27 (2 H200s, an eleventh box): a fifth shape (Qwen2-7B's layers: hidden 3584, 28 layers, GQA 28/4) and a
+    # fifth workload (1,024/256 +-50 %, 1,000 at once), vLLM's defaults and half the GPU's memory side by side, the
+    # change predicted by 8dbc6f4 from the defaults' runs before its own were read (lease27-predicted); the reverse
+    # by the same model after
+    ("Q51", "7B at 1,024/256 +-50 %: --gpu-memory-utilization 0.5", "GPU-bound (7B, 1,024/256 +-50 %, 1,000)",
+     "api/q_base", "api/q_gmu05", {"gpu_memory_utilization": 0.5}),
+    ("Q52", "7B at 1,024/256 +-50 %: --gpu-memory-utilization 0.5 removed", "KV capacity (7B, 1,024/256 +-50 %, "
+     "1,000)", "api/q_gmu05", "api/q_base", {"gpu_memory_utilization": None}),
 ]
 # Q3: the engine core's ceiling was added after its miss (+32 %; since lease 10 its measured CPU goes into the step
 # instead); no constant was read off it, but it shaped the model.
@@ -215,9 +223,10 @@ IN_SAMPLE = {"P1", "P2", "P3", "P4", "P5", "P6", "P8", "P9", "P19", "Q3", "Q12",
 # 9b10439: Q28's, here, and Q29's, on the GPU box; lease 14, the model of bda68c2: Q30's, here; lease 17, the model
 # of 62d33ec: Q31's, on the GPU box; lease 24, the model of 7a23ad0: Q34's before it, Q35-Q38's after it, the model
 # unchanged; lease 25, the model of 3518ece: Q39-Q41's before their runs were read, Q42-Q47's after, unchanged;
-# lease 26, the model of b17e3b1: Q48's and Q49's before the server started, Q50's after): held-out, counted apart too
+# lease 26, the model of b17e3b1: Q48's and Q49's before the server started, Q50's after; lease 27, the model of
+# 8dbc6f4: Q51's before its runs were read, Q52's after): held-out, counted apart too
 AFTER_MODEL = {"Q15", "Q16", "Q17", "Q19", "Q20", "Q21", "Q22", "Q23", "Q24", "Q25", "Q26", "Q27", "Q28", "Q29",
-               "Q30", "Q31", "Q34", "Q35", "Q36", "Q37", "Q38", *(f"Q{n}" for n in range(39, 51))}
+               "Q30", "Q31", "Q34", "Q35", "Q36", "Q37", "Q38", *(f"Q{n}" for n in range(39, 53))}
 
 PAIRS = [
     ("P1", "--kv-cache-memory-bytes 3e8 removed", "KV capacity (tiny)", "h100_tune.tar.xz",

@@ -126,7 +126,7 @@ def test_the_pairs_predicted_before_they_ran(h200_model_led: Path) -> None:
         assert said["low"] <= measured <= said["high"]
     after = [r for r in validation.recorded_rows() if r.get("recorded_after_model")]
     assert {r["pair"] for r in after} == {"Q15", "Q16", "Q17", *(f"Q{i}" for i in range(19, 32)),
-                                          *(f"Q{i}" for i in range(34, 51))}
+                                          *(f"Q{i}" for i in range(34, 53))}
     assert all(r["provenance"] == validation.HELD_OUT for r in after)
 
 
@@ -434,3 +434,33 @@ def test_tensor_parallelism_predicted_first_from_data_parallelism_on_a_tenth_box
             and r["metric"] == "request_throughput"]
     assert len(rows) == 9 and all(r["recorded_after_model"] and r["inside_held_out"] for r in rows)
     assert all(r["families"] == ["GPU layout"] for r in rows)
+
+
+def test_half_the_memory_on_a_fifth_shape_predicted_first_on_an_eleventh_box(h200_model_led: Path) -> None:
+    """Lease 27 (lease27-predicted, made by 8dbc6f4 before the change's runs were read): Qwen2-7B's layers at
+    1,024/256, lengths +-50 %, a shape and a workload no recording had; `--gpu-memory-utilization 0.5` from vLLM's
+    defaults run beside it. vLLM's KV cache 1,046,080 tokens (predicted 1,046,050); measured 25.61 req/s, 3
+    replicates: every one of the 12 stored predictions (throughput, TTFT, TPOT from the folder and each replicate)
+    inside its range, the throughput 0.0 to +5.7 %."""
+    root = h200_model_led
+    said = root / "lease27-predicted"
+    assert (said / "made-by.txt").read_text().startswith("predict_lease27.py with profkit at 8dbc6f4")
+    measured = measured_means(root, "api/q_gmu05")
+    assert measured["request_throughput"] == pytest.approx(25.61, abs=0.01)
+    assert "GPU KV cache size: 1,046,080 tokens" in (root / "api" / "q_gmu05" / "server.log").read_text()
+    files = sorted(said.glob("q_base*-gmu05.json"))
+    assert len(files) == 4  # the folder's and each replicate's
+    errors = []
+    for f in files:
+        doc = json.loads(f.read_text())
+        assert doc["changes"] == {"gpu_memory_utilization": 0.5}
+        assert "KV cache 2,145,504 → 1,046,050 tokens" in doc["reasoning"]  # vLLM's: 1,046,080
+        for key, value in measured.items():
+            m = doc["metrics"][key]
+            assert m["low"] <= value <= m["high"], (f.name, key)
+        errors.append(round(doc["metrics"]["request_throughput"]["predicted"] / measured["request_throughput"] - 1, 3))
+    assert min(errors) == 0.0 and max(errors) == 0.057
+    rows = [r for r in validation.recorded_rows() if r["pair"] in ("Q51", "Q52")
+            and r["metric"] == "request_throughput"]
+    assert len(rows) == 6 and all(r["recorded_after_model"] and r["provenance"] == "held-out" for r in rows)
+    assert all(r["families"] == ["KV cache size"] for r in rows)
