@@ -9,12 +9,10 @@ come from profkit's record of vLLM 0.26 (`profkit.vllm.options.default_of`), by 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from profkit.vllm.options import default_api_servers, default_of, flag_for
-
-if TYPE_CHECKING:  # observe reads the run's refusals, which read this table
-    from profkit.model.observe import Observation
+from profkit.model.observe import Observation
+from profkit.vllm.options import default_api_servers, default_of, flag_for, spellings
 
 
 @dataclass(frozen=True)
@@ -100,6 +98,33 @@ def unreadable(dest: str, obs: Observation) -> str | None:
     if dest == "quantization" and not obs.fp8_flops:
         return f"the {obs.gpu or 'GPU'} has no FP8 tensor cores (vLLM runs FP8 weights there as weight-only " \
                "kernels, which the model has not measured)"
+    return None
+
+
+def unknown_refusal(changes: dict[str, Any]) -> str | None:
+    """Why the model refuses `changes` ({vLLM dest: value}) whatever the run: flags it does not know. Their effect
+    is not "none": a prediction of the others would be said as the whole change's (`--stream-interval` moves a
+    frontend-bound run, `--speculative-config` a decode-bound one)."""
+    words = spellings()
+    # a config flag's JSON keys are settings too (`--speculative-config`'s method): said as the flag that was written
+    within = {dest for dest in changes if words.config_dests.get((words.settings.get(dest) or {}).get("config", ""))
+              in changes}
+    unknown = [flag_for(dest) for dest in changes if dest not in MODELLED and dest not in within]
+    if not unknown:
+        return None
+    known = ", ".join(flag_for(dest) for dest in sorted(MODELLED))
+    return (f"the model does not know what {', '.join(unknown)} would do (it models {known})"
+            + ("; ask without it for the others" if set(changes) & MODELLED else ""))
+
+
+def refusal(obs: Observation, changes: dict[str, Any]) -> str | None:
+    """Why the table cannot answer `changes` ({vLLM dest: value}) on the run, or None: a flag it does not know, a
+    lever whose effect the run's evidence cannot read. `predict` refuses these with `refusals.change_refusal`'s."""
+    if (unknown := unknown_refusal(changes)) is not None:
+        return unknown
+    for dest in changes:
+        if (why := unreadable(dest, obs)) is not None:
+            return f"{flag_for(dest)}: {why}"
     return None
 
 

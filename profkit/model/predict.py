@@ -406,7 +406,7 @@ def predict(cal: Calibrated, changes: dict[str, Any], noise: float | None = None
     each range to the held-out errors of its classes of change (False: the model's own range, what the validation
     compares)."""
     obs = cal.observation
-    if (refused := change_refusal(obs, changes)) is not None:
+    if (refused := levers.refusal(obs, changes) or change_refusal(obs, changes)) is not None:
         raise Refused(refused)
     changes = levers.with_defaults(changes, obs)
     said = _Said([], [])
@@ -467,7 +467,7 @@ class Configured:
 def configured(cal: Calibrated, changes: dict[str, Any]) -> Configured:
     """The engine, step costs, engines and host ceilings of the run under `changes` ({vLLM dest: value})."""
     obs = cal.observation
-    if (refused := change_refusal(obs, changes)) is not None:
+    if (refused := levers.refusal(obs, changes) or change_refusal(obs, changes)) is not None:
         raise Refused(refused)
     changes = levers.with_defaults(changes, obs)
     changed = any(obs.config.get(dest) != value for dest, value in changes.items())  # not the run's own settings

@@ -4,29 +4,27 @@ prescribed or tried; a refused run gets no prediction at all).
 
 A run: more than a twentieth of its requests failed (the benchmark's figures are the others'), a mixture-of-experts
 model (the simulation's layers are dense), a config.json that is not the model that ran (its weights or KV bytes per
-token against what vLLM's log says it allocated). A change: a flag the model does not know (alone or beside others),
-a lever whose effect the run's evidence cannot say (the GPU's memory, the API servers' host samples, FP8 tensor cores:
-`levers.unreadable`), a quantization other than FP8, a KV cache dtype other than FP8, a --max-model-len shorter than
-the workload's requests, and a parallel layout past what was validated (the run's own GPUs split between tensor and
-data parallelism, tensor parallel 1-2: a TP=2 run predicted for TP=4 said 54.5 req/s where the TP=4 capture measured
-31.05; one GPU's run predicted for data parallelism on two said x1.98-1.99 where two shapes measured x1.78 and x1.84,
-outside its ranges)."""
+token against what vLLM's log says it allocated). A change: a flag the model does not know (alone or beside others)
+and a lever whose effect the run's evidence cannot say (the GPU's memory, the API servers' host samples, FP8 tensor
+cores), both the levers' table's (`levers.refusal`); a quantization other than FP8, a KV cache dtype other than FP8,
+a --max-model-len shorter than the workload's requests, and a parallel layout past what was validated (the run's own
+GPUs split between tensor and data parallelism, tensor parallel 1-2: a TP=2 run predicted for TP=4 said 54.5 req/s
+where the TP=4 capture measured 31.05; one GPU's run predicted for data parallelism on two said x1.98-1.99 where two
+shapes measured x1.78 and x1.84, outside its ranges)."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
 
-from profkit.model import levers
 from profkit.model.simulate import Infeasible
-from profkit.vllm.options import flag_for, spellings
 
 GIB = float(1 << 30)
 WEIGHTS_AGREE = (0.67, 1.5)  # config.json's weights over vLLM's "Model loading took" (recordings: 0.90-0.99)
 KV_AGREE = (0.8, 1.25)  # config.json's KV bytes per token over the log's (recordings: 1.00)
 # Failed requests past which the completed ones are not the run's workload (vllm bench serve's figures leave the failed
 # out; a request failing mid-stream took GPU time the model would not see). Lease 27's first start: 37-40 % failed, a
-# tokenizer without the ids the model emitted; its third: 1.5-2 %, 400s for requests past --max-model-len (no work)
+# tokenizer without the ids the model emitted; its third: 1.5-2 %, 400s (requests refused before any work)
 FAILED_LIMIT = 0.05
 FIT_LIMIT = 0.25  # |log(simulated / measured)| past which the model does not reproduce its own run (x1.28)
 SIXTEEN_BIT = ("auto", "bfloat16", "float16", "half")  # KV cache dtypes that keep the model's 16 bits
@@ -68,29 +66,9 @@ def run_refusal(doc: dict[str, Any]) -> str | None:
     return None
 
 
-def unknown_refusal(changes: dict[str, Any]) -> str | None:
-    """Why the model refuses `changes` ({vLLM dest: value}) whatever the run: flags it does not know. Their effect
-    is not "none": a prediction of the others would be said as the whole change's (`--stream-interval` moves a
-    frontend-bound run, `--speculative-config` a decode-bound one)."""
-    words = spellings()
-    # a config flag's JSON keys are settings too (`--speculative-config`'s method): said as the flag that was written
-    within = {dest for dest in changes if words.config_dests.get((words.settings.get(dest) or {}).get("config", ""))
-              in changes}
-    unknown = [flag_for(dest) for dest in changes if dest not in levers.MODELLED and dest not in within]
-    if not unknown:
-        return None
-    known = ", ".join(flag_for(dest) for dest in sorted(levers.MODELLED))
-    return (f"the model does not know what {', '.join(unknown)} would do (it models {known})"
-            + ("; ask without it for the others" if set(changes) & levers.MODELLED else ""))
-
-
 def change_refusal(obs: Any, changes: dict[str, Any]) -> str | None:
-    """Why the model refuses `changes` ({vLLM dest: value}) on the observed run, or None."""
-    if (unknown := unknown_refusal(changes)) is not None:
-        return unknown
-    for dest in changes:
-        if (why := levers.unreadable(dest, obs)) is not None:
-            return f"{flag_for(dest)}: {why}"
+    """Why the model refuses `changes` ({vLLM dest: value}) on the observed run, or None; the levers' table's own
+    refusals (a flag it does not know, a lever the run's evidence cannot read) are `levers.refusal`'s."""
     quant = changes.get("quantization")
     if quant is not None and str(quant).lower() != "fp8":
         return f"--quantization {quant}: the model knows FP8 weights only"

@@ -19,7 +19,7 @@ from profkit.evidence.record import Evidence
 from profkit.model import levers
 from profkit.model.observe import Unobservable, observe
 from profkit.model.predict import Calibrated, Configured, calibrate, configured, host_bound, predict
-from profkit.model.refusals import Refused, unknown_refusal, unreproduced
+from profkit.model.refusals import Refused, unreproduced
 from profkit.model.search import Bound, check_bounds, known_metrics, search
 from profkit.model.simulate import Infeasible
 from profkit.report.build import build_report
@@ -48,7 +48,7 @@ def known_changes(text: str) -> dict[str, Any]:
     """The changes as written, parsed, or one line where the model does not know a flag among them (said before the
     run is read: no run can make it known)."""
     asked = parse_changes(text)
-    if (unknown := unknown_refusal(asked)) is not None:
+    if (unknown := levers.unknown_refusal(asked)) is not None:
         raise ProfkitError(f"changes: not predicted: {unknown}")
     return asked
 
