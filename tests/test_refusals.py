@@ -167,3 +167,22 @@ def test_failed_requests_are_said_and_a_run_where_many_failed_is_refused(h200_mo
     assert "16 of 1,000 requests failed (1.6%)" in text
     pred = json.loads(profkit("predict", run, "--format", "json", "--", "--gpu-memory-utilization", "0.5").stdout)
     assert pred["metrics"]["request_throughput"]["before"] == pytest.approx(25.61, abs=0.01)
+
+
+def test_a_benchmark_whose_prompts_are_not_its_commands_is_said(h200_model_led: Path) -> None:
+    """The same first start asked for 1,024-token prompts (+-50 %) and its server got 1.6 tokens a prompt on average:
+    the random dataset's text re-encoded by a tokenizer that lacked the ids drawn. Said from the result and the
+    command (the session's own, given as --vllm-args); the third start's prompts (r1: 1,033 on average) are not."""
+    import shlex
+
+    first = h200_model_led / "lease27-first-start"
+    command = json.loads((first / "q_base-session.json").read_text())["user_commands"][1]
+    doc = json.loads(profkit("report", "--bench", first / "q_base_r1-bench.json", "--vllm-args",
+                             shlex.join(command), "--format", "json").stdout)
+    said = next(f for f in doc["findings"] if f["rule"] == "workload-not-as-asked")
+    assert said["summary"].startswith("The prompts averaged 1.62 tokens where the command asks for 1,024 "
+                                      "(--random-input-len)")
+    third = json.loads(profkit("report", h200_model_led / "api" / "q_base" / "r1", "--format", "json").stdout)
+    assert third["facts"]["workload.prompt_tokens"] == pytest.approx(1016366 / 984)  # its result's tokens, completed
+    assert third["facts"]["workload.asked_prompt_tokens"] == 1024
+    assert "workload-not-as-asked" not in {f["rule"] for f in third["findings"]}

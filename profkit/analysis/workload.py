@@ -43,7 +43,10 @@ def workload_section(bench_cmd: VllmCommand | None, bench: BenchResult | None) -
             "tokens_per_request": per_request,
             "prompt_tokens": mean[0] if mean else None, "output_tokens": mean[1] if mean else None,
             "max_tokens_per_request": int((lengths[0] + lengths[1]) * (1 + lengths[2])) if lengths else None,
-            "length_spread": lengths[2] if lengths else None}
+            "length_spread": lengths[2] if lengths else None,
+            # what the command asked, beside what the server got: vLLM's random dataset decodes random ids to text
+            # that the server's tokenizer encodes again, to other lengths where the two disagree
+            "asked_prompt_tokens": float(lengths[0]) if lengths else None}
 
 
 def _offline_tokens(lengths: tuple[int, int, float] | None, bench: BenchResult | None) -> tuple[float, float] | None:

@@ -130,6 +130,8 @@ def _declare() -> dict[str, Fact]:
         ("workload.output_tokens", "tokens", "output tokens of a request, on average (as workload.prompt_tokens)"),
         ("workload.max_tokens_per_request", "tokens", "the most tokens a request of the benchmark needs (random "
                                                       "dataset: (input + output) x (1 + range ratio))"),
+        ("workload.asked_prompt_tokens", "tokens", "prompt tokens a request of the benchmark's command asks for, on "
+                                                   "average (the random dataset's --random-input-len)"),
         ("workload.length_spread", "share", "the random dataset's --random-range-ratio: each request's input and "
                                             "output lengths drawn evenly within this share either side"),
         ("vllm.kv_capacity_requests", "count", "requests the KV cache holds at once at the workload's tokens per "
@@ -414,8 +416,8 @@ def vllm_facts(vllm: VllmSection | None) -> dict[str, Any]:
                 "ttft_p99_ms", "tpot_mean_ms", "tpot_p99_ms", "itl_mean_ms", "itl_p99_ms"):
         facts[f"vllm.{key}"] = getattr(bench, key) if bench is not None else None
     failed, done = facts["vllm.failed_requests"], facts["vllm.num_requests"]
-    facts["vllm.failed_share"] = failed / (failed + done) if failed is not None and done is not None and failed + done \
-        else None
+    sent = failed + done if failed is not None and done is not None else 0.0
+    facts["vllm.failed_share"] = failed / sent if sent else None
     live = (vllm.live or {}) if vllm is not None else {}
     if bench is None and live:  # a live window: the server's own counters and histograms
         window = live.get("seconds") or 0.0
