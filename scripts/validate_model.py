@@ -25,6 +25,7 @@ import sys
 import tarfile
 import tempfile
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "tests" / "data"
@@ -422,8 +423,27 @@ def _validate(work: Path, only: set[str] | None) -> list[dict]:
                              "measured": truth, "replicates": len(values),
                              "error": m["predicted"] / truth - 1, "inside": m["low"] <= truth <= m["high"],
                              "fit": cal.fit_error, "limit_before": p.limit_before, "limit_after": p.limit_after,
-                             "imbalance": dict(model.API_SERVER_IMBALANCE)})
+                             "imbalance": dict(model.API_SERVER_IMBALANCE), **kinds(cal.observation)})
     return rows
+
+
+def kinds(obs: Any) -> dict[str, str]:
+    """The baseline run's GPU kind, model shape and workload kind, as the split tables group rows (printed, not
+    shipped): the shape by its parameters (all GPUs'), the workload by its prompt-to-output ratio, lengths and
+    arrivals."""
+    gpu = next((k for k in ("H100", "H200") if k in (obs.gpu or "")), obs.gpu or "unknown")
+    params = obs.matmul_params * obs.tensor_parallel / 1e9
+    # the recordings' shapes by their layers (each shape's own count), as the fixtures' READMEs name them
+    name = {16: "1.1B", 28: "7B", 32: "8B", 48: "14B"}.get(obs.layers or 0, "another")
+    shape = f"{name} ({params:.1f}B weights a token multiplies)"
+    prompt, output = obs.prompt_tokens, obs.output_tokens
+    # bounds clear of the recorded shapes' ratios (1,024/256 is 4, 512/512 is 1) so that replicates fall together
+    ratio = "decode-heavy (output >= 2x prompt)" if output >= 2 * prompt else \
+        "prefill-heavy (prompt >= 3x output)" if prompt >= 3 * output else "mixed (between)"
+    arrivals = "at a finite rate" if obs.request_rate and math.isfinite(obs.request_rate) else \
+        "capped concurrency" if obs.max_concurrency else "all at once"
+    lengths = "lengths varied" if obs.length_spread else "fixed lengths"
+    return {"gpu_kind": gpu, "shape": shape, "workload_kind": f"{ratio}, {lengths}, {arrivals}"}
 
 
 def with_coverage(rows: list[dict]) -> list[dict]:
@@ -478,7 +498,22 @@ def table(rows: list[dict]) -> str:
         errors = [abs(r["error"]) for r in held]
         out.append(f"| {family} | {len({r['pair'] for r in held})} | {statistics.median(errors) * 100:.1f}% | "
                    f"{max(errors) * 100:.1f}% | {sum(r['inside_held_out'] for r in held)}/{len(held)} |")
+    for key, title in (("gpu_kind", "GPU"), ("shape", "model"), ("workload_kind", "workload")):
+        out += ["", f"| {title} | held-out pairs | request throughput: median error | worst | inside the held-out "
+                    "range |", "|---|---:|---:|---:|---:|"]
+        held = [r for r in rows if r["provenance"] == HELD_OUT and r["metric"] == "request_throughput"]
+        for value in sorted({r[key] for r in held}, key=_size_first):
+            group = [r for r in held if r[key] == value]
+            errors = [abs(r["error"]) for r in group]
+            out.append(f"| {value} | {len({r['pair'] for r in group})} | {statistics.median(errors) * 100:.1f}% | "
+                       f"{max(errors) * 100:.1f}% | {sum(r['inside_held_out'] for r in group)}/{len(group)} |")
     return "\n".join(out)
+
+
+def _size_first(label: str) -> tuple[float, str]:
+    """Labels ordered by a leading size ("8B (...)": 8), then as text; a label without one after those with."""
+    head = label.split("B", 1)[0]
+    return (float(head) if head.replace(".", "", 1).isdigit() else math.inf, label)
 
 
 def main() -> int:
