@@ -192,3 +192,17 @@ def test_from_log_keeps_only_what_the_user_set() -> None:
            "reasoning_parser_plugin": "", "enable_bf16x3_router_gemm": False, "model": "/tmp/tiny"}
     user = from_non_default_args(log, offline=True)
     assert user.commands[0].shell() == "vllm bench throughput --model /tmp/tiny --max-model-len 2048 --enforce-eager"
+
+
+def test_a_random_prefix_is_part_of_every_prompt() -> None:
+    """vLLM's RandomDataset builds a prompt as --random-prefix-len fixed tokens, then an input drawn within the range
+    ratio around --random-input-len (its `total_input_len = prefix_len + input_len`): the prompt the command asks
+    for and its longest request count the prefix (they left it out)."""
+    from profkit.analysis.workload import workload_section
+
+    cmd = VllmCommand.parse("vllm bench serve --dataset-name random --random-input-len 512 --random-output-len 128 "
+                            "--random-range-ratio 0.5 --random-prefix-len 256")
+    assert cmd.prompt_lengths() == (512, 128, 0.5, 256)
+    w = workload_section(cmd, None)
+    assert (w["asked_prompt_tokens"], w["tokens_per_request"]) == (768, 896)
+    assert w["max_tokens_per_request"] == 256 + (512 + 128) * 1.5 and w["shared_prefixes"] is True

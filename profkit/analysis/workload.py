@@ -37,24 +37,29 @@ def workload_section(bench_cmd: VllmCommand | None, bench: BenchResult | None) -
     result's means, else the command's random lengths), the most a request needs, and whether prompts share
     prefixes."""
     lengths = bench_cmd.prompt_lengths() if bench_cmd else None
-    mean = (bench.request_tokens() if bench else None) or _offline_tokens(lengths, bench)
-    per_request = mean[0] + mean[1] if mean else float(lengths[0] + lengths[1]) if lengths else None
+    # the command's prompt: its fixed prefix, then the input drawn around --random-input-len
+    asked = (float(lengths[3] + lengths[0]), float(lengths[1])) if lengths else None
+    mean = (bench.request_tokens() if bench else None) or _offline_tokens(asked, lengths, bench)
+    per_request = mean[0] + mean[1] if mean else asked[0] + asked[1] if asked else None
     return {"shared_prefixes": bench_cmd.shared_prefixes() if bench_cmd else None,
             "tokens_per_request": per_request,
             "prompt_tokens": mean[0] if mean else None, "output_tokens": mean[1] if mean else None,
-            "max_tokens_per_request": int((lengths[0] + lengths[1]) * (1 + lengths[2])) if lengths else None,
+            "max_tokens_per_request": int(lengths[3] + (lengths[0] + lengths[1]) * (1 + lengths[2])) if lengths
+            else None,
             "length_spread": lengths[2] if lengths else None,
             # what the command asked, beside what the server got: vLLM's random dataset decodes random ids to text
             # that the server's tokenizer encodes again, to other lengths where the two disagree
-            "asked_prompt_tokens": float(lengths[0]) if lengths else None}
+            "asked_prompt_tokens": asked[0] if asked else None}
 
 
-def _offline_tokens(lengths: tuple[int, int, float] | None, bench: BenchResult | None) -> tuple[float, float] | None:
-    """`vllm bench throughput` writes only the total of prompt and output tokens: the command's random lengths split
-    it where every request had them (no range ratio) and they add up to that total within 1 %."""
-    if not lengths or lengths[2] or bench is None or not bench.num_requests or not bench.tokens_per_second \
-            or not bench.elapsed_s:
+def _offline_tokens(asked: tuple[float, float] | None, lengths: tuple[int, int, float, int] | None,
+                    bench: BenchResult | None) -> tuple[float, float] | None:
+    """`vllm bench throughput` writes only the total of prompt and output tokens: the command's random lengths
+    (`asked`: prompt and output) split it where every request had them (no range ratio) and they add up to that total
+    within 1 %."""
+    if not asked or not lengths or lengths[2] or bench is None or not bench.num_requests \
+            or not bench.tokens_per_second or not bench.elapsed_s:
         return None
     total = bench.tokens_per_second * bench.elapsed_s
-    expected = bench.num_requests * (lengths[0] + lengths[1])
-    return (float(lengths[0]), float(lengths[1])) if abs(total / expected - 1) <= 0.01 else None
+    expected = bench.num_requests * (asked[0] + asked[1])
+    return asked if abs(total / expected - 1) <= 0.01 else None

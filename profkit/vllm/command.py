@@ -295,9 +295,11 @@ class VllmCommand:
             return bool(prefix) if isinstance(prefix, int) else None
         return None
 
-    def prompt_lengths(self) -> tuple[int, int, float] | None:
-        """The random dataset's (input, output, range ratio) tokens per request (vLLM 0.26's defaults 1024, 128,
-        0.0), or None for another dataset or a command that is no benchmark."""
+    def prompt_lengths(self) -> tuple[int, int, float, int] | None:
+        """The random dataset's (input, output, range ratio, prefix) tokens per request (vLLM 0.26's defaults 1024,
+        128, 0.0, 0), or None for another dataset or a command that is no benchmark. A prompt is the prefix, then
+        an input drawn within the range ratio either side of its length (vLLM's RandomDataset: prefix_len +
+        input_len)."""
         if self.role not in ("client", "offline") or self.shared_prefixes() is None:
             return None
         spec = self.spec()
@@ -308,7 +310,7 @@ class VllmCommand:
             return value if isinstance(value, (int, float)) and not isinstance(value, bool) else fallback
 
         return int(given("--random-input-len", 1024)), int(given("--random-output-len", 128)), \
-            float(given("--random-range-ratio", 0.0))
+            float(given("--random-range-ratio", 0.0)), int(given("--random-prefix-len", 0))
 
     @property
     def model(self) -> str | None:
