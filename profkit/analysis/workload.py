@@ -39,7 +39,7 @@ def workload_section(bench_cmd: VllmCommand | None, bench: BenchResult | None) -
     lengths = bench_cmd.prompt_lengths() if bench_cmd else None
     # the command's prompt: its fixed prefix, then the input drawn around --random-input-len
     asked = (float(lengths[3] + lengths[0]), float(lengths[1])) if lengths else None
-    mean = (bench.request_tokens() if bench else None) or _offline_tokens(asked, lengths, bench)
+    mean = (bench.request_tokens() if bench else None) or _offline_tokens(asked, lengths[2] if lengths else None, bench)
     per_request = mean[0] + mean[1] if mean else asked[0] + asked[1] if asked else None
     return {"shared_prefixes": bench_cmd.shared_prefixes() if bench_cmd else None,
             "tokens_per_request": per_request,
@@ -52,12 +52,12 @@ def workload_section(bench_cmd: VllmCommand | None, bench: BenchResult | None) -
             "asked_prompt_tokens": asked[0] if asked else None}
 
 
-def _offline_tokens(asked: tuple[float, float] | None, lengths: tuple[int, int, float, int] | None,
+def _offline_tokens(asked: tuple[float, float] | None, spread: float | None,
                     bench: BenchResult | None) -> tuple[float, float] | None:
     """`vllm bench throughput` writes only the total of prompt and output tokens: the command's random lengths
-    (`asked`: prompt and output) split it where every request had them (no range ratio) and they add up to that total
-    within 1 %."""
-    if not asked or not lengths or lengths[2] or bench is None or not bench.num_requests \
+    (`asked`: prompt and output) split it where every request had them (no range ratio: `spread` 0) and they add up
+    to that total within 1 %."""
+    if not asked or spread is None or spread or bench is None or not bench.num_requests \
             or not bench.tokens_per_second or not bench.elapsed_s:
         return None
     total = bench.tokens_per_second * bench.elapsed_s

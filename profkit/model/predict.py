@@ -397,6 +397,13 @@ class _Fit:
 
 # ------------------------------------------------------------------------------------------------- prediction
 
+def _refuse(obs: Observation, changes: dict[str, Any]) -> None:
+    """Raises Refused where the model cannot answer for `changes`: the levers' table's own refusals (a flag it does
+    not know, a lever the run's evidence cannot read) first, then the run's and the change's (`change_refusal`)."""
+    if (refused := levers.refusal(obs, changes) or change_refusal(obs, changes)) is not None:
+        raise Refused(refused)
+
+
 def predict(cal: Calibrated, changes: dict[str, Any], noise: float | None = None, ends: bool = True,
             held_out: bool = True) -> Prediction:
     """The run under `changes` ({vLLM dest: value}, e.g. {"kv_cache_dtype": "fp8"}; None: the flag removed, vLLM's
@@ -406,8 +413,7 @@ def predict(cal: Calibrated, changes: dict[str, Any], noise: float | None = None
     each range to the held-out errors of its classes of change (False: the model's own range, what the validation
     compares)."""
     obs = cal.observation
-    if (refused := levers.refusal(obs, changes) or change_refusal(obs, changes)) is not None:
-        raise Refused(refused)
+    _refuse(obs, changes)
     changes = levers.with_defaults(changes, obs)
     said = _Said([], [])
     if obs.vllm_version and obs.vllm_version != RECORDED_VERSION:
@@ -467,8 +473,7 @@ class Configured:
 def configured(cal: Calibrated, changes: dict[str, Any]) -> Configured:
     """The engine, step costs, engines and host ceilings of the run under `changes` ({vLLM dest: value})."""
     obs = cal.observation
-    if (refused := levers.refusal(obs, changes) or change_refusal(obs, changes)) is not None:
-        raise Refused(refused)
+    _refuse(obs, changes)
     changes = levers.with_defaults(changes, obs)
     changed = any(obs.config.get(dest) != value for dest, value in changes.items())  # not the run's own settings
     said = _Said([], [])
