@@ -694,3 +694,28 @@ def test_a_program_named_like_a_shell_word_is_quoted() -> None:
 
     assert shell(["time", "x"]) == "'time' x" and shell(["A=B", "x"]) == "'A=B' x" and shell(["if"]) == "'if'"
     assert shell(["nsys", "time"]) == "nsys time"
+
+
+@pytest.mark.parametrize(("failed", "said"), [
+    (True, None), ("lots", None), (float("nan"), None), (-5, None), ([3], None), (None, None),
+    (1e14, "100,000,000,000,000 of 100,000,000,000,984 requests failed (100.0%)")])
+def test_a_failed_count_that_is_not_a_count(tmp_path: Path, h200_model_led: Path, failed, said) -> None:
+    """Lease 27's defaults-run result (q_base r1) with its `failed` replaced (16 failed, 984 completed there): what is
+    not a count of requests (a boolean, text, NaN, a negative, a list) is not read, and the run's figures stand; a
+    huge count is said in one line and the model refuses the run, never a traceback."""
+    data = json.loads((h200_model_led / "api" / "q_base" / "r1" / "bench.json").read_text())
+    data["failed"] = failed
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps(data))  # json writes NaN as the token JavaScript has, which vLLM's json would too
+    r = profkit("report", "--bench", bench, "--format", "json")
+    assert r.returncode == 0, r.stderr
+    facts = json.loads(r.stdout)["facts"]
+    summaries = [f["summary"] for f in json.loads(r.stdout)["findings"] if f["rule"] == "failed-requests"]
+    assert facts["vllm.num_requests"] == data["completed"]
+    if said is None:
+        assert (facts["vllm.failed_requests"], facts["vllm.failed_share"], summaries) == (None, None, [])
+    else:
+        assert summaries and summaries[0].startswith(said)
+        run = shutil.copytree(h200_model_led / "api" / "q_base" / "r1", tmp_path / "r1")
+        shutil.copy(bench, run / "bench.json")
+        one_error_line(profkit("predict", run, "--", "--max-num-seqs", "128"), "requests failed (100%)")

@@ -61,12 +61,13 @@ KEYS: dict[str, tuple[str, ...]] = {
 
 
 def parse_bench(data: dict[str, Any]) -> BenchResult:
-    """The benchmark JSON's figures (finite numbers only; booleans and text are not figures)."""
+    """The benchmark JSON's figures (finite numbers only; booleans and text are not figures, and every figure here is a
+    count, a rate or a time: a negative one is not read)."""
     out = {}
     for name, candidates in KEYS.items():
         for c in candidates:
             value = data.get(c)
-            if is_figure(value):
+            if is_figure(value) and value >= 0:
                 out[name] = float(value)
                 break
     return BenchResult(**out)
