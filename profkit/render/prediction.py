@@ -94,9 +94,12 @@ FRONTIER_COLUMNS = (("rate (req/s)", None), ("req/s", "request_throughput"),
 
 
 def _beyond(binding: str | None) -> str:
+    # "capacity" in the JSON: the server stops keeping up, which at a rate can lie above the throughput with every
+    # request at once (fewer in flight: a KV-bound run preempts less), so the words say what happens instead
     if binding is None:
-        return ""
-    return "; beyond it the queue grows (the capacity)" if binding == "capacity" else f"; beyond it {binding} fails"
+        return "; the highest rate simulated (it may keep up beyond)"
+    return "; beyond it the server falls behind (its queue grows)" if binding == "capacity" \
+        else f"; beyond it {binding} fails"
 
 
 def frontier_view(doc: dict[str, Any]) -> dict[str, Any]:
@@ -117,7 +120,7 @@ def frontier_view(doc: dict[str, Any]) -> dict[str, Any]:
         goodput = (f"within {bounds}: {figure(good['rate'])} req/s (range {figure(good['low'])}-{figure(good['high'])})"
                    + _beyond(good.get("binding")) if good["rate"] > 0
                    else f"within {bounds}: none (at the lowest rate "
-                        + ("the queue grows)" if good.get("binding") == "capacity"
+                        + ("the server falls behind)" if good.get("binding") == "capacity"
                            else f"{good.get('binding')} fails)"))
     return {"source": (doc.get("source") or {}).get("path") or "the evidence given",
             "changes": doc.get("changes_text") or "", "header": [c for c, _ in FRONTIER_COLUMNS],
@@ -131,7 +134,7 @@ def _frontier_text(doc: dict[str, Any]) -> str:
     v = frontier_view(doc)
     widths = [max(len(h), *(len(r[i]) for r in v["rows"])) for i, h in enumerate(v["header"])]
     out = [f"profkit predict --frontier: {terminal(v['source'])}", f"  changes: {terminal(v['changes'])}",
-           f"  capacity (every request at once): {v['capacity']}"]
+           f"  every request at once: {v['capacity']}"]
     if v["goodput"]:
         out.append(f"  goodput {terminal(v['goodput'])}")
     out += [f"  {terminal(n)}" for n in v["notes"]]
