@@ -330,7 +330,7 @@ def test_the_report_shows_the_frontier_before_and_after_its_prescription(tmp_pat
         assert a["rate"] >= 0.95 * b["rate"] and a["metrics"]["p99_tpot_ms"]["predicted"] < b["metrics"][
             "p99_tpot_ms"]["predicted"]
     text = profkit("report", "samples/vllm_14b_kv_bound").stdout
-    assert "The frontier, as run and prescribed (predicted; capacity 9.16 → 17.7 req/s" in text
+    assert "The frontier, as run and prescribed (predicted; every request at once 9.16 → 17.7 req/s" in text
     profkit("report", "samples/vllm_14b_kv_bound", "-o", tmp_path / "r.html")
     html = (tmp_path / "r.html").read_text()
     section = html[html.index('<section id="frontier">'):]

@@ -166,6 +166,11 @@ def test_the_prescription_follows_the_measured_layout(tp2: Path) -> None:
         assert {c["flag"] for c in p["changes"] if c["trades"]} <= {"--quantization", "--kv-cache-dtype"}
         if any(c["trades"] for c in p["changes"]):
             assert {c["flag"]: c["to"] for c in p["alternative"]["changes"]} == to
+            # what precision adds over the layout alone: the two predictions' ratio, not their gains' difference
+            best, alone = (x["request_throughput"]["predicted"]
+                           for x in (p["predicted"], p["alternative"]["predicted"]))
+            assert p["alternative"]["trade"] == f"{(best / alone - 1) * 100:+.0f}% request throughput for a change " \
+                                                "of the model's precision"
         assert "tp-or-dp" in p["answers"]
         suggested = doc["command"]["suggested"][0]
         assert f"--data-parallel-size {to['--data-parallel-size']}" in suggested

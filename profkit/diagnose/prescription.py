@@ -79,8 +79,9 @@ def prescribe(doc: dict[str, Any], findings: list[Finding], noise: float | None 
         ap = safe.prediction
         alternative = {"changes": _described(safe.changes, cal, doc, findings),
                        "predicted": {**ap.metrics, "limit_after": ap.limit_after, "validation": ap.validation},
-                       "trade": f"{(chosen.gain() - safe.gain()) * 100:+.0f}% request throughput for a change of "
-                                "the model's precision"}
+                       # the precision's own gain: over the safe change's throughput, not the baseline's points
+                       "trade": f"{((1 + chosen.gain()) / (1 + safe.gain()) - 1) * 100:+.0f}% request throughput for "
+                                "a change of the model's precision"}
     described = _described(chosen.changes, cal, doc, findings)
     return Prescription(
         limit=p.limit_before, changes=described,

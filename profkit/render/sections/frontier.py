@@ -50,7 +50,7 @@ def view(report: dict[str, Any], top: int) -> dict[str, Any] | None:
 
 
 def text(v: dict[str, Any]) -> list[str]:
-    out = [f"The frontier, as run and prescribed (predicted; capacity {v['capacity']}); latencies in ms; "
+    out = [f"The frontier, as run and prescribed (predicted; every request at once {v['capacity']}); latencies in ms; "
            f"{v['note']}."]
     out.append(text_table(v["rows"], {
         "config": lambda r: r["side"], "rate (req/s)": lambda r: r["rate"], "served": lambda r: r["served"],
