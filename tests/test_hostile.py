@@ -718,4 +718,4 @@ def test_a_failed_count_that_is_not_a_count(tmp_path: Path, h200_model_led: Path
         assert summaries and summaries[0].startswith(said)
         run = shutil.copytree(h200_model_led / "api" / "q_base" / "r1", tmp_path / "r1")
         shutil.copy(bench, run / "bench.json")
-        one_error_line(profkit("predict", run, "--", "--max-num-seqs", "128"), "requests failed (100%)")
+        one_error_line(profkit("predict", run, "--", "--max-num-seqs", "128"), "requests failed (100.0%)")

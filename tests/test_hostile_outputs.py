@@ -235,3 +235,17 @@ def test_rules_explain_prints_no_control_character(tmp_path: Path) -> None:
     listed = profkit("rules", "list", "--rules", rules).stdout
     assert all(line.isprintable() for line in listed.splitlines())
     assert "evil                     info      T]0;pwnedc2J" in listed
+
+
+def test_a_flag_in_predicts_markdown_is_inline_code() -> None:
+    """`predict --format md` printed the changes as they were written, outside code: HTML and a table's pipe there
+    were Markdown's to read. Inline code takes them literally: fenced by more backticks than the text holds, the
+    pipes escaped (a table cell ends at one, even inside code)."""
+    from profkit.render.markdown import code_span
+
+    assert code_span("--max-num-seqs 128") == "`--max-num-seqs 128`"
+    assert code_span("fp8<script>|x|") == "`fp8<script>\\|x\\|`"
+    assert code_span("a``b`") == "``` a``b` ```"
+    assert code_span("x\x1b[31my\nz") == "`x[31my z`"
+    r = profkit("predict", "samples/vllm_14b_kv_bound", "--format", "md", "--", "--max-num-seqs", "128")
+    assert "· changes: `--max-num-seqs 128`" in r.stdout, r.stdout

@@ -160,7 +160,7 @@ def test_failed_requests_are_said_and_a_run_where_many_failed_is_refused(h200_mo
     said = next(f for f in doc["findings"] if f["rule"] == "failed-requests")
     assert said["summary"].startswith("374 of 1,000 requests failed (37.4%): the benchmark's figures are the "
                                       "completed requests'")
-    assert run_refusal(doc) == ("374 of 1,000 requests failed (37%): the completed ones are not the workload the "
+    assert run_refusal(doc) == ("374 of 1,000 requests failed (37.4%): the completed ones are not the workload the "
                                 "benchmark asked for (the server's log says why)")
     run = h200_model_led / "api" / "q_base" / "r1"
     text = profkit("report", run).stdout
@@ -186,3 +186,92 @@ def test_a_benchmark_whose_prompts_are_not_its_commands_is_said(h200_model_led: 
     assert third["facts"]["workload.prompt_tokens"] == pytest.approx(1016366 / 984)  # its result's tokens, completed
     assert third["facts"]["workload.asked_prompt_tokens"] == 1024
     assert "workload-not-as-asked" not in {f["rule"] for f in third["findings"]}
+
+
+@pytest.mark.parametrize("change", [
+    "--max-num-seqs 0", "--max-num-seqs -5", "--max-num-seqs 256.7", "--max-num-seqs 1e3",
+    "--max-num-batched-tokens 0", "--gpu-memory-utilization 1.5", "--gpu-memory-utilization 0",
+    "--gpu-memory-utilization inf", "--kv-cache-memory-bytes inf", "--kv-cache-memory-bytes 1.5K", "-tp 0",
+    "--data-parallel-size 0", "--api-server-count 0", "--api-server-count -1", "--max-model-len 0"])
+def test_a_value_vllm_would_not_take_is_one_line(change: str) -> None:
+    """An adversarial review found these predicted with confidence (a batch cap of 0 or 256.7, 150 % of the GPU's
+    memory: +40 %, 0 API servers: "same") or answered with an internal error (0 and -5 as a batch cap, inf bytes).
+    vLLM 0.26's own types say what each takes (whole numbers of at least 1, a share in (0, 1], sizes like 1k)."""
+    flag = change.split()[0]
+    for args in ([], ["--frontier"]):
+        line = one_error_line(profkit("predict", SAMPLE, *args, "--", *change.split()), "a value vLLM would not take")
+        assert ": a value vLLM would not take (it takes " in line and (flag in line or "--tensor-parallel-size" in line)
+
+
+def test_vllms_human_readable_sizes_and_auto_length_are_its_values() -> None:
+    """`--kv-cache-memory-bytes 1G` and `--max-model-len 1k` are vLLM 0.26's spellings (1G = 1,073,741,824 bytes,
+    1k = 1,000 tokens: its --help); -1 is its automatic length, the default. They were refused as values vLLM would
+    not take, and -1 as shorter than the workload."""
+    def metrics(*change: str) -> dict:
+        r = profkit("predict", SAMPLE, "--format", "json", "--", *change)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)["metrics"]
+
+    assert metrics("--kv-cache-memory-bytes", "1G") == metrics("--kv-cache-memory-bytes", str(1 << 30))
+    assert metrics("--max-model-len", "-1") == metrics("--max-model-len", "default")
+    one_error_line(profkit("predict", SAMPLE, "--", "--max-model-len", "1k"),
+                   "--max-model-len 1000 is shorter than the workload's requests (1,024 + 256 tokens)")
+
+
+def test_a_switch_takes_no_value_and_default_turns_it_off(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """`--enforce-eager false` (vLLM: 'unrecognized arguments') and `--enforce-eager=false` were read as eager on, the
+    word dropped; a stray word after any flag was dropped too. `--enforce-eager default` is vLLM's default: CUDA
+    graphs on, as `--no-enforce-eager` (an eager TP=2 run of h200_tp4)."""
+    for change, says in ((["--enforce-eager", "false"], "'false' is not a flag (--enforce-eager is a switch and "
+                                                        "takes no value"),
+                         (["--enforce-eager=false"], "--enforce-eager=false: --enforce-eager is a switch"),
+                         (["--max-num-seqs", "64", "extra"], "'extra' is not a flag")):
+        one_error_line(profkit("predict", SAMPLE, "--", *change), says)
+    eager = unpack(tmp_path_factory, "h200_tp4") / "tp2_eager"
+    off, default = (json.loads(profkit("predict", eager, "--format", "json", "--", *c).stdout)
+                    for c in (["--no-enforce-eager"], ["--enforce-eager", "default"]))
+    assert default["changes"] == off["changes"] == {"enforce_eager": False}
+    assert default["metrics"] == off["metrics"]
+    assert off["metrics"]["request_throughput"]["predicted"] > off["metrics"]["request_throughput"]["before"]
+
+
+def test_a_parallel_size_taken_back_to_the_default_is_one_gpu(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """`-tp default` was read as the run's own size, which let a TP=2 run's move to one GPU through the refusal that
+    `-tp 1` meets; vLLM's default is 1."""
+    tp2 = unpack(tmp_path_factory, "h200_tp2") / "ab"
+    for run, change in (("tp2/L_s21", "--tensor-parallel-size"), ("dp2/T_s11", "--data-parallel-size")):
+        for value in ("1", "default"):
+            one_error_line(profkit("predict", tp2 / run, "--", change, value),
+                           "1 GPU where the run used 2: the model predicts only splits of the run's own GPUs")
+
+
+@pytest.mark.parametrize("dtype", ["fp8_inc", "fp8_ds_mla", "fp8_per_token_head"])
+def test_fp8_kv_caches_it_never_measured_are_refused(dtype: str) -> None:
+    """Any dtype starting fp8 was taken as the FP8 KV cache (+17 %): Gaudi's fp8_inc, MLA's fp8_ds_mla and the per-token
+    scaled kinds were never measured. fp8_e4m3 and fp8_e5m2 are the per-tensor FP8 the model knows."""
+    one_error_line(profkit("predict", SAMPLE, "--", "--kv-cache-dtype", dtype),
+                   f"--kv-cache-dtype {dtype}: the model knows the 16-bit and FP8 KV caches only")
+    assert profkit("predict", SAMPLE, "--", "--kv-cache-dtype", "fp8_e5m2").returncode == 0
+
+
+def test_runs_the_model_was_not_built_for_are_refused(tmp_path: Path,
+                                                      tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A run that decodes speculatively (its n-gram proposer: h200_live's cap_spec2), one at TP=4 (h200_tp4's
+    capture: the all-reduces validated up to TP=2), 4-bit weights (a GPTQ checkpoint's config.json on the sample's
+    shape) and a mixture of experts named otherwise (ERNIE's moe_num_experts, an architecture called Moe): each
+    was predicted; now one line, and the report says it in place of a prescription."""
+    live, tp4 = unpack(tmp_path_factory, "h200_live"), unpack(tmp_path_factory, "h200_tp4")
+    one_error_line(profkit("predict", live / "cap_spec2", "--", "--max-num-seqs", "64"),
+                   "the run decodes speculatively (--speculative-config): the model simulates one token a step")
+    one_error_line(profkit("predict", tp4 / "capture", "--", "--max-num-seqs", "64"),
+                   "the run spans 4 GPUs by tensor parallelism: the model's all-reduces were validated up to 2")
+    assert "no prescription: the model cannot be calibrated on this run (the run spans 4 GPUs" in \
+        profkit("report", tp4 / "capture").stdout
+    gptq = _config(tmp_path, quantization_config={"quant_method": "gptq", "bits": 4})
+    one_error_line(profkit("predict", SAMPLE, "--model-config", gptq, "--", "--quantization", "fp8"),
+                   "4-bit weights (the checkpoint's quantization): the model knows 16-bit and FP8 weights only")
+    for name, edits in (("ernie", {"moe_num_experts": 64}), ("named", {"architectures": ["Qwen2MoeForCausalLM"]})):
+        (tmp_path / name).mkdir()
+        moe = _config(tmp_path / name, **edits)
+        one_error_line(profkit("predict", SAMPLE, "--model-config", moe, "--", "--max-num-seqs", "64"),
+                       "a mixture-of-experts model")

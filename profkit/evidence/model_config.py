@@ -105,12 +105,14 @@ def parse_model_config(data: Any, path: str) -> ModelShape:
     dtype = text.get("torch_dtype", data.get("torch_dtype", text.get("dtype")))
     # Some dense configs carry num_experts 0: no experts.
     experts = _int({k: v for k, v in text.items() if v != 0}, path, "experts", "num_local_experts", "num_experts",
-                   "n_routed_experts")
+                   "n_routed_experts", "moe_num_experts", "num_experts_per_tok")
+    # a mixture of experts named by its architecture alone (Qwen2MoeForCausalLM, OlmoeForCausalLM)
+    moe_named = isinstance(archs, list) and any(isinstance(a, str) and "moe" in a.lower() for a in archs)
     return ModelShape(path=path, architecture=str(archs[0]) if isinstance(archs, list) and archs else None,
                       layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
                       intermediate=intermediate, vocab=vocab, dtype=dtype if isinstance(dtype, str) else None,
                       quantization=str(quant.get("quant_method")) if isinstance(quant, dict) else None,
-                      dense=experts is None)
+                      dense=experts is None and not moe_named)
 
 
 def read_model_config(path: Path) -> ModelShape:

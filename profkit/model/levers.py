@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from profkit.model.observe import Observation
-from profkit.vllm.options import default_api_servers, default_of, flag_for, spellings
+from profkit.vllm.options import default_api_servers, default_of, flag_for, setting_value, spellings
 
 
 @dataclass(frozen=True)
@@ -117,10 +117,27 @@ def unknown_refusal(changes: dict[str, Any]) -> str | None:
             + ("; ask without it for the others" if set(changes) & MODELLED else ""))
 
 
+def typed(changes: dict[str, Any]) -> dict[str, Any]:
+    """The changes' values as vLLM reads them ('1K' -> 1024; max_model_len -1 -> None, vLLM's default); ValueError
+    where vLLM would not take one (`refusal` says which first)."""
+    return {dest: setting_value(dest, value) for dest, value in changes.items()}
+
+
+def value_refusal(changes: dict[str, Any]) -> str | None:
+    """The first value vLLM would not take among `changes` ({vLLM dest: value}), in words, or None."""
+    for dest, value in changes.items():
+        try:
+            setting_value(dest, value)
+        except ValueError as exc:
+            return f"{flag_for(dest)} {value}: a value vLLM would not take (it takes {exc})"
+    return None
+
+
 def refusal(obs: Observation, changes: dict[str, Any]) -> str | None:
     """Why the table cannot answer `changes` ({vLLM dest: value}) on the run, or None: a flag it does not know, a
-    lever whose effect the run's evidence cannot read. `predict` refuses these with `refusals.change_refusal`'s."""
-    if (unknown := unknown_refusal(changes)) is not None:
+    value vLLM would not take, a lever whose effect the run's evidence cannot read. `predict` refuses these with
+    `refusals.change_refusal`'s."""
+    if (unknown := unknown_refusal(changes) or value_refusal(changes)) is not None:
         return unknown
     for dest in changes:
         if (why := unreadable(dest, obs)) is not None:

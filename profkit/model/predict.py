@@ -397,11 +397,16 @@ class _Fit:
 
 # ------------------------------------------------------------------------------------------------- prediction
 
-def _refuse(obs: Observation, changes: dict[str, Any]) -> None:
-    """Raises Refused where the model cannot answer for `changes`: the levers' table's own refusals (a flag it does
-    not know, a lever the run's evidence cannot read) first, then the run's and the change's (`change_refusal`)."""
-    if (refused := levers.refusal(obs, changes) or change_refusal(obs, changes)) is not None:
+def _checked(obs: Observation, changes: dict[str, Any]) -> dict[str, Any]:
+    """The changes with their values as vLLM reads them, or Refused where the model cannot answer for them: the
+    levers' table's own refusals (a flag it does not know, a value vLLM would not take, a lever the run's evidence
+    cannot read) first, then the run's and the change's (`change_refusal`)."""
+    if (refused := levers.refusal(obs, changes)) is not None:
         raise Refused(refused)
+    changes = levers.typed(changes)
+    if (refused := change_refusal(obs, changes)) is not None:
+        raise Refused(refused)
+    return changes
 
 
 def predict(cal: Calibrated, changes: dict[str, Any], noise: float | None = None, ends: bool = True,
@@ -413,8 +418,7 @@ def predict(cal: Calibrated, changes: dict[str, Any], noise: float | None = None
     each range to the held-out errors of its classes of change (False: the model's own range, what the validation
     compares)."""
     obs = cal.observation
-    _refuse(obs, changes)
-    changes = levers.with_defaults(changes, obs)
+    changes = levers.with_defaults(_checked(obs, changes), obs)
     said = _Said([], [])
     if obs.vllm_version and obs.vllm_version != RECORDED_VERSION:
         said.reasoning.append(f"the run is vLLM {obs.vllm_version}'s: the defaults assumed and the model's validation "
@@ -473,8 +477,7 @@ class Configured:
 def configured(cal: Calibrated, changes: dict[str, Any]) -> Configured:
     """The engine, step costs, engines and host ceilings of the run under `changes` ({vLLM dest: value})."""
     obs = cal.observation
-    _refuse(obs, changes)
-    changes = levers.with_defaults(changes, obs)
+    changes = levers.with_defaults(_checked(obs, changes), obs)
     changed = any(obs.config.get(dest) != value for dest, value in changes.items())  # not the run's own settings
     said = _Said([], [])
     change = _changed(cal, changes, said)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import jinja2
@@ -38,6 +39,24 @@ def code_line(value: object) -> CodeBlock:
     return CodeBlock(escape.terminal(value))
 
 
+def code_span(value: object) -> CodeBlock:
+    """One value as inline code (a flag as written, outside a code block): terminal-safe, fenced by more backticks
+    than it holds, its pipes escaped (a table's cell ends at one even inside code). Markdown does not read HTML or
+    emphasis inside it."""
+    text = escape.terminal(value).replace("|", "\\|")
+    longest = max((len(run) for run in re.findall("`+", text)), default=0)
+    fence = "`" * (longest + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return InlineCode(f"{fence}{pad}{text}{pad}{fence}")
+
+
+class InlineCode(CodeBlock):
+    """Inline code, made safe by `code_span` (its fence is its own: not a code block's line to defuse)."""
+
+    def __new__(cls, text: str) -> InlineCode:
+        return str.__new__(cls, text)
+
+
 def md_escape(value: Any) -> Any:
     """Every value a template prints is escaped: kernel names and NVTX text come from the trace."""
     if isinstance(value, CodeBlock):
@@ -61,7 +80,8 @@ def environment(keep_trailing_newline: bool = False) -> jinja2.Environment:
     )
     env.filters.update(ns=units.ns, pct=units.pct, size=units.size, clip=units.clip, safe_code=CodeBlock,
                        clip_middle=units.clip_middle,
-                       code_line=code_line, change_from=units.change_from, change_to=units.change_to,
+                       code_line=code_line, code_span=code_span, change_from=units.change_from,
+                       change_to=units.change_to,
                        check_name=cmdline.check_name,
                        gap_class=units.gap_class, number=units.number, zip=lambda a, b: list(zip(a, b, strict=True)))
     env.globals.update(precision_note=PRECISION_NOTE, nvtx_window=NVTX_WINDOW, steps_window=STEPS_WINDOW)

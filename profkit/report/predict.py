@@ -40,8 +40,28 @@ def parse_changes(text: str) -> dict[str, Any]:
             raise ProfkitError(f"changes: {arg.name} takes a value (e.g. {arg.name} 2, or {arg.name}=2)")
     if not flags:
         raise ProfkitError(f"changes: no vLLM flag in {text!r} (give them after --, e.g. -- --max-num-seqs 256)")
-    # `--flag default`: the flag removed, vLLM's default in force (what the prescription writes as "not set")
-    return {k: None if isinstance(v, str) and v.lower() in ("default", "none") else v for k, v in flags.items()}
+    # `--flag default`: the flag removed, vLLM's default in force (what the prescription writes as "not set"); after
+    # a switch the word stands apart from it (`--enforce-eager default`), any other bare word is a mistake vLLM
+    # would refuse (`--enforce-eager false` is not "off")
+    for a in command.parsed[0]:  # `--enforce-eager=false`: a switch with a value, which vLLM refuses
+        if a.known and a.key is None and not a.values and "=" in command.args[a.at]:
+            raise ProfkitError(f"changes: {command.args[a.at]}: {a.name} is a switch and takes no value "
+                               f"(--no-{a.name.lstrip('-')} or {a.name} default turns it off)")
+    removed = set()
+    for at in command.parsed[1]:
+        word = command.args[at]
+        switch = next((a for a in command.parsed[0] if a.at + a.width == at and not a.values), None)
+        if switch is not None and word.lower() in ("default", "none"):
+            removed.add(switch.setting)
+            continue
+        raise ProfkitError(f"changes: {word!r} is not a flag" + (
+            f" ({switch.name} is a switch and takes no value: --no-{switch.name.lstrip('-')} or "
+            f"{switch.name} default turns it off)" if switch is not None else " (give flags and their values)"))
+    asked = {k: None if k in removed or isinstance(v, str) and v.lower() in ("default", "none") else v
+             for k, v in flags.items()}
+    if (problem := levers.value_refusal(asked)) is not None:
+        raise ProfkitError(f"changes: {problem}")
+    return levers.typed(asked)
 
 
 def known_changes(text: str) -> dict[str, Any]:

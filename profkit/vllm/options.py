@@ -118,6 +118,64 @@ def coerce(value: Any) -> Any:
     return value
 
 
+# vLLM 0.26's types for the settings profkit's model changes (its `--help`: tests/data/vllm_0.26.0_help): whole
+# numbers of at least 1, a share of the GPU's memory in (0, 1], human-readable sizes ("1k" 1,000, "1K" 1,024, "25.6k"
+# 25,600; -1 or "auto": the longest that fits, vLLM's default) and switches (SWITCHES)
+WHOLE_AT_LEAST_ONE = ("max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size", "data_parallel_size",
+                      "api_server_count")
+HUMAN_READABLE = ("kv_cache_memory_bytes", "max_model_len")
+_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_BINARY = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def human_readable_int(value: Any) -> int:
+    """vLLM's human-readable integer: '1k' 1,000, '1K' 1,024, '25.6k' 25,600 (no decimals with a binary suffix), or
+    a whole number; ValueError otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError("not a whole number")
+    if isinstance(value, (int, float)):  # a number from Python (bytes computed): whole bytes
+        if not math.isfinite(value):
+            raise ValueError("not a whole number")
+        return int(value)
+    text = value.strip()
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kmgtKMGT])", text)
+    if match is None:
+        return int(text)  # ValueError for '1e9', '2.5', 'lots'
+    number, suffix = match.groups()
+    if suffix in _DECIMAL:
+        return int(float(number) * _DECIMAL[suffix])
+    return int(number) * _BINARY[suffix]  # ValueError for '1.5K', as vLLM's
+
+
+def setting_value(dest: str, value: Any) -> Any:
+    """A value of a setting the model changes, as vLLM 0.26 reads it ('1K' -> 1024, max_model_len -1 or 'auto' ->
+    None: vLLM's default), or ValueError saying what the setting takes (its message: "a whole number of at least 1"). Other settings' values pass as they are."""
+    if value is None:
+        return None
+    if dest in WHOLE_AT_LEAST_ONE:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError("a whole number of at least 1")
+        return value
+    if dest == "gpu_memory_utilization":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+            raise ValueError("a share of the GPU's memory above 0 and at most 1")
+        return value
+    if dest in HUMAN_READABLE:
+        if dest == "max_model_len" and (value == -1 or str(value).strip().lower() == "auto"):
+            return None
+        try:
+            number = human_readable_int(value)
+        except ValueError:
+            raise ValueError("a whole number, or one like 1k (1,000) or 1K (1,024)") from None
+        if number < 1:
+            raise ValueError("a whole number of at least 1" + (" (or -1, auto)" if dest == "max_model_len"
+                                                                      else ""))
+        return number
+    if dest in SWITCHES and not isinstance(value, bool):
+        raise ValueError("no value: it is a switch (vLLM's default: without it)")
+    return value
+
+
 # --- the option lists ------------------------------------------------------------------------------------------
 
 @dataclass
