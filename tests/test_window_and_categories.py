@@ -240,3 +240,18 @@ def test_launch_latency_in_a_bounded_window_equals_the_raw_join(sqlite_path) -> 
         params=(win.start_ns, win.end_ns))["latency"]
     assert got.sampled == len(raw) > 1000
     assert got.median_ns == raw.quantile(0.5) and got.p90_ns == raw.quantile(0.9)
+
+
+def test_a_window_that_misses_the_gpus_work_is_one_line() -> None:
+    """`--window 100s:200s` on the torch sample (its GPU work: 412 ms at timestamps near 4.5e15 ns) reported the GPU
+    0 % busy over 100 s and fired low-gpu-utilization: a window in the wrong units or of another trace is a mistake,
+    said with the span the trace has; one that overlaps the work is the report's window."""
+    from tests.cli import one_error_line, profkit
+
+    sample = "samples/capture_thr_torch"
+    line = one_error_line(profkit("report", sample, "--window", "100s:200s"), "holds none of the trace's GPU work")
+    assert line.endswith("--window 100000000000ns:200000000000ns holds none of the trace's GPU work, which runs over "
+                         "4537953373925961ns:4537953785731149ns (412 ms; the trace's own timestamps)")
+    r = profkit("report", sample, "--window", "0ns:4537953400000000ns", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["window"]["how"] == "explicit"

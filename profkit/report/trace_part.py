@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from profkit import units
 from profkit.analysis import api as api_analysis
 from profkit.analysis import timeline
 from profkit.analysis.categories import category_breakdown
@@ -51,6 +52,15 @@ def trace_sections(path: str | os.PathLike, window: str, gap_threshold_ns: int, 
         raise TraceError(f"{path}: damaged or unreadable trace database ({exc})") from None
 
 
+def _window_meets_the_work(path: str | os.PathLike, win: Window, gaps: Any) -> None:
+    """A window given by hand that misses the GPU's work entirely is a mistake (its units, another trace's times), not
+    an idle GPU: one line, where the report would have said 0 % busy and fired low-utilization."""
+    if win.how == "explicit" and (win.end_ns <= gaps.first or win.start_ns >= gaps.last):
+        raise TraceError(f"{path}: --window {win.start_ns}ns:{win.end_ns}ns holds none of the trace's GPU work, "
+                         f"which runs over {gaps.first}ns:{gaps.last}ns ({units.ns(gaps.last - gaps.first)}; the "
+                         "trace's own timestamps)")
+
+
 def _build(path: str | os.PathLike, window: str, gap_threshold_ns: int, buckets: int,
            step: Progress, ranks: bool = False, defer: bool = False) -> TraceSections:
     step("open trace")
@@ -78,6 +88,7 @@ def _build(path: str | os.PathLike, window: str, gap_threshold_ns: int, buckets:
             kernels, memops, kinds, nvtx = gpu_side.result()
             step("CUDA API")
             api, sync, cpu_ops = host_side.result()
+        _window_meets_the_work(path, win, gpu_gaps(trace))
         # after the CUDA API table's one read: its index of starts finds the host calls around each listed gap
         tl = timeline.gpu_timeline(trace, win, gap_threshold_ns=gap_threshold_ns, n_buckets=buckets)
         sched = process_cpu(trace, win)  # after the scans: its sort of every context switch is the report's peak

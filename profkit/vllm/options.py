@@ -130,7 +130,7 @@ _BINARY = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 def human_readable_int(value: Any) -> int:
     """vLLM's human-readable integer: '1k' 1,000, '1K' 1,024, '25.6k' 25,600 (no decimals with a binary suffix), or
-    a whole number; ValueError otherwise."""
+    a whole number (a finite number from Python: its whole part); ValueError otherwise."""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise ValueError("not a whole number")
     if isinstance(value, (int, float)):  # a number from Python (bytes computed): whole bytes
@@ -149,7 +149,8 @@ def human_readable_int(value: Any) -> int:
 
 def setting_value(dest: str, value: Any) -> Any:
     """A value of a setting the model changes, as vLLM 0.26 reads it ('1K' -> 1024, max_model_len -1 or 'auto' ->
-    None: vLLM's default), or ValueError saying what the setting takes (its message: "a whole number of at least 1"). Other settings' values pass as they are."""
+    None: vLLM's default), or ValueError saying what the setting takes (its message: "a whole number of at least
+    1"). Other settings' values pass as they are."""
     if value is None:
         return None
     if dest in WHOLE_AT_LEAST_ONE:
