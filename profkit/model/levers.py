@@ -178,6 +178,6 @@ def layouts(obs: Observation) -> list[dict[str, Any]]:
 
 
 def describe(changes: dict[str, Any]) -> str:
-    """Changes as flags: `--max-num-seqs 512 --kv-cache-dtype fp8`, a removed flag `--max-num-seqs (vLLM's
-    default)`."""
-    return " ".join(f"{flag_for(k)} {'(default)' if v is None else v}" for k, v in changes.items())
+    """Changes as flags: `--max-num-seqs 512 --kv-cache-dtype fp8`, a removed flag `--max-num-seqs default` (vLLM's
+    default: the spelling `predict` takes back)."""
+    return " ".join(f"{flag_for(k)} {'default' if v is None else v}" for k, v in changes.items())

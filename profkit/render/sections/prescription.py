@@ -18,7 +18,8 @@ def text(v: dict[str, Any]) -> list[str]:
     if v["note"]:
         out.append(f"  {terminal(v['note'])}")
     if v["changes"]:
-        out.append("Prescription (the model of this run searched every lever it knows, together, and predicts):")
+        out.append("Prescription (the model of this run searched every lever it knows, together, kept each change "
+                   "only where it gains more than the noise, and predicts):")
         out += [change_line(c) for c in v["changes"]]
         out += metric_table(v["rows"])
         if v["validation"]:
