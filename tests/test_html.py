@@ -83,7 +83,7 @@ def test_chromium_renders_the_vllm_report(sqlite_path, tmp_path: Path) -> None:
     assert "CONSOLE" not in log and "Uncaught" not in log
     assert "Findings (3)" in dom and "GPU waits on the host between steps" in dom
     assert dom.count("<svg") >= 5  # timeline, categories, kernels, memory, API
-    assert "144.98 req/s" in dom  # the benchmark's own throughput in the header, as the text report gives it
+    assert "req/s<b>144.98</b>" in dom  # the benchmark's own throughput in the header, as the text report gives it
     assert_not_blank(shot)
 
 

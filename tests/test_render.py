@@ -72,3 +72,24 @@ def test_markdown_leaves_nothing_markdown_or_html_acts_on() -> None:
 def test_one_line_is_bounded() -> None:
     assert escape.one_line("bad\x1b[31m  value\t here\x00") == "bad[31m value here"
     assert escape.one_line("x" * 400, 10) == "x" * 9 + "…"
+
+
+@pytest.mark.parametrize("sample, labels", [
+    ("samples/vllm_14b_kv_bound", ["req/s", "output tok/s", "mean TTFT ms", "p99 TTFT ms", "mean TPOT ms",
+                                   "preemptions", "peak KV usage"]),
+    ("samples/capture_thr_torch", ["req/s"])])  # vllm bench throughput: its JSON has the rate alone
+def test_vllms_figures_are_the_same_in_every_format(sample: str, labels: list[str]) -> None:
+    """The text's head gave req/s, output tok/s, mean and p99 TTFT, mean TPOT, preemptions and the KV cache's peak;
+    Markdown left out three and HTML four (a first-hour review). One list now feeds all three, and each figure, as
+    the text prints it, is in the Markdown and the HTML too."""
+    from profkit.render.sections.header import outcomes
+    from profkit.report import build_report
+
+    doc = build_report(sample).document()
+    figures = outcomes(doc)
+    assert [o["label"] for o in figures] == labels
+    text, md, html = (render(doc, fmt) for fmt in ("text", "md", "html"))
+    for o in figures:
+        assert f"{o['label']} {o['value']}" in text
+        assert f"{o['label']} {o['value']}" in md
+        assert f"{o['label']}<b>{o['value']}</b>" in html

@@ -11,7 +11,7 @@ from profkit.units import ns, number, pct
 
 def view(report: dict[str, Any], top: int) -> dict[str, Any]:
     return {"report": report, "live": live_lines(report), "preempt_where": preemptions_window(report),
-            "session": session_line(report)}
+            "session": session_line(report), "outcomes": outcomes(report)}
 
 
 def text(v: dict[str, Any]) -> list[str]:
@@ -47,10 +47,11 @@ def session_line(report: dict[str, Any]) -> str | None:
             f"report is {session['run']}'s, the median")
 
 
-def outcome_lines(report: dict[str, Any]) -> list[str]:
-    """vLLM's own figures: the benchmark's throughput and latency, preemptions, KV cache."""
+def outcomes(report: dict[str, Any]) -> list[dict[str, str]]:
+    """vLLM's own figures, each once for every format (label, value, where it was counted): the benchmark's throughput
+    and latency, preemptions, the KV cache's peak use."""
     f = report["facts"]
-    parts = []
+    out = []
     for key, label, fmt in (("vllm.requests_per_second", "req/s", "{:,.2f}"),
                             ("vllm.output_throughput", "output tok/s", "{:,.0f}"),
                             ("vllm.ttft_mean_ms", "mean TTFT ms", "{:,.1f}"),
@@ -60,8 +61,14 @@ def outcome_lines(report: dict[str, Any]) -> list[str]:
                             ("vllm.kv_cache_usage_max", "peak KV usage", None)):
         value = f.get(key)
         if value is not None:
-            where = f" ({preemptions_window(report)})" if key == "vllm.preemptions" else ""
-            parts.append(f"{label} {pct(value) if fmt is None else fmt.format(value)}{where}")
+            out.append({"label": label, "value": pct(value) if fmt is None else fmt.format(value),
+                        "where": preemptions_window(report) if key == "vllm.preemptions" else ""})
+    return out
+
+
+def outcome_lines(report: dict[str, Any]) -> list[str]:
+    """vLLM's own figures as the text's line (`outcomes`)."""
+    parts = [f"{o['label']} {o['value']}" + (f" ({o['where']})" if o["where"] else "") for o in outcomes(report)]
     return ["  vLLM: " + ", ".join(parts)] if parts else []
 
 
