@@ -129,6 +129,8 @@ def report(traces: tuple[Path, ...], window: str, fmt: str | None, output: Path 
     from profkit.report import ReportOptions, build_report
 
     fmt = output_format(fmt, str(output) if output else None)  # before any work: a format that disagrees is one line
+    if label is not None and save_db is None:
+        raise click.UsageError("--label names the run stored with --save: add --save DB")
     show = sys.stderr.isatty() if progress is None else progress
     trace = list(traces) if len(traces) > 1 else (traces[0] if traces else None)
     options = ReportOptions(window=parse_window(window),
@@ -194,6 +196,12 @@ def predict_cmd(run: str | None, changes: tuple[str, ...], fmt: str | None, outp
         raise click.UsageError("--slo bounds a search or a frontier: add --search or --frontier")
     if do_search and do_frontier:
         raise click.UsageError("--search or --frontier, not both")
+    # options that only a search reads were silently ignored without one
+    if do_search and changes:
+        raise click.UsageError("--search starts from the run's own settings: give CHANGES without --search")
+    given = click.get_current_context().get_parameter_source
+    if not do_search and (allow_precision_changes or given("top") is not click.core.ParameterSource.DEFAULT):
+        raise click.UsageError("--top and --allow-precision-changes shape a search: add --search")
     if do_frontier:
         from profkit.report.predict import frontier_run
         from profkit.tune.loop import parse_slo

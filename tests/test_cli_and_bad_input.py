@@ -184,3 +184,19 @@ def test_report_path_imports_only_what_it_uses(sqlite_path) -> None:
     imported = {line.split("|")[-1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")}
     assert "profkit.report" in imported and "profkit.analysis.kernels" in imported  # the check sees imports
     assert not {m for m in imported if m.split(".")[0] in ("matplotlib", "prometheus_client", "pandas")}
+
+
+@pytest.mark.parametrize("args, says", [
+    (["predict", "samples/vllm_14b_kv_bound", "--search", "--", "--max-num-seqs", "64"],
+     "--search starts from the run's own settings: give CHANGES without --search"),
+    (["predict", "samples/vllm_14b_kv_bound", "--top", "3", "--", "--max-num-seqs", "64"],
+     "--top and --allow-precision-changes shape a search: add --search"),
+    (["predict", "samples/vllm_14b_kv_bound", "--allow-precision-changes", "--", "--max-num-seqs", "64"],
+     "--top and --allow-precision-changes shape a search: add --search"),
+    (["report", "samples/vllm_14b_kv_bound", "--label", "x"], "--label names the run stored with --save"),
+    (["report", "samples/vllm_14b_kv_bound", "--rules", "samples"], "samples: no rule files (*.yaml) in this folder"),
+])
+def test_an_option_that_would_be_ignored_is_one_line(args: list[str], says: str) -> None:
+    """A first-hour review found each of these exit 0 with the option dropped: changes beside --search (the search
+    ignored them), a search's options without a search, a label with nothing saved, a rules folder with no rule."""
+    one_error_line(profkit(*args), says)

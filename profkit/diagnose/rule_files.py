@@ -237,7 +237,10 @@ def load_rules(extra_dirs: list[Path] | None = None, known_facts: set[str] | Non
     for d in dirs:
         if not d.is_dir():
             raise RuleError(f"{d}: no such rules folder")
-        for path in sorted(d.glob("*.yaml")):
+        files = sorted(d.glob("*.yaml"))
+        if not files and d != dirs[0]:  # a folder given for its rules that holds none is a wrong folder
+            raise RuleError(f"{d}: no rule files (*.yaml) in this folder")
+        for path in files:
             rule = load_rule_file(path, known)
             if rule.id in rules:
                 raise RuleError(f"{path}: rule id {rule.id!r} already defined in {rules[rule.id].path}")
