@@ -131,8 +131,10 @@ def test_durations_need_units() -> None:
     trace = REPO / "samples" / "hostgap_b16.sqlite"
     one_error_line(profkit("report", trace, "--gap-threshold", "5"), "give a unit")
     one_error_line(profkit("report", trace, "--window", "13687553:20464823"), "needs a unit")
-    ok = json.loads(profkit("report", trace, "--window", "1.5s:4s", "--format", "json").stdout)
-    assert (ok["window"]["start_ns"], ok["window"]["end_ns"]) == (1_500_000_000, 4_000_000_000)
+    ok = json.loads(profkit("report", trace, "--window", "20ms:0.25s", "--format", "json").stdout)
+    assert (ok["window"]["start_ns"], ok["window"]["end_ns"]) == (20_000_000, 250_000_000)
+    # the trace's GPU work runs 16-303 ms: a window past it is a mistake, not an idle GPU
+    one_error_line(profkit("report", trace, "--window", "1.5s:4s"), "holds none of the trace's GPU work")
 
 
 def test_rules_explain_reads_as_prose() -> None:

@@ -118,6 +118,6 @@ def _trace_part(paths: list[Path], options: ReportOptions, step: Progress) -> Tr
 def _source(part: TraceSections | None, folder: CaptureFolder | None) -> dict[str, Any]:
     if part is None:
         return {"path": str(folder.path) if folder else None, "kind": "evidence"}
-    if folder and part.source.get("path"):
-        return {**part.source, "path": str(folder.path)}
+    if folder and part.source.get("path"):  # the folder given, and the trace read in it (a folder may hold more)
+        return {"traces": [part.source["path"]], **part.source, "path": str(folder.path)}
     return part.source

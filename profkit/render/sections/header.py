@@ -10,8 +10,10 @@ from profkit.units import ns, number, pct
 
 
 def view(report: dict[str, Any], top: int) -> dict[str, Any]:
+    src = report["source"]
     return {"report": report, "live": live_lines(report), "preempt_where": preemptions_window(report),
-            "session": session_line(report), "outcomes": outcomes(report)}
+            "session": session_line(report), "outcomes": outcomes(report),
+            "trace_read": src["traces"][0] if read_in_folder(src) else None}
 
 
 def text(v: dict[str, Any]) -> list[str]:
@@ -23,6 +25,7 @@ def text(v: dict[str, Any]) -> list[str]:
     return [
         f"profkit report: {terminal(src['path'])}",
         *([f"  {terminal(v['session'])}"] if v["session"] else []),
+        *([f"  trace read: {terminal(src['traces'][0])}"] if read_in_folder(src) else []),
         f"  {terminal(src.get('tool', src['kind']))} {terminal(src.get('tool_version') or '')} | GPU "
         f"{terminal(src.get('gpu') or '?')} | driver {terminal(src.get('driver') or '?')}",
         f"  window: {ns(win['duration_ns'])} ({terminal(win['how'])}: {terminal(win['detail'])})",
@@ -34,6 +37,13 @@ def text(v: dict[str, Any]) -> list[str]:
         *outcome_lines(report),
         *v["live"],
     ]
+
+
+def read_in_folder(source: dict[str, Any]) -> bool:
+    """A folder given, one trace read in it: named, since a folder may hold others (several are ranks: their own
+    section says them)."""
+    traces = source.get("traces") or []
+    return len(traces) == 1 and traces[0] != source.get("path")
 
 
 def session_line(report: dict[str, Any]) -> str | None:
