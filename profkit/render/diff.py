@@ -4,6 +4,7 @@ three print, written here from the document's own rows."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from profkit.escape import document, terminal
@@ -80,11 +81,23 @@ def change_text(row: dict[str, Any]) -> str:
     return f"{row['change_pct']:+.1f}%"
 
 
+def runs_read(side: dict[str, Any]) -> str:
+    """How many runs a side read and, for a folder of capture folders, which (any folder that is one counts as a
+    replicate: named, so a stray one shows)."""
+    runs = f"{side['runs']} runs" if side["runs"] > 1 else "1 run"
+    spec = Path(side["spec"])
+    names = [Path(s).name for s in side.get("sources") or [] if Path(s).parent == spec]
+    if not names:
+        return runs
+    shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+    return f"{runs}: {shown}"
+
+
 def _side(label: str, side: dict[str, Any]) -> str:
     win = side["window"]
     window = f"window {ns(win['duration_ns'])} ({terminal(win['how'])})" if win else "no trace (evidence only)"
-    runs = f"{side['runs']} runs" if side["runs"] > 1 else "1 run"
-    return f"  {label}: {terminal(side['spec'])} - {runs}, {window}, GPU {terminal(side['gpu'] or '?')}"
+    return f"  {label}: {terminal(side['spec'])} - {terminal(runs_read(side))}, {window}, " \
+           f"GPU {terminal(side['gpu'] or '?')}"
 
 
 def render_diff_text(doc: dict[str, Any], top: int = 10) -> str:
@@ -145,7 +158,7 @@ def render_diff_markdown(doc: dict[str, Any], top: int = 10) -> str:
 
     env = markdown.environment()
     env.filters.update(metric=metric_value, change=change_text, flag_side=flag_side, gap_class=gap_class,
-                       word=lambda v: ARROW.get(v, v))
+                       word=lambda v: ARROW.get(v, v), runs_read=runs_read)
     return document(env.get_template("diff.md.j2").render(d=doc, verdict=verdict_sentence(doc), top=top))
 
 
@@ -164,5 +177,5 @@ def render_diff_html(doc: dict[str, Any]) -> str:
     svgs = {k: jinja2.filters.Markup(v) for k, v in svgs.items()}  # matplotlib escaped the labels
     env = html.environment()
     env.filters.update(metric=metric_value, change=change_text, flag_side=flag_side, gap_class=gap_class,
-                       arrow=arrow, word=lambda v: ARROW.get(v, v))
+                       arrow=arrow, word=lambda v: ARROW.get(v, v), runs_read=runs_read)
     return document(env.get_template("diff.html.j2").render(d=doc, verdict=verdict_sentence(doc), charts=svgs))
