@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jinja2
@@ -16,7 +17,11 @@ from profkit.resources import shipped_dir
 
 
 def _value(v: Any) -> str:
+    """A fact's value: whole and large numbers thousands-separated like the counts beside them (not 2346 or
+    1.024e+05), others to 4 significant figures."""
     if isinstance(v, float):
+        if math.isfinite(v) and (abs(v) >= 1000 or v.is_integer()):
+            return f"{v:,.0f}"
         return f"{v:.4g}"
     if isinstance(v, int) and not isinstance(v, bool):
         return f"{v:,}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from profkit.render.sections.table import text_table, trace_view
-from profkit.units import ns, size
+from profkit.units import ns, number, size
 
 view = trace_view
 
@@ -15,5 +15,5 @@ def text(v: dict[str, Any]) -> list[str]:
             text_table(v["report"]["memops"], {
                 "operation": lambda r: r["operation"], "count": lambda r: r["count"],
                 "time": lambda r: ns(r["total_ns"]), "bytes": lambda r: size(r["bytes"]),
-                "GB/s": lambda r: "-" if r["bandwidth_gbps"] is None else f"{r['bandwidth_gbps']:.1f}",
+                "GB/s": lambda r: number(r["bandwidth_gbps"], 1),
             }, v["top"])]
