@@ -93,3 +93,15 @@ def test_vllms_figures_are_the_same_in_every_format(sample: str, labels: list[st
         assert f"{o['label']} {o['value']}" in text
         assert f"{o['label']} {o['value']}" in md
         assert f"{o['label']}<b>{o['value']}</b>" in html
+
+
+def test_a_torch_traces_cpu_operators_are_in_every_format() -> None:
+    """The CPU operators were HTML's alone; text and Markdown show the top ones as they show the CUDA API's."""
+    from profkit.report import build_report
+
+    doc = build_report("samples/capture_thr_torch").document()
+    top = doc["cpu_ops"][0]
+    assert top["name"] == "aten::mm" and top["count"] == 161  # the sample's busiest operator by host time
+    text, md, html = (render(doc, fmt) for fmt in ("text", "md", "html"))
+    assert "CPU operators (torch)" in text and "| aten::mm | 161 | 45.8 ms | 284 us |" in md
+    assert "aten::mm" in html and text.count("aten::mm") == 1
