@@ -297,6 +297,12 @@ def test_real_serve_pair_before_and_after_the_suggestion(real_pair: Path, tmp_pa
         r = profkit("diff", str(real_pair / "before"), str(real_pair / "after"), "--format", fmt, "-o", str(out))
         assert r.returncode == 0, r.stderr
     assert "| `--kv-cache-memory-bytes` | 300000000 | not set |" in (tmp_path / "pair.md").read_text()
+    # the finding that persists, with its evidence moving, in every format (Markdown left the evidence out)
+    assert "prefill-dominated: vllm.prompt_token_share 80.0% -> 82.9%" in (tmp_path / "pair.text").read_text()
+    assert "  - prefill-dominated: vllm.prompt\\_token\\_share 80.0% → 82.9%" in (tmp_path / "pair.md").read_text()
+    # the runs each side read, named
+    assert "before: " in (tmp_path / "pair.text").read_text() and " - 3 runs: r1, r2, r3, " in \
+        (tmp_path / "pair.text").read_text()
     dom, log, shot = browse(tmp_path / "pair.html", tmp_path)
     assert "kv-preemption" in dom and "Requests preempted for lack of KV cache" in dom
     assert "CONSOLE" not in log
