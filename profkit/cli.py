@@ -540,6 +540,8 @@ def sweep(rates: str | None, from_run: str | None, slos: tuple[str, ...], change
         shown = show_sweep(show, predictor(from_run, bounds, changes) if from_run else None)
         click.echo(json.dumps(shown, indent=2) if fmt == "json" else sweep_text(shown), nl=fmt == "json")
         return
+    if list(command[:1]) != ["serve"]:  # said before the offline benches' usage line, which would send one astray
+        raise click.UsageError("a sweep measures a server: profkit sweep ... serve --model M ...")
     folder = out or Path(time.strftime("sweep-%Y%m%d-%H%M%S"))
     user = commands_from_cli(list(command), model, server_args, bench_args, port, vllm=vllm_exe, verb="sweep")
     plan = make_plan(CaptureOptions(out=folder, user=user, tool="none", timeout_s=timeout,

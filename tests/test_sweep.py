@@ -268,6 +268,7 @@ def test_show_reads_a_real_sweep_folder_beside_todays_model(recorded: Path, tmp_
 
 def test_show_on_what_is_not_a_sweep_is_one_line(recorded: Path, tmp_path: Path) -> None:
     one_error_line(profkit("sweep", "--show", recorded / "sweep14" / "capture"), "not a sweep folder")
+    one_error_line(profkit("sweep", "--show", tmp_path / "nowhere"), "nowhere: no such folder")
     # and a sweep folder given to the report: where to read it
     one_error_line(profkit("report", recorded / "sweep14p"), "a sweep folder, one run per request rate: profkit sweep "
                    f"--show {recorded / 'sweep14p'} reads it")
@@ -388,3 +389,10 @@ def test_the_sweep_and_predict_refuse_alike(recorded: Path, tmp_path: Path) -> N
     assert said == one_error_line(sweep(recorded, tmp_path, "--from", run, "--changes", "--max-num-seqs many",
                                         "--dry-run", server_args="--max-model-len 2048 --max-num-seqs many"))
     assert said == one_error_line(profkit("predict", run, "--", "--max-num-seqs", "many"))
+
+
+@pytest.mark.parametrize("args", [[], ["--rates", "5", "--", "vllm", "bench", "throughput", "--model", "m"]])
+def test_a_sweep_without_a_server_says_so_first(args: list[str]) -> None:
+    """`profkit sweep` alone said to give `-- vllm bench throughput|latency ARGS...` (capture's usage), and doing so
+    then said a sweep measures a server: the server's usage is said at once."""
+    one_error_line(profkit("sweep", *args), "a sweep measures a server: profkit sweep ... serve --model M ...")

@@ -189,6 +189,8 @@ def show_sweep(out: Path, predicted: SweepModel | None = None) -> dict[str, Any]
     the times its run recorded in sweep.json. One line where the folder holds no measured rate."""
     from profkit.errors import ProfkitError
 
+    if not out.exists():
+        raise ProfkitError(f"{out}: no such folder")
     rates = measured_rates(out) if out.is_dir() else []
     if not rates:
         raise ProfkitError(f"{out}: not a sweep folder (no rate-R/r1/bench.json: what profkit sweep writes)")
