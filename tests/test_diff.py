@@ -20,7 +20,7 @@ from profkit.evidence.record import Evidence
 from profkit.render.diff import verdict_sentence
 from profkit.render.json import render_json
 from profkit.report import build_report
-from tests.cli import profkit
+from tests.cli import one_error_line, profkit
 from tests.conftest import FIXTURES
 
 REAL_SERVE = Path(__file__).parent / "data" / "vllm_serve_kv300mb"
@@ -300,6 +300,9 @@ def test_real_serve_pair_before_and_after_the_suggestion(real_pair: Path, tmp_pa
     # the finding that persists, with its evidence moving, in every format (Markdown left the evidence out)
     assert "prefill-dominated: vllm.prompt_token_share 80.0% -> 82.9%" in (tmp_path / "pair.text").read_text()
     assert "  - prefill-dominated: vllm.prompt\\_token\\_share 80.0% → 82.9%" in (tmp_path / "pair.md").read_text()
+    # a report of the folder of replicates points at them
+    one_error_line(profkit("report", real_pair / "before"), "a folder of 3 capture folders (r1, r2, r3): report one "
+                                                              "of them")
     # the runs each side read, named
     assert "before: " in (tmp_path / "pair.text").read_text() and " - 3 runs: r1, r2, r3, " in \
         (tmp_path / "pair.text").read_text()

@@ -70,6 +70,11 @@ def run_sections(traces: TraceInput, evidence: Evidence, options: ReportOptions,
         evidence = evidence.over(folder)
         paths = folder.traces()
     if not paths and evidence.is_empty():
+        replicates = folder.replicates() if folder else []
+        if folder and replicates:  # replicates without the session's record: a run each, or all of them to diff
+            names = ", ".join(r.path.name for r in replicates[:6]) + (", ..." if len(replicates) > 6 else "")
+            raise ProfkitError(f"{folder.path}: a folder of {len(replicates)} capture folders ({names}): report one "
+                               f"of them (e.g. {replicates[0].path}), or profkit diff reads them as replicates")
         where = f"{folder.path}: folder holds no trace and no vLLM evidence" if folder else "nothing to report"
         raise ProfkitError(f"{where} (give a trace, a capture folder, or --bench/--vllm-log/--metrics/--vllm-args)")
     # the evidence record read first, each piece once; then the analyses, over it and over the traces
