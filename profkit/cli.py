@@ -110,10 +110,10 @@ def report(traces: tuple[Path, ...], window: str, fmt: str | None, output: Path 
            rules_dirs: tuple[Path, ...],
            save_db: Path | None,
            label: str | None, jobs: int | None, dask_address: str | None) -> None:
-    """Analyse TRACE and print the report.
+    """Analyse TRACES and print the report.
 
     \b
-    TRACE is one of:
+    TRACES is one of:
       an nsys SQLite export   `nsys export --type sqlite` (nsys 2021 to 2026)
       a torch.profiler trace  .json or .json.gz (Kineto, torch 1.8 on; NVIDIA CUDA or AMD ROCm)
       a capture folder        what `profkit capture` wrote (trace, benchmark, logs, host samples)
