@@ -112,7 +112,7 @@ def test_each_count_says_its_window_and_each_check_its_command() -> None:
     text = _ok("report", KV_BOUND)
     assert "preemptions 84 (vLLM's counter over the benchmark)" in text
     assert "preemptions in the simulated run 81 → 0 (vLLM counted 84 in the run)" in text
-    assert "preemptions 84 (vLLM's counter over the benchmark)" in _ok("report", KV_BOUND, "--format", "md")  # as the text
+    assert "preemptions 84 (vLLM's counter over the benchmark)" in _ok("report", KV_BOUND, "--format", "md")
     checks = [line for line in text.splitlines() if line.strip().startswith("checked ")]
     assert [c.split(" with ")[0].strip() for c in checks] == ["checked vllm serve", "checked vllm bench serve"]
     md = _ok("report", KV_BOUND, "--format", "md")
