@@ -117,6 +117,10 @@ def test_each_count_says_its_window_and_each_check_its_command() -> None:
     assert [c.split(" with ")[0].strip() for c in checks] == ["checked vllm serve", "checked vllm bench serve"]
     md = _ok("report", KV_BOUND, "--format", "md")
     assert "Checked vllm serve with" in md and "Checked vllm bench serve with" in md
+    # the benchmark's client is as it was: said once, not as a before and an identical after
+    bench = next(line for line in text.splitlines() if "vllm bench serve --backend" in line)
+    assert bench.startswith("  as is:  vllm bench serve") and text.count("vllm bench serve --backend") == 1
+    assert "\n  vllm bench serve --backend vllm" in md and "+ vllm bench serve" not in md
 
 
 def test_the_nvtx_table_keeps_its_styles_in_text_and_markdown() -> None:

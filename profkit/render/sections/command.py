@@ -17,7 +17,9 @@ def text(v: dict[str, Any]) -> list[str]:
     cmd = v["command"]
     out = [f"Suggested command (the run's command from the {terminal(cmd['source'])}, changes applied)"]
     for before, after in zip(cmd["original"], cmd["suggested"], strict=True):
-        out += [f"  before: {terminal(before)}", f"  after:  {terminal(after)}"]
+        # the benchmark's client is the same before and after: said once (the changes are the server's)
+        out += [f"  before: {terminal(before)}", f"  after:  {terminal(after)}"] if before != after \
+            else [f"  as is:  {terminal(before)}"]
     for check in cmd.get("checks", []):
         verdict = "ok" if check["ok"] else "WOULD NOT START: " + "; ".join(check["problems"])
         out.append(f"  checked {terminal(check_name(check))} with {terminal(check['by'])}: {terminal(verdict)}")
