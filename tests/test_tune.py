@@ -181,6 +181,10 @@ def test_dry_run_shows_the_allow_list(env, tmp_path: Path) -> None:
     allow = next(line for line in lines if line.startswith("flags tune may change"))
     assert "--enforce-eager" in allow and "--max-num-seqs" in allow
     assert "--max-concurrency" not in allow and "--request-rate" not in allow  # client flags change the workload
+    # the profiled run the budget counts (--profile first, the default) is listed with its nsys command
+    at = lines.index("profiled once for diagnosis (its figures perturbed by the profiler: not the objective's):")
+    assert lines[at + 1].startswith("  nsys profile ") and "01-baseline-profiled" in lines[at + 1]
+    assert lines.index("baseline:") > at
     assert not (tmp_path / "t").exists()
     one_error_line(profkit("tune", "--slo", "p99_ttft_ms<+5%", "--", "vllm", "bench", "throughput"), "--slo")
 

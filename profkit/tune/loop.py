@@ -627,6 +627,10 @@ def dry_run_lines(opts: TuneOptions) -> list[str]:
     if served and opts.profile != "always":
         lines.append("start-ups: one server per configuration; a warm-up batch, then its runs against it, each with "
                      "its own --seed (the prefix cache cannot serve one run's prompts to the next)")
+    if opts.profile == "first":  # counted in the budget: its commands said too
+        lines.append("profiled once for diagnosis (its figures perturbed by the profiler: not the objective's):")
+        profiled = plan_for(opts.user, opts.out / "runs" / "01-baseline-profiled", "nsys", opts)
+        lines += ["  " + line for line in profiled.commands()]
     lines.append("baseline:")
     tool = "nsys" if opts.profile == "always" else "none"
     first = 2 if opts.profile == "first" else 1  # the profiled run comes first
