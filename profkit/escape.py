@@ -32,7 +32,10 @@ _C0 = [c for c in range(0x20) if c not in (0x09, 0x0A)]  # every C0 control but 
 _C1 = list(range(0x80, 0xA0))
 _DEL = 0x7F
 
-_DOCUMENT = dict.fromkeys([*_C0, _DEL, *_C1])
+# bidi embeddings, overrides, isolates and marks: text from a trace that reorders what the reader sees ("Trojan
+# Source"); the terminal drops every format character, a document these
+_BIDI = [0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)]
+_DOCUMENT = dict.fromkeys([*_C0, _DEL, *_C1, *_BIDI])
 _TERMINAL = {**_DOCUMENT, 0x09: " ", 0x0A: " "}
 # one_line's own: a newline is dropped, not made a space (as it always was); C1 controls go too (0x9B is a CSI).
 _ONE_LINE = dict.fromkeys([*_C0, 0x0A, _DEL, *_C1])
@@ -64,7 +67,8 @@ def terminal(text: object) -> str:
 
 
 def document(text: str) -> str:
-    """A rendered document without control characters (terminal escapes, CR, NUL); newlines and tabs stay.
+    """A rendered document without control characters (terminal escapes, CR, NUL) or bidi controls; newlines and
+    tabs stay.
     Trace strings (kernel names, NVTX text) reach every format: this is the last line of defence."""
     return text.translate(_DOCUMENT)
 

@@ -15,7 +15,7 @@ import pytest
 from tests.cli import one_error_line, profkit
 
 REAL_SERVE = Path(__file__).parent / "data" / "vllm_serve_kv300mb"
-CONTROL = "\x1b[31mRED\x1b[0m\r\x00\x07"
+CONTROL = "\x1b[31mRED\x1b[0m\r\x00\x07\u202e\u2067"  # and bidi controls: an override, an isolate
 
 
 @pytest.mark.parametrize("option", ["TRACE", "--bench", "--vllm-log", "--metrics", "--host"])
@@ -139,6 +139,7 @@ def test_control_characters_never_reach_an_output(tmp_path: Path, sqlite_path) -
         r = profkit("report", str(trace), "--format", fmt)
         assert r.returncode == 0, r.stderr
         assert not any(ord(ch) < 32 and ch not in "\n\t" for ch in r.stdout), fmt
+        assert "\u202e" not in r.stdout and "\u2067" not in r.stdout, fmt  # HTML's table and charts kept them
         assert "RED" in r.stdout
     md = profkit("report", str(trace), "--format", "md").stdout
     assert not re.search(r"(?<!\\)\]\(javascript:", md) and "k\\|a\\]" in md  # escaped: no link, no cell break
@@ -490,6 +491,7 @@ def test_context_switches_and_step_kernels_of_the_wrong_shape(tmp_path: Path, sq
         r = profkit("report", str(trace), "--format", fmt)
         assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
         assert not any(ord(ch) < 32 and ch not in "\n\t" for ch in r.stdout), fmt
+        assert "\u202e" not in r.stdout and "\u2067" not in r.stdout, fmt  # HTML's table and charts kept them
     md = profkit("report", str(trace), "--format", "md").stdout
     assert "p\\|a\\]" in md and not re.search(r"(?<!\\)\]\(javascript:", md)
     assert hashlib.sha256(trace.read_bytes()).hexdigest() == digest
