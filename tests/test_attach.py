@@ -253,3 +253,16 @@ def test_a_broken_metrics_series_names_the_file(recorded: dict[str, str], tmp_pa
         before = series.read_bytes()
         one_error_line(profkit("report", tmp_path / "w"), f"metrics-series.jsonl: {needle}")
         assert series.read_bytes() == before  # read, never written
+
+
+def test_an_interval_below_the_least_is_said(recorded: dict[str, str], tmp_path: Path) -> None:
+    """--interval 0.5s was raised to 1 s without a word."""
+    from profkit.capture.attach import AttachOptions, attach
+
+    said: list[str] = []
+    fake = FakeClock()
+    with StandIn([recorded["before"], recorded["after"], recorded["after"]]) as server:
+        attach(AttachOptions(url=server.url, out=tmp_path / "w", duration_s=2.0, interval_s=0.5), say=said.append,
+               clock=fake.clock, sleep=fake.sleep)
+    assert said[0] == ("--interval 0.5 s: scraping every 1 s, the least (a scrape renders every series on the "
+                       "server's event loop)")

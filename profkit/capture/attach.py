@@ -144,6 +144,9 @@ def attach(opts: AttachOptions, say: Callable[[str], None] = lambda _m: None,
         raise AttachError("--duration must be a positive duration")
     root, headers = base_url(opts.url), request_headers(opts.headers)
     interval = max(MIN_INTERVAL_S, opts.interval_s)
+    if interval != opts.interval_s:
+        say(f"--interval {opts.interval_s:g} s: scraping every {MIN_INTERVAL_S:g} s, the least (a scrape renders every "
+            "series on the server's event loop)")
     if opts.out.exists():
         raise AttachError(f"{opts.out} already exists: choose another --out")
     before_text, first = scrape(root, headers)  # before the folder: an endpoint that is no vLLM leaves nothing
