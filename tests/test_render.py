@@ -105,3 +105,17 @@ def test_a_torch_traces_cpu_operators_are_in_every_format() -> None:
     text, md, html = (render(doc, fmt) for fmt in ("text", "md", "html"))
     assert "CPU operators (torch)" in text and "| aten::mm | 161 | 45.8 ms | 284 us |" in md
     assert "aten::mm" in html and text.count("aten::mm") == 1
+
+
+def test_a_search_reads_the_same_in_every_format() -> None:
+    """Ranked by goodput, the text said so and gave each goodput; Markdown and HTML said 'best predicted request
+    throughput first' and had no goodput column. Each now says the order, what is left out, and the goodputs."""
+    from profkit.model.search import Bound
+    from profkit.report.predict import search_run
+
+    doc = search_run("samples/vllm_14b_kv_bound", bounds=[Bound("p99_ttft_ms", "<=", 20000.0)])
+    text, md, html = (render(doc, fmt) for fmt in ("text", "md", "html"))
+    goodput = doc["search"][0]["goodput"]
+    for out in (text, md, html):
+        assert "best predicted goodput first" in out and "is left out" in out
+        assert f"{goodput['rate']:.1f} ({goodput['low']:.1f}-{goodput['high']:.1f})" in out

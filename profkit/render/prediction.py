@@ -56,8 +56,14 @@ def _goodput_cell(good: dict[str, Any] | None) -> str:
 
 def _search_view(doc: dict[str, Any]) -> dict[str, Any]:
     closest = search_rows({"search": [doc["closest"]]})[0] if doc.get("closest") else None
-    return {"rows": search_rows(doc), "source": (doc.get("source") or {}).get("path"),
-            "bounds": ", ".join(doc.get("bounds") or []), "closest": closest, "order": _order(doc)}
+    rows = search_rows(doc)
+    return {"rows": rows, "source": (doc.get("source") or {}).get("path"),
+            "bounds": ", ".join(doc.get("bounds") or []), "closest": closest, "order": _order(doc),
+            "left_out": LEFT_OUT, "goodputs": any(r["goodput"] for r in rows)}
+
+
+# why a search lists fewer configurations than --top asks (model.search._simplest, _pruned)
+LEFT_OUT = "a configuration that predicts what one with fewer changes does (every metric within 0.5 %) is left out"
 
 
 def _order(doc: dict[str, Any]) -> str:
@@ -70,7 +76,7 @@ def _search_text(doc: dict[str, Any]) -> str:
     bounds = ", ".join(doc.get("bounds") or [])
     out = [f"profkit predict --search: {terminal((doc.get('source') or {}).get('path') or '')}",
            f"  {len(rows)} configuration(s)" + (f" within {terminal(bounds)}" if bounds else "")
-           + f", {_order(doc)}:", ""]
+           + f", {_order(doc)}; {LEFT_OUT}:", ""]
     for r in rows:
         out.append(f"  {r['rank']}. {terminal(r['changes'])}")
         out.append((f"     goodput {r['goodput']} req/s; " if r["goodput"] else "     ")
