@@ -145,6 +145,9 @@ def test_a_changed_configurations_sweep_is_predicted_as_predict_predicts_its_fro
     assert "--api-server-count 2" in r.stdout.splitlines()[1]  # the server swept is the changed one
     one_error_line(sweep(recorded, tmp_path, "--from", run, "--changes", "--api-server-count 4", "--dry-run",
                          server_args=two), "--changes api_server_count=4: the swept server's flags do not set it")
+    # a size as vLLM spells it, on both: the same setting (they were compared as 42949672960 and '40G')
+    assert sweep(recorded, tmp_path, "--from", run, "--changes", "--api-server-count 2 --max-num-batched-tokens 8K",
+                 "--dry-run", server_args=two + " --max-num-batched-tokens 8K").returncode == 0
     one_error_line(sweep(recorded, tmp_path, "--from", run, "--changes", "--quantization awq", "--dry-run",
                          server_args=two + " --quantization awq"), "changes: not predicted:")
     one_error_line(sweep(recorded, tmp_path, "--rates", "5", "--changes", "--api-server-count 2"), "add --from RUN")

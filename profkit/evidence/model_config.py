@@ -81,6 +81,10 @@ def _int(data: dict[str, Any], path: str, field: str, *keys: str) -> int | None:
     return value
 
 
+# keys a mixture of experts names its experts by (Mixtral, Qwen-MoE, DeepSeek, ERNIE; experts a token)
+EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts", "num_experts_per_tok")
+
+
 def parse_model_config(data: Any, path: str) -> ModelShape:
     if not isinstance(data, dict):
         raise ProfkitError(f"{path}: not a model config (expected a JSON object)")
@@ -104,8 +108,10 @@ def parse_model_config(data: Any, path: str) -> ModelShape:
     quant = data.get("quantization_config")
     dtype = text.get("torch_dtype", data.get("torch_dtype", text.get("dtype")))
     # Some dense configs carry num_experts 0: no experts.
-    experts = _int({k: v for k, v in text.items() if v != 0}, path, "experts", "num_local_experts", "num_experts",
-                   "n_routed_experts", "moe_num_experts", "num_experts_per_tok")
+    # ERNIE-4.5-VL gives its experts per modality, a list ([64, 64]): experts all the same
+    counts = {k: max(v) if isinstance(v, list) and v and all(json_int(x) is not None for x in v) else v
+              for k, v in text.items() if k in EXPERT_KEYS}
+    experts = _int({k: v for k, v in counts.items() if v != 0}, path, "experts", *EXPERT_KEYS)
     # a mixture of experts named by its architecture alone (Qwen2MoeForCausalLM, OlmoeForCausalLM)
     moe_named = isinstance(archs, list) and any(isinstance(a, str) and "moe" in a.lower() for a in archs)
     return ModelShape(path=path, architecture=str(archs[0]) if isinstance(archs, list) and archs else None,

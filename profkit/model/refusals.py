@@ -92,7 +92,7 @@ def change_refusal(obs: Any, changes: dict[str, Any]) -> str | None:
     kv = changes.get("kv_cache_dtype")
     if kv is not None and str(kv) not in SIXTEEN_BIT and str(kv) not in FP8_KV:
         return (f"--kv-cache-dtype {kv}: the model knows the 16-bit and FP8 KV caches only "
-                f"({', '.join((*SIXTEEN_BIT, *FP8_KV))})")
+                f"({', '.join((*SIXTEEN_BIT[:3], *FP8_KV))})")  # vLLM's choices among them ('half' is not one)
     limit = changes.get("max_model_len")
     if limit is not None and obs.prompt_tokens + obs.output_tokens > int(limit):
         return (f"--max-model-len {limit} is shorter than the workload's requests ({obs.prompt_tokens:,} + "

@@ -24,6 +24,7 @@ from profkit.model.search import Bound, check_bounds, known_metrics, search
 from profkit.model.simulate import Infeasible
 from profkit.report.build import build_report
 from profkit.vllm.command import VllmCommand
+from profkit.vllm.options import HUMAN_READABLE
 
 
 def parse_changes(text: str) -> dict[str, Any]:
@@ -36,32 +37,50 @@ def parse_changes(text: str) -> dict[str, Any]:
     spec = command.spec()
     for arg in command.parsed[0]:  # `--api-server-count` alone would read as True (== 1)
         found = spec.find(arg.name) if spec and arg.key is None else None
-        if found and found[1].takes_value and not arg.values:
+        if found and found[1].takes_value and not any(arg.values):  # `--max-num-seqs=` too
             raise ProfkitError(f"changes: {arg.name} takes a value (e.g. {arg.name} 2, or {arg.name}=2)")
     if not flags:
         raise ProfkitError(f"changes: no vLLM flag in {text!r} (give them after --, e.g. -- --max-num-seqs 256)")
-    # `--flag default`: the flag removed, vLLM's default in force (what the prescription writes as "not set"); after
-    # a switch the word stands apart from it (`--enforce-eager default`), any other bare word is a mistake vLLM
-    # would refuse (`--enforce-eager false` is not "off")
-    for a in command.parsed[0]:  # `--enforce-eager=false`: a switch with a value, which vLLM refuses
-        if a.known and a.key is None and not a.values and "=" in command.args[a.at]:
-            raise ProfkitError(f"changes: {command.args[a.at]}: {a.name} is a switch and takes no value "
-                               f"(--no-{a.name.lstrip('-')} or {a.name} default turns it off)")
-    removed = set()
-    for at in command.parsed[1]:
-        word = command.args[at]
-        switch = next((a for a in command.parsed[0] if a.at + a.width == at and not a.values), None)
-        if switch is not None and word.lower() in ("default", "none"):
-            removed.add(switch.setting)
-            continue
-        raise ProfkitError(f"changes: {word!r} is not a flag" + (
-            f" ({switch.name} is a switch and takes no value: --no-{switch.name.lstrip('-')} or "
-            f"{switch.name} default turns it off)" if switch is not None else " (give flags and their values)"))
-    asked = {k: None if k in removed or isinstance(v, str) and v.lower() in ("default", "none") else v
+    removed = _removed_switches(command, spec)
+    # `--flag default`: the flag removed, vLLM's default in force (what the prescription writes as "not set"); a
+    # human-readable size as written ('2.5' is no whole number to vLLM, though it reads as one here)
+    asked = {k: None if k in removed or isinstance(v, str) and v.lower() in ("default", "none")
+             else command.given(k) if k in HUMAN_READABLE and isinstance(command.given(k), str) else v
              for k, v in flags.items()}
     if (problem := levers.value_refusal(asked)) is not None:
         raise ProfkitError(f"changes: {problem}")
     return levers.typed(asked)
+
+
+def _switch_hint(arg: Any, spec: Any) -> str:
+    """What turns a switch off, in words: its `--no-` form where vLLM has one, and `default`."""
+    off = f"--no-{arg.name.lstrip('-')}"
+    return f"{arg.name} is a switch and takes no value; " + (
+        f"off: {off}; " if not arg.negated and spec is not None and spec.find(off) else "") + \
+        f"vLLM's default: {arg.name} default"
+
+
+def _removed_switches(command: VllmCommand, spec: Any) -> set[str]:
+    """The switches written `--switch default` (vLLM's default: the word stands apart from the switch); any other
+    bare word is a mistake vLLM would refuse (`--enforce-eager false` is not "off"), as a switch given a value is
+    (`--enforce-eager=false`). A whole command's positionals (`vllm serve MODEL ...`) are its own."""
+    args, bare = command.parsed
+    for a in args:
+        if a.known and a.key is None and not a.values and "=" in command.args[a.at]:
+            raise ProfkitError(f"changes: {command.args[a.at]}: {_switch_hint(a, spec)}")
+    positionals = spec.positionals if command.subcommand and spec is not None else 0
+    removed = set()
+    for at in bare:
+        word = command.args[at]
+        switch = next((a for a in args if a.at + a.width == at and not a.values), None)
+        if switch is not None and word.lower() in ("default", "none"):
+            removed.add(switch.setting)
+        elif switch is None and positionals > 0:
+            positionals -= 1
+        else:
+            raise ProfkitError(f"changes: {word!r} is not a flag" + (
+                f" ({_switch_hint(switch, spec)})" if switch is not None else " (give flags and their values)"))
+    return removed
 
 
 def known_changes(text: str) -> dict[str, Any]:

@@ -55,7 +55,7 @@ def trace_sections(path: str | os.PathLike, window: str, gap_threshold_ns: int, 
 def _window_meets_the_work(path: str | os.PathLike, win: Window, gaps: Any) -> None:
     """A window given by hand that misses the GPU's work entirely is a mistake (its units, another trace's times), not
     an idle GPU: one line, where the report would have said 0 % busy and fired low-utilization."""
-    if win.how == "explicit" and (win.end_ns <= gaps.first or win.start_ns >= gaps.last):
+    if win.end_ns <= gaps.first or win.start_ns >= gaps.last:
         raise TraceError(f"{path}: --window {win.start_ns}ns:{win.end_ns}ns holds none of the trace's GPU work, "
                          f"which runs over {gaps.first}ns:{gaps.last}ns ({units.ns(gaps.last - gaps.first)}; the "
                          "trace's own timestamps)")
@@ -76,6 +76,8 @@ def _build(path: str | os.PathLike, window: str, gap_threshold_ns: int, buckets:
         if auto:  # the automatic window needs the GPU's gaps first (its phases split at long ones)
             phases = timeline.phases(trace)
         win = with_seq_ranges(trace, choose_window(trace, window, phases))
+        if win.how == "explicit":  # before the analyses: a window that misses the work is one line, at once
+            _window_meets_the_work(path, win, gpu_gaps(trace))
         # The per-table summaries are independent scans: run them on their own connections while
         # this one builds the timeline (sqlite3 releases the GIL while a query runs).
         with ThreadPoolExecutor(max_workers=2) as pool:
@@ -88,7 +90,6 @@ def _build(path: str | os.PathLike, window: str, gap_threshold_ns: int, buckets:
             kernels, memops, kinds, nvtx = gpu_side.result()
             step("CUDA API")
             api, sync, cpu_ops = host_side.result()
-        _window_meets_the_work(path, win, gpu_gaps(trace))
         # after the CUDA API table's one read: its index of starts finds the host calls around each listed gap
         tl = timeline.gpu_timeline(trace, win, gap_threshold_ns=gap_threshold_ns, n_buckets=buckets)
         sched = process_cpu(trace, win)  # after the scans: its sort of every context switch is the report's peak

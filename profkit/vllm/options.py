@@ -121,9 +121,8 @@ def coerce(value: Any) -> Any:
 # vLLM 0.26's types for the settings profkit's model changes (its `--help`: tests/data/vllm_0.26.0_help): whole
 # numbers of at least 1, a share of the GPU's memory in (0, 1], human-readable sizes ("1k" 1,000, "1K" 1,024, "25.6k"
 # 25,600; -1 or "auto": the longest that fits, vLLM's default) and switches (SWITCHES)
-WHOLE_AT_LEAST_ONE = ("max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size", "data_parallel_size",
-                      "api_server_count")
-HUMAN_READABLE = ("kv_cache_memory_bytes", "max_model_len")
+WHOLE_AT_LEAST_ONE = ("max_num_seqs", "tensor_parallel_size", "data_parallel_size", "api_server_count")
+HUMAN_READABLE = ("kv_cache_memory_bytes", "max_model_len", "max_num_batched_tokens")  # "Parse human-readable" there
 _DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 _BINARY = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
@@ -162,7 +161,7 @@ def setting_value(dest: str, value: Any) -> Any:
             raise ValueError("a share of the GPU's memory above 0 and at most 1")
         return value
     if dest in HUMAN_READABLE:
-        if dest == "max_model_len" and (value == -1 or str(value).strip().lower() == "auto"):
+        if dest == "max_model_len" and str(value).strip().lower() in ("-1", "auto"):
             return None
         try:
             number = human_readable_int(value)
@@ -385,6 +384,11 @@ def default_api_servers(given: dict[str, Any], data_parallel: Any) -> int:
 def _typed(key: str, value: Any, source: str) -> dict[str, Any]:
     """A setting's value where it has the type vLLM reads it as (a number, true/false for a switch); else no value,
     and the source says what was given (vLLM would refuse it)."""
+    if key in HUMAN_READABLE and isinstance(value, str):  # '10G', '32k', 'auto': vLLM's own spellings
+        try:
+            return {"value": setting_value(key, value), "source": source}
+        except ValueError:
+            pass
     number = key in NUMERIC_SETTINGS
     wrong = (number and value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)))) \
         or (key in SWITCHES and not isinstance(value, bool))
