@@ -1000,7 +1000,7 @@ def _hostile(value: object, texts: Iterator[str]) -> object:
     for k, v in value.items():
         if k in TEXT_KEYS and isinstance(v, str) or k in ("to", "from") and "flag" in value:
             out[k] = next(texts)
-        elif k in TEXT_LISTS and isinstance(v, list):
+        elif k in TEXT_LISTS and isinstance(v, list) and all(isinstance(i, str) for i in v):  # not details' dicts
             out[k] = [next(texts) for _ in v]
         else:
             out[k] = _hostile(v, texts)
@@ -1063,8 +1063,9 @@ def test_markdown_of_hostile_text(sqlite_path, h100_tune, tmp_path_factory, kind
         for key in ("original", "suggested"):
             cmd[f"{key}_argv"] = [[*argv, *words] for argv in cmd[f"{key}_argv"]]
             cmd[key] = [shell(argv) for argv in cmd[f"{key}_argv"]]
-        argvs = [a for pair in zip(cmd["original_argv"], cmd["suggested_argv"], strict=True) for a in pair] + \
-            cmd["suggested_argv"]
+        # each pair as the diff block shows it (a command the changes leave as it was: once), then the commands
+        argvs = [a for pair in zip(cmd["original_argv"], cmd["suggested_argv"], strict=True)
+                 for a in (pair if pair[0] != pair[1] else pair[:1])] + cmd["suggested_argv"]
     elif kind == "tune":
         doc["best"]["argv"] = [[*argv, *words] for argv in doc["best"]["argv"]]
         doc["best"]["commands"] = [shell(argv) for argv in doc["best"]["argv"]]
@@ -1072,7 +1073,7 @@ def test_markdown_of_hostile_text(sqlite_path, h100_tune, tmp_path_factory, kind
     assert argvs or kind not in ("report", "tune")  # these documents have commands: the code blocks are checked
     md = render(doc, "md")
     assert md_problems(md) == []
-    lines = [line[2:] if line[:2] in ("- ", "+ ") else line for block in code_blocks(md) for line in block]
+    lines = [line[2:] if line[:2] in ("- ", "+ ", "  ") else line for block in code_blocks(md) for line in block]
     assert shell_reads(lines) == [_argv_bytes(a) for a in argvs]
 
 
