@@ -44,9 +44,11 @@ def parse_changes(text: str) -> dict[str, Any]:
     removed = _removed_switches(command, spec)
     # `--flag default`: the flag removed, vLLM's default in force (what the prescription writes as "not set"); a
     # human-readable size as written ('2.5' is no whole number to vLLM, though it reads as one here)
-    asked = {k: None if k in removed or isinstance(v, str) and v.lower() in ("default", "none")
-             else command.given(k) if k in HUMAN_READABLE and isinstance(command.given(k), str) else v
-             for k, v in flags.items()}
+    asked = {}
+    for k, v in flags.items():
+        written = command.given(k) if k in HUMAN_READABLE else None  # looked up once: it walks every argument
+        asked[k] = None if k in removed or isinstance(v, str) and v.lower() in ("default", "none") \
+            else written if isinstance(written, str) else v
     if (problem := levers.value_refusal(asked)) is not None:
         raise ProfkitError(f"changes: {problem}")
     return levers.typed(asked)
