@@ -210,6 +210,28 @@ LED = [
      "api/q_base", "api/q_gmu05", {"gpu_memory_utilization": 0.5}),
     ("Q52", "7B at 1,024/256 +-50 %: --gpu-memory-utilization 0.5 removed", "KV capacity (7B, 1,024/256 +-50 %, "
      "1,000)", "api/q_gmu05", "api/q_base", {"gpu_memory_utilization": None}),
+    # lease 29 (one H200, 16 cores, a thirteenth box): the three changes lease 27 predicted and never ran, on its shape
+    # and workload, against this box's own vLLM defaults; predicted by 127e787 from those runs on the box before any
+    # changed server started (lease29-predicted); the reverse by the same model after; then from lease 27's defaults
+    # on another box (which 8dbc6f4 had predicted them from, lease27-predicted)
+    ("Q53", "7B at 1,024/256 +-50 %: --kv-cache-dtype fp8", "GPU-bound (7B, 1,024/256 +-50 %, 1,000)",
+     "api/q29_base", "api/q29_kvfp8", {"kv_cache_dtype": "fp8"}),
+    ("Q54", "7B at 1,024/256 +-50 %: --max-num-seqs 128", "GPU-bound (7B, 1,024/256 +-50 %, 1,000)",
+     "api/q29_base", "api/q29_mns128", {"max_num_seqs": 128}),
+    ("Q55", "7B at 1,024/256 +-50 %: --enforce-eager", "GPU-bound (7B, 1,024/256 +-50 %, 1,000)",
+     "api/q29_base", "api/q29_eager", {"enforce_eager": True}),
+    ("Q56", "7B at 1,024/256 +-50 %: --kv-cache-dtype fp8 removed", "GPU-bound, FP8 KV (7B, 1,024/256 +-50 %, 1,000)",
+     "api/q29_kvfp8", "api/q29_base", {"kv_cache_dtype": None}),
+    ("Q57", "7B at 1,024/256 +-50 %: --max-num-seqs 128 removed", "batch cap (7B, 1,024/256 +-50 %, 1,000)",
+     "api/q29_mns128", "api/q29_base", {"max_num_seqs": None}),
+    ("Q58", "7B at 1,024/256 +-50 %: --enforce-eager removed", "GPU-bound, eager (7B, 1,024/256 +-50 %, 1,000)",
+     "api/q29_eager", "api/q29_base", {"enforce_eager": False}),
+    ("Q59", "7B at 1,024/256 +-50 %: --kv-cache-dtype fp8, another box", "GPU-bound (7B, 1,024/256 +-50 %, 1,000)",
+     "api/q_base", "api/q29_kvfp8", {"kv_cache_dtype": "fp8"}),
+    ("Q60", "7B at 1,024/256 +-50 %: --max-num-seqs 128, another box", "GPU-bound (7B, 1,024/256 +-50 %, 1,000)",
+     "api/q_base", "api/q29_mns128", {"max_num_seqs": 128}),
+    ("Q61", "7B at 1,024/256 +-50 %: --enforce-eager, another box", "GPU-bound (7B, 1,024/256 +-50 %, 1,000)",
+     "api/q_base", "api/q29_eager", {"enforce_eager": True}),
 ]
 # Q3: the engine core's ceiling was added after its miss (+32 %; since lease 10 its measured CPU goes into the step
 # instead); no constant was read off it, but it shaped the model.
@@ -225,9 +247,10 @@ IN_SAMPLE = {"P1", "P2", "P3", "P4", "P5", "P6", "P8", "P9", "P19", "Q3", "Q12",
 # of 62d33ec: Q31's, on the GPU box; lease 24, the model of 7a23ad0: Q34's before it, Q35-Q38's after it, the model
 # unchanged; lease 25, the model of 3518ece: Q39-Q41's before their runs were read, Q42-Q47's after, unchanged;
 # lease 26, the model of b17e3b1: Q48's and Q49's before the server started, Q50's after; lease 27, the model of
-# 8dbc6f4: Q51's before its runs were read, Q52's after): held-out, counted apart too
+# 8dbc6f4: Q51's before its runs were read, Q52's after; lease 29, the model of 127e787: Q53-Q55's before their
+# servers started, Q56-Q61's after): held-out, counted apart too
 AFTER_MODEL = {"Q15", "Q16", "Q17", "Q19", "Q20", "Q21", "Q22", "Q23", "Q24", "Q25", "Q26", "Q27", "Q28", "Q29",
-               "Q30", "Q31", "Q34", "Q35", "Q36", "Q37", "Q38", *(f"Q{n}" for n in range(39, 53))}
+               "Q30", "Q31", "Q34", "Q35", "Q36", "Q37", "Q38", *(f"Q{n}" for n in range(39, 62))}
 
 PAIRS = [
     ("P1", "--kv-cache-memory-bytes 3e8 removed", "KV capacity (tiny)", "h100_tune.tar.xz",

@@ -126,7 +126,7 @@ def test_the_pairs_predicted_before_they_ran(h200_model_led: Path) -> None:
         assert said["low"] <= measured <= said["high"]
     after = [r for r in validation.recorded_rows() if r.get("recorded_after_model")]
     assert {r["pair"] for r in after} == {"Q15", "Q16", "Q17", *(f"Q{i}" for i in range(19, 32)),
-                                          *(f"Q{i}" for i in range(34, 53))}
+                                          *(f"Q{i}" for i in range(34, 62))}
     assert all(r["provenance"] == validation.HELD_OUT for r in after)
 
 
@@ -464,3 +464,39 @@ def test_half_the_memory_on_a_fifth_shape_predicted_first_on_an_eleventh_box(h20
             and r["metric"] == "request_throughput"]
     assert len(rows) == 6 and all(r["recorded_after_model"] and r["provenance"] == "held-out" for r in rows)
     assert all(r["families"] == ["KV cache size"] for r in rows)
+
+
+def test_lease_27s_three_changes_predicted_on_a_thirteenth_box_before_they_ran(h200_model_led: Path) -> None:
+    """Lease 29 (lease29-predicted, made by 127e787 on the box after vLLM's defaults ran and before any changed server
+    started): the three changes lease 27 pre-registered, on its shape and workload. The FP8 KV cache and CUDA graphs
+    off fell inside every throughput range the four stored predictions gave; --max-num-seqs 128 is the model's miss:
+    predicted to lose 12-16 %, it measured 26.19 req/s against the defaults' 24.64, its time per output token outside
+    every range (the defaults' decode of 1,000 requests kept the host at a full core and the GPU at 71-73 %)."""
+    root = h200_model_led
+    said = root / "lease29-predicted"
+    assert (said / "made-by.txt").read_text().startswith("predict_lease29.py with profkit at 127e787")
+    assert measured_means(root, "api/q29_base")["request_throughput"] == pytest.approx(24.64, abs=0.01)
+    expected = {"kvfp8": ("api/q29_kvfp8", 26.27, (-0.104, 0.006)),
+                "mns128": ("api/q29_mns128", 26.19, (-0.233, -0.116)),
+                "eager": ("api/q29_eager", 23.79, (-0.129, 0.047))}
+    for name, (folder, mean, (lowest, highest)) in expected.items():
+        measured = measured_means(root, folder)
+        assert measured["request_throughput"] == pytest.approx(mean, abs=0.01)
+        files = sorted(said.glob(f"q_base*-{name}.json"))
+        assert len(files) == 4  # the folder's and each replicate's
+        docs = [json.loads(f.read_text()) for f in files]
+        throughput = [d["metrics"]["request_throughput"] for d in docs]
+        errors = [round(m["predicted"] / measured["request_throughput"] - 1, 3) for m in throughput]
+        assert (min(errors), max(errors)) == (lowest, highest)
+        inside = [m["low"] <= measured["request_throughput"] <= m["high"] for m in throughput]
+        tpot = [d["metrics"]["mean_tpot_ms"] for d in docs]
+        if name == "mns128":
+            assert inside.count(False) == 1  # the fast replicate's: -11.6 %, above 20.93-25.62
+            assert not any(m["low"] <= measured["mean_tpot_ms"] <= m["high"] for m in tpot)
+        else:
+            assert all(inside)
+    rows = [r for r in validation.recorded_rows() if r["pair"] in {f"Q{i}" for i in range(53, 62)}
+            and r["metric"] == "request_throughput"]
+    assert len(rows) == 27 and all(r["recorded_after_model"] and r["provenance"] == "held-out" for r in rows)
+    caps = [validation.residual(r) for r in rows if r["pair"] in ("Q54", "Q57", "Q60")]
+    assert max(map(abs, caps)) > 0.2  # the miss stays in the table the ranges are drawn from
