@@ -274,7 +274,9 @@ def test_predict_frontier_on_the_readme_sample(tmp_path: Path) -> None:
     rates = [p["rate"] for p in f["points"]]
     assert rates == sorted(rates) and f["capacity"]["rate"] is None
     cap = f["capacity"]["metrics"]["request_throughput"]["predicted"]
-    assert rates[0] == pytest.approx(0.1 * cap) and rates[-1] == pytest.approx(1.25 * cap)
+    # shares of the simulated capacity, which the capacity shown (predict's, anchored to the run) is within the fit's
+    # error of: 0.0 % here
+    assert rates[0] == pytest.approx(0.1 * cap, rel=1e-4) and rates[-1] == pytest.approx(1.25 * cap, rel=1e-4)
     for p in f["points"]:
         m = p["metrics"]
         assert m["p50_ttft_ms"]["predicted"] <= m["p90_ttft_ms"]["predicted"] <= m["p99_ttft_ms"]["predicted"]
@@ -323,7 +325,7 @@ def test_the_report_shows_the_frontier_before_and_after_its_prescription(tmp_pat
     assert cap[0] == pytest.approx(doc["prescription"]["predicted"]["request_throughput"]["before"], rel=0.05)
     assert cap[1] == pytest.approx(doc["prescription"]["predicted"]["request_throughput"]["predicted"], rel=0.05)
     for side, c in ((before, cap[0]), (after, cap[1])):
-        assert [p["rate"] for p in side["points"]] == pytest.approx([s * c for s in (0.25, 0.5, 0.75, 0.9)])
+        assert [p["rate"] for p in side["points"]] == pytest.approx([s * c for s in (0.25, 0.5, 0.75, 0.9)], rel=1e-4)
     for b, a in zip(before["points"], after["points"], strict=True):
         assert a["rate"] > b["rate"]
     for a, b in ((after["points"][0], before["points"][1]), (after["points"][1], before["points"][3])):
@@ -816,3 +818,21 @@ def test_the_frontier_says_its_step_at_a_rate_and_what_the_recorded_sweeps_misse
     paced = calibrated(recorded / "api" / "s2_api1" / "r2")
     assert paced.gpu_busy_share == 1.0 and frontier(paced, {}).document()["gpu_scale_at_a_rate"] == 1.0
     assert "busy share" not in profkit("predict", recorded / "api" / "s2_api1" / "r2", "--frontier").stdout
+
+
+def test_the_frontiers_every_request_at_once_is_predicts() -> None:
+    """The README sample with an FP8 KV cache, and as it ran: the frontier's every-request-at-once point gives the
+    means and ranges `predict` gives (both the simulation times the baseline's measured over simulated). It gave
+    58.2 ms mean TPOT where predict said 54.9: the frontier's was the simulation's alone, off by the fit's 5.8 % on
+    the run's own TPOT, and its TTFT range left out the fit's error on TTFT. As the run ran, the point's means are the
+    measured ones."""
+    said = json.loads(profkit("predict", SAMPLE_RUN, "--format", "json", "--", "--kv-cache-dtype", "fp8").stdout)
+    doc = json.loads(profkit("predict", SAMPLE_RUN, "--frontier", "--format", "json", "--", "--kv-cache-dtype",
+                             "fp8").stdout)
+    as_run = json.loads(profkit("predict", SAMPLE_RUN, "--frontier", "--format", "json").stdout)
+    point, own = doc["frontier"]["capacity"]["metrics"], as_run["frontier"]["capacity"]["metrics"]
+    for name, m in said["metrics"].items():
+        for end in ("predicted", "low", "high"):
+            assert point[name][end] == pytest.approx(m[end], rel=1e-9), (name, end)
+        assert own[name]["predicted"] == pytest.approx(m["before"], rel=1e-9)
+    assert round(point["mean_tpot_ms"]["predicted"], 1) == 54.9

@@ -7,9 +7,10 @@ latency read as `vllm bench` reads them (p50, p90, p99: numpy's linear interpola
 engine's steps (HTTP, tokenising) is not known from a run at full load, where queueing sets TTFT: below the
 capacity it is 1.6 of the engine's steps (read off vLLM's histograms on H200s) stretched by the frontend's
 load (`predict.frontend_latency`; docs/prediction.md gives the measured errors). A rate's
-prompts span at least MIN_SECONDS, as a sweep's runs would. The rates are shares of the predicted capacity (the run
-at rate inf), dense near the knee. Ranges: the ends of what the change does to a step's cost, widened by the noise
-and the fit's error on the calibrated run, as `predict`'s are, and where the API servers' count changes, their
+prompts span at least MIN_SECONDS, as a sweep's runs would. The rates are shares of the simulated capacity (the run
+at rate inf), dense near the knee; the capacity shown is `predict`'s, anchored to the measured run as it is.
+Ranges: the ends of what the change does to a step's cost, widened by the noise and the fit's error on the
+calibrated run, as `predict`'s are, and where the API servers' count changes, their
 ceiling at the imbalance's ends (at full load the full-load runs' 10th-90th percentiles; at a rate, where the API
 servers share more evenly, those of runs at a rate: `predict.API_SERVER_IMBALANCE_AT_RATE`); the capacity as wide
 as `predict`'s for the change (its class's held-out errors); at a finite rate, also what the simulation gives with
@@ -122,7 +123,9 @@ def frontier(cal: Calibrated, changes: dict[str, Any] | None = None, bounds: Seq
     # the capacity is what `predict` predicts for the change: its range as wide
     capacity = point_at(cal, conf, None, prompts or cal.workload.requests,
                         range_width(cal, bool(conf.caps(cal.baseline)), noise))
-    top = capacity.predicted["request_throughput"]
+    # the rates: shares of the simulated capacity, before `predict`'s anchor to the measured run (within the fit's
+    # error of it): where the simulation at a rate saturates, and the grid the recorded frontiers were predicted at
+    top = capacity.predicted["request_throughput"] / model.anchors(cal)["request_throughput"]
     points = [point_at(cal, conf, top * s, prompts or _prompts(cal, top * s), spread) for s in shares]
     gpus = cal.observation.tensor_parallel * int(changes.get("data_parallel_size") or cal.observation.data_parallel)
     out = Frontier(changes, gpus, capacity, points, list(bounds), gpu_scale_at_a_rate=conf.rate_scale,
@@ -146,12 +149,15 @@ def point_at(cal: Calibrated, conf: Configured, rate: float | None, prompts: int
     work = replace(cal.workload, requests=prompts, request_rate=rate)
     costs = conf.step_costs(rate)
     sims = [simulate_latencies(work, conf.engine, cost, conf.engines) for cost in costs]
-    runs = [_metrics(cal, conf, r, lat, rate) for r, lat in sims]
+    anchor = model.anchors(cal) if rate is None else None  # every request at once: as `predict` says it
+    runs = [_metrics(cal, conf, r, lat, rate, anchor=anchor) for r, lat in sims]
     mid = runs[len(runs) // 2]
     # where the API servers' count changes, their ceiling at the imbalance's ends bounds the range too (as predict's)
-    runs += [_metrics(cal, conf, r, lat, rate, i) for r, lat in sims for i in _imbalance_ends(conf, rate)]
-    low = {k: min(r[k] for r in runs) * math.exp(-spread) for k in mid}
-    high = {k: max(r[k] for r in runs) * math.exp(spread) for k in mid}
+    runs += [_metrics(cal, conf, r, lat, rate, i, anchor) for r, lat in sims for i in _imbalance_ends(conf, rate)]
+    # at full load, as `predict`'s: the time to the first token also as wide as the fit's error on it
+    width = {k: spread + (cal.fit_error.get("ttft", 0.0) if rate is None and "ttft" in k else 0.0) for k in mid}
+    low = {k: min(r[k] for r in runs) * math.exp(-width[k]) for k in mid}
+    high = {k: max(r[k] for r in runs) * math.exp(width[k]) for k in mid}
     ends = (0.0, 0.0)
     if rate is not None:  # the step's own uncertainty through the simulation, not only on its outputs (_through)
         through = _through(cal, conf, work, costs[len(costs) // 2], spread)
@@ -207,9 +213,11 @@ def _prompts(cal: Calibrated, rate: float) -> int:
 
 
 def _metrics(cal: Calibrated, conf: Configured, r: SimResult, lat: Latencies, rate: float | None,
-             imbalance: float | None = None) -> dict[str, float]:
+             imbalance: float | None = None, anchor: dict[str, float] | None = None) -> dict[str, float]:
     """One simulated run's metrics under the host's ceilings (past one, every time stretches alike); `imbalance`:
-    the API servers' (default the median's)."""
+    the API servers' (default the median's); `anchor`: at full load, the baseline's measured over simulated
+    (`predict.anchors`), each request's time to its first token and its decode's scaled by its metric's, so that
+    the point's means are `predict`'s."""
     if rate is not None and imbalance is None:  # at a rate the API servers share more evenly than at full load
         imbalance = model.API_SERVER_IMBALANCE_AT_RATE
     caps = conf.caps(r, imbalance)
@@ -220,12 +228,17 @@ def _metrics(cal: Calibrated, conf: Configured, r: SimResult, lat: Latencies, ra
     # 1.6 steps of the simulated run's, its mean TPOT), each request's drawn about its mean (_waits)
     latency = cal.request_latency_s if rate is None else \
         frontend_latency(r, caps, _engine_step_s(r, lat)) * _waits(len(lat.ttft_s))
-    extra = {"ttft": latency, "tpot": 0.0, "e2el": latency}
     out = {"request_throughput": r.request_throughput * scale, "output_throughput": r.output_throughput * scale}
+    series = {m: getattr(lat, f"{m}_s") / scale + (latency if m != "tpot" else 0.0) for m in LATENCIES}
+    if anchor is not None:  # each request's wait for its first token, and its decode, as predict scales their means
+        out = {k: v * anchor[k] for k, v in out.items()}
+        series["ttft"] = series["ttft"] * anchor["mean_ttft_ms"]
+        series["tpot"] = series["tpot"] * anchor["mean_tpot_ms"]
+        series["e2el"] = series["ttft"] + (lat.e2el_s - lat.ttft_s) / scale * anchor["mean_tpot_ms"]
     gpus = cal.observation.tensor_parallel * conf.engines
     out["output_throughput_per_gpu"] = out["output_throughput"] / gpus
     for m in LATENCIES:
-        values = getattr(lat, f"{m}_s") / scale + extra[m]
+        values = series[m]
         out[f"mean_{m}_ms"] = float(values.mean()) * 1e3
         for q, v in zip((50, 90, 99), np.percentile(values, (50, 90, 99)), strict=True):
             out[f"p{q}_{m}_ms"] = float(v) * 1e3
