@@ -17,6 +17,7 @@ under-predicted below them (to -45 %); on lease 7's 2-API-server sweep, held out
 from __future__ import annotations
 
 import functools
+import html
 import json
 import math
 from pathlib import Path
@@ -30,6 +31,7 @@ from profkit.model.observe import observe
 from profkit.model.predict import DEFAULT_NOISE, calibrate, configured
 from profkit.model.search import Bound
 from profkit.model.simulate import StepCost
+from profkit.render.frontier_words import ANCHORED
 from tests.cli import one_error_line, profkit
 from tests.conftest import script
 
@@ -836,3 +838,6 @@ def test_the_frontiers_every_request_at_once_is_predicts() -> None:
             assert point[name][end] == pytest.approx(m[end], rel=1e-9), (name, end)
         assert own[name]["predicted"] == pytest.approx(m["before"], rel=1e-9)
     assert round(point["mean_tpot_ms"]["predicted"], 1) == 54.9
+    for fmt in ("text", "md", "html"):  # every format says whose that point is
+        out = profkit("predict", SAMPLE_RUN, "--frontier", "--format", fmt, "--", "--kv-cache-dtype", "fp8").stdout
+        assert ANCHORED in html.unescape(out), fmt

@@ -83,6 +83,9 @@ class Point:
     queue_growth_s: float = 0.0  # the last quarter's median TTFT beyond what a steady queue allows (0: steady)
     # the same with every cost the spread shorter and longer (`_through`): whether the range's ends keep up
     growth_ends: tuple[float, float] = (0.0, 0.0)
+    # every request at once: the simulated request throughput before the anchor to the measured run (the rates'
+    # grid is shares of it); None at a rate
+    simulated_throughput: float | None = None
 
     def document(self) -> dict[str, Any]:
         return {"rate": self.rate, "prompts": self.prompts, "keeps_up": keeps_up(self),
@@ -125,7 +128,7 @@ def frontier(cal: Calibrated, changes: dict[str, Any] | None = None, bounds: Seq
                         range_width(cal, bool(conf.caps(cal.baseline)), noise))
     # the rates: shares of the simulated capacity, before `predict`'s anchor to the measured run (within the fit's
     # error of it): where the simulation at a rate saturates, and the grid the recorded frontiers were predicted at
-    top = capacity.predicted["request_throughput"] / model.anchors(cal)["request_throughput"]
+    top = capacity.simulated_throughput or capacity.predicted["request_throughput"]
     points = [point_at(cal, conf, top * s, prompts or _prompts(cal, top * s), spread) for s in shares]
     gpus = cal.observation.tensor_parallel * int(changes.get("data_parallel_size") or cal.observation.data_parallel)
     out = Frontier(changes, gpus, capacity, points, list(bounds), gpu_scale_at_a_rate=conf.rate_scale,
@@ -176,7 +179,8 @@ def point_at(cal: Calibrated, conf: Configured, rate: float | None, prompts: int
             low[k], high[k] = validation.widened(v, low[k], high[k], (band[0], band[1]) if sign > 0 else
                                                  (-band[1], -band[0]))
     growth = _growth(sims[len(sims) // 2][1]) if rate is not None else 0.0
-    return Point(rate, prompts, mid, low, high, growth, ends)
+    simulated = _metrics(cal, conf, *sims[len(sims) // 2], rate)["request_throughput"] if rate is None else None
+    return Point(rate, prompts, mid, low, high, growth, ends, simulated)
 
 
 def _growth(lat: Latencies) -> float:

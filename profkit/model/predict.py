@@ -96,10 +96,11 @@ ARRIVAL_BOUND_SHARE = 0.9
 # The host processes on the token path (host samples' roles), and what "saturated" and "busy" mean for the run.
 HOST_NAMES = {"api_server": "the API server", "engine_core": "the engine core", "client": "the benchmark client"}
 SATURATED, GPU_BUSY = 0.5, 0.8
-# A fitted run's GPU waits worth saying (`waits_said`): at least this share of the run outside the drain, with an API
-# server or the engine core at a full core in at least this share of the samples. Lease 29's defaults waited 11 %,
-# the API server at a full core in 40 % of the samples; most one-GPU H200 captures of 1,000-1,800 requests at once
-# wait 5-11 %, which no change of precision, memory or layout measured there was off by: said for the batch's caps
+# A run's GPU waits worth saying (`waits_said`): at least this share of the run outside the drain, with the API
+# server at a full core in at least this share of the samples. Lease 29's defaults waited 11-12 %, the API server at
+# a full core in 38-45 % of the samples (9-13 % at --max-num-seqs 128); most one-GPU H200 captures of 1,000-1,800
+# requests at once wait 5-11 %, which no change of precision, memory or layout measured there was off by: said for
+# the batch's caps
 WAIT_SHARE, WAIT_SATURATED = 0.05, 0.2
 BATCH_FAMILY = "scheduler caps"
 # The engine core's CPU is the limit where the steps it paced (simulate.CPU_PACED) took at least this share of the time
@@ -804,27 +805,28 @@ def drain_said(obs: Observation, r: SimResult, stretch: float) -> str | None:
 
 
 def waits_said(cal: Calibrated) -> str | None:
-    """What the fit cannot tell apart, said (`predict` says it for a change of the scheduler's caps, the one that
-    moves the batch): a run fitted on its duration (its GPU busy enough to set the pace) whose GPU still waited for
-    part of it outside the drain, while an API server or the engine core was at a full core in a share of the
-    samples (WAIT_SATURATED). The fitted step carries those waits as the GPU's: a change of the host's work per step
-    can win them back or add to them, and the model does not see it (lease 29: the 7B's 1,000 requests decoding at
-    once kept both at a full core and the GPU at 71-73 % for 8 s; --max-num-seqs 128 was predicted x0.84-0.88 and
-    measured x1.06). None where the run does not show it."""
+    """What the model cannot tell apart, said (`predict` says it for a change of the scheduler's caps, the one that
+    moves the batch): a run no frontend process paced whose GPU still waited for part of it outside the drain, while
+    the API server was at a full core in a share of the samples (WAIT_SATURATED). A fitted step carries those waits as
+    the GPU's (an unfitted one does not place them): a change of the host's work per step can win them back or add to
+    them, and the model does not see it (lease 29: the 7B's 1,000 requests decoding at once kept the API server and
+    the engine core at a full core and the GPU at 71-73 % for 8 s; --max-num-seqs 128 was predicted x0.84-0.88 and
+    measured x1.06; only the API server's share told the two apart, the engine core's overlapped). None where the run
+    does not show it."""
     obs = cal.observation
     elapsed, busy = obs.measured.elapsed_s, obs.gpu_busy
-    if not cal.fit_error or not obs.host or not elapsed or busy is None or not 0 < busy < 1:
+    # not where a frontend process set the pace (the model's ceilings carry it) or the arrivals did
+    if not obs.host or host_bound(obs) is not None or cal.workload.request_rate or not elapsed or busy is None \
+            or not 0 < busy < 1:
         return None
     waited = elapsed * (1.0 - busy) - (obs.host.get("drain_s") or 0.0)
-    shares = {p: obs.host.get(f"{p}_saturated_share", 0.0) for p in ("api_server", "engine_core")
-              if p != "engine_core" or engine_core_cpu_says(obs)}
-    name = max(shares, key=shares.__getitem__)
-    if waited < WAIT_SHARE * elapsed or shares[name] < WAIT_SATURATED:
+    share = obs.host.get("api_server_saturated_share", 0.0)
+    if waited < WAIT_SHARE * elapsed or share < WAIT_SATURATED:
         return None
-    return (f"the GPU waited {waited:.1f} s ({waited / elapsed:.0%}) of the run outside its drain, {HOST_NAMES[name]} "
-            f"at a full core in {shares[name]:.0%} of the samples: the fit takes those waits as the GPU's step, so "
-            f"what a change of the host's work per step (the batch's size) wins back or adds is not in this "
-            f"prediction")
+    whose = "the fit takes those waits as the GPU's step" if cal.fit_error else "the model does not place them"
+    return (f"the GPU waited {waited:.1f} s ({waited / elapsed:.0%}) of the run outside its drain, the API server at a "
+            f"full core in {share:.0%} of the samples: {whose}, so what a change of the host's work per step (the "
+            f"batch's size) wins back or adds is not in this prediction")
 
 
 def engine_core_cpu_says(obs: Observation) -> bool:

@@ -1,9 +1,13 @@
 """What stands beside a predicted frontier, in words, for `predict --frontier` and the report's frontier alike: the
-step at a rate where it is not the fit's, and what the recorded sweeps of its class measured against the model."""
+step at a rate where it is not the fit's, what the recorded sweeps of its class measured against the model, and whose
+its every-request-at-once point is."""
 
 from __future__ import annotations
 
 from typing import Any
+
+# the every-request-at-once point is `predict`'s, the rows at a rate the simulation's (model.frontier): said beside it
+ANCHORED = "anchored to the measured run as the prediction's figures are; the rows at a rate are the simulation's"
 
 
 def _pct(x: float) -> str:

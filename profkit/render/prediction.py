@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from profkit.escape import document, terminal
-from profkit.render.frontier_words import frontier_notes
+from profkit.render.frontier_words import ANCHORED, frontier_notes
 from profkit.render.prescription import fmt_metric, metric_rows, metric_table, validation_line
 from profkit.units import figure
 
@@ -132,7 +132,7 @@ def frontier_view(doc: dict[str, Any]) -> dict[str, Any]:
             "changes": doc.get("changes_text") or "", "header": [c for c, _ in FRONTIER_COLUMNS],
             "rows": [row(p) for p in f["points"]] + [row(f["capacity"])],
             "capacity": f"{figure(rt['predicted'])} req/s (range {figure(rt['low'])}-{figure(rt['high'])}), "
-                        f"{figure(out['predicted'])} output tok/s per GPU ({f['gpus']} GPU(s))",
+                        f"{figure(out['predicted'])} output tok/s per GPU ({f['gpus']} GPU(s)); {ANCHORED}",
             "goodput": goodput, "notes": frontier_notes(f)}
 
 

@@ -1,4 +1,4 @@
-"""The SLO frontier before and after the prescription: at a few shares of each configuration's predicted capacity,
+"""The SLO frontier before and after the prescription: at a few shares of each configuration's simulated capacity,
 the request rate it serves and its TTFT and TPOT percentiles (`profkit.model.frontier`; the measured errors of such
 predictions are in docs/prediction.md)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from profkit.render.frontier_words import gpu_scale_words, missed_by_words
+from profkit.render.frontier_words import ANCHORED, gpu_scale_words, missed_by_words
 from profkit.render.sections.table import text_table
 from profkit.units import figure
 
@@ -45,7 +45,7 @@ def view(report: dict[str, Any], top: int) -> dict[str, Any] | None:
     caps = {side: f[side]["capacity"]["metrics"]["request_throughput"] for side in ("before", "after")}
     return {"rows": rows, "note": latency_note(f),
             "capacity": f"{figure(caps['before']['predicted'])} → {figure(caps['after']['predicted'])} req/s "
-                        f"(range {figure(caps['after']['low'])}-{figure(caps['after']['high'])})",
+                        f"(range {figure(caps['after']['low'])}-{figure(caps['after']['high'])}; {ANCHORED})",
             "curves": {side: _side(f[side]) for side in ("before", "after")}}
 
 
