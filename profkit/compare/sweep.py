@@ -231,15 +231,10 @@ def unserved_changes(changes: str, server: Any) -> str | None:
     ("flag=value"), or None: a sweep predicted for one configuration and run with another would compare two
     different things. Values compare as vLLM's parser reads them (1 and 1.0 alike)."""
     from profkit.report.predict import parse_changes
-    from profkit.vllm.options import setting_value
+    from profkit.vllm.options import read_as_vllm
 
-    def typed(key: str, value: Any) -> Any:  # the server's as the changes are read ('40G', 'auto': vLLM's types)
-        try:
-            return setting_value(key, value)
-        except ValueError:
-            return value
-
-    flags = {k: typed(k, v) for k, v in (server.flags() if server is not None else {}).items()}
+    # the server's as the changes are read ('40G', 'auto': vLLM's types)
+    flags = {k: read_as_vllm(k, v) for k, v in (server.flags() if server is not None else {}).items()}
     for key, value in parse_changes(changes).items():
         if value is None:
             if flags.get(key) is not None:  # set away from vLLM's default (-1/auto for the length reads as it)

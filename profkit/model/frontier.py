@@ -179,7 +179,8 @@ def point_at(cal: Calibrated, conf: Configured, rate: float | None, prompts: int
             low[k], high[k] = validation.widened(v, low[k], high[k], (band[0], band[1]) if sign > 0 else
                                                  (-band[1], -band[0]))
     growth = _growth(sims[len(sims) // 2][1]) if rate is not None else 0.0
-    simulated = _metrics(cal, conf, *sims[len(sims) // 2], rate)["request_throughput"] if rate is None else None
+    middle = sims[len(sims) // 2][0]  # its throughput under the host, as `_metrics` has it before the anchor
+    simulated = middle.request_throughput * host_stretch(middle, conf.caps(middle, None)) if rate is None else None
     return Point(rate, prompts, mid, low, high, growth, ends, simulated)
 
 

@@ -28,7 +28,8 @@ KV_AGREE = (0.8, 1.25)  # config.json's KV bytes per token over the log's (recor
 # tokenizer without the ids the model emitted; its third: 1.5-2 %, 400s (requests refused before any work)
 FAILED_LIMIT = 0.05
 FIT_LIMIT = 0.25  # |log(simulated / measured)| past which the model does not reproduce its own run (x1.28)
-SIXTEEN_BIT = ("auto", "bfloat16", "float16", "half")  # KV cache dtypes that keep the model's 16 bits
+VLLM_SIXTEEN_BIT_KV = ("auto", "bfloat16", "float16")  # vLLM's --kv-cache-dtype choices that keep 16 bits
+SIXTEEN_BIT = (*VLLM_SIXTEEN_BIT_KV, "half")  # KV cache dtypes that keep the model's 16 bits
 # FP8 KV caches of one byte an element, scaled per tensor (fp8_inc is Gaudi's, fp8_ds_mla MLA's, the per-token-head
 # kinds scale otherwise: none measured)
 FP8_KV = ("fp8", "fp8_e4m3", "fp8_e5m2")
@@ -92,7 +93,7 @@ def change_refusal(obs: Any, changes: dict[str, Any]) -> str | None:
     kv = changes.get("kv_cache_dtype")
     if kv is not None and str(kv) not in SIXTEEN_BIT and str(kv) not in FP8_KV:
         return (f"--kv-cache-dtype {kv}: the model knows the 16-bit and FP8 KV caches only "
-                f"({', '.join((*SIXTEEN_BIT[:3], *FP8_KV))})")  # vLLM's choices among them ('half' is not one)
+                f"({', '.join((*VLLM_SIXTEEN_BIT_KV, *FP8_KV))})")
     limit = changes.get("max_model_len")
     if limit is not None and obs.prompt_tokens + obs.output_tokens > int(limit):
         return (f"--max-model-len {limit} is shorter than the workload's requests ({obs.prompt_tokens:,} + "

@@ -176,6 +176,15 @@ def setting_value(dest: str, value: Any) -> Any:
     return value
 
 
+def read_as_vllm(dest: str, value: Any) -> Any:
+    """`setting_value` where vLLM would take the value, else the value as given (evidence that says what was
+    written: a run's own flags, a server's command)."""
+    try:
+        return setting_value(dest, value)
+    except ValueError:
+        return value
+
+
 # --- the option lists ------------------------------------------------------------------------------------------
 
 @dataclass
@@ -384,11 +393,9 @@ def default_api_servers(given: dict[str, Any], data_parallel: Any) -> int:
 def _typed(key: str, value: Any, source: str) -> dict[str, Any]:
     """A setting's value where it has the type vLLM reads it as (a number, true/false for a switch); else no value,
     and the source says what was given (vLLM would refuse it)."""
-    if key in HUMAN_READABLE and isinstance(value, str):  # '10G', '32k', 'auto': vLLM's own spellings
-        try:
-            return {"value": setting_value(key, value), "source": source}
-        except ValueError:
-            pass
+    # '10G', '32k', 'auto': vLLM's own spellings (read as a number or None, never the text given)
+    if key in HUMAN_READABLE and isinstance(value, str) and (read := read_as_vllm(key, value)) is not value:
+        return {"value": read, "source": source}
     number = key in NUMERIC_SETTINGS
     wrong = (number and value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)))) \
         or (key in SWITCHES and not isinstance(value, bool))
